@@ -1,0 +1,32 @@
+# The README's two commands: `make demo` (the main job) and `make test` (the suite).
+# Both create .venv when missing and install what they need into it.
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/torchgpu train --example housing
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadgroup
+
+lint: $(STAMP)
+	$(PY) -m ruff check src tests
+	$(PY) -m mypy --strict src
+
+bench: $(STAMP)
+	bash benchmarks/run.sh
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

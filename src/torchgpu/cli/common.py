@@ -1,0 +1,41 @@
+"""What every CLI verb shares: an argparse that exits 2 with one paragraph, and a guard
+that turns torchgpu's errors into exit codes instead of tracebacks."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from torchgpu.errors import EXIT_USAGE, TorchGpuError, exit_code_for
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that reports bad flags as one paragraph on stderr and exits 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(
+            EXIT_USAGE,
+            f"{self.prog}: {message}. Run `{self.prog} --help` for the accepted flags.\n",
+        )
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> int:
+    """Print ``message`` to stderr as ``torchgpu: ...`` and return ``code``."""
+    print(f"torchgpu: {message}", file=sys.stderr)
+    return code
+
+
+def run_guarded(verb_main: Callable[[list[str]], int], argv: Sequence[str]) -> int:
+    """Call ``verb_main(argv)``; a :class:`TorchGpuError` becomes its message and exit code.
+
+    Other exceptions are real bugs or runtime failures and keep their traceback.
+    ``SystemExit`` from argparse passes through with its code.
+    """
+    try:
+        return verb_main(list(argv))
+    except TorchGpuError as error:
+        return fail(str(error), exit_code_for(error))
+    except KeyboardInterrupt:
+        return fail("interrupted", 130)

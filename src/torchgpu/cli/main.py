@@ -1,0 +1,62 @@
+"""``torchgpu VERB ...``: dispatch to one module per verb.
+
+Verb modules are imported only when named, so ``torchgpu devices`` never pays for
+the training engine's imports. Every verb module exposes ``main(argv) -> int``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+from torchgpu.cli.common import run_guarded
+
+VERBS: dict[str, tuple[str, str]] = {
+    "devices": ("torchgpu.cli.devices", "what GPUs, MPS and CPU this machine has"),
+    "select": ("torchgpu.cli.select", "pick GPUs for CUDA_VISIBLE_DEVICES"),
+    "env": ("torchgpu.cli.env", "versions and variables for a bug report"),
+    "doctor": ("torchgpu.cli.doctor", "find environment pitfalls (and device mismatches)"),
+    "train": ("torchgpu.cli.train", "train a built-in example or your CSV on any devices"),
+    "launch": ("torchgpu.cli.launch", "torchrun for your own script, free port by default"),
+    "bench": ("torchgpu.cli.bench", "measure this machine: matmul, transfer, parallel, ..."),
+    "ckpt": ("torchgpu.cli.ckpt", "inspect, convert and verify checkpoints"),
+    "plan": ("torchgpu.cli.plan", "memory per strategy and the plan that fits"),
+}
+
+
+def _usage() -> str:
+    width = max(len(v) for v in VERBS)
+    lines = ["usage: torchgpu VERB [ARGS...]", "", "verbs:"]
+    lines += [f"  {verb:<{width}}  {summary}" for verb, (_, summary) in VERBS.items()]
+    lines += ["", "`torchgpu VERB --help` shows a verb's flags."]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``torchgpu`` with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0 if args else 2
+    if args[0] in ("-V", "--version"):
+        from torchgpu import __version__
+
+        print(f"torchgpu {__version__}")
+        return 0
+    verb = args[0]
+    if verb not in VERBS:
+        print(
+            f"torchgpu: unknown verb {verb!r}. Allowed: {', '.join(VERBS)}. "
+            "Run `torchgpu --help` for what each does.",
+            file=sys.stderr,
+        )
+        return 2
+    module = importlib.import_module(VERBS[verb][0])
+    result: int = run_guarded(module.main, args[1:])
+    return result
+
+
+def entry() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""torchgpu.data."""

@@ -1,0 +1,69 @@
+"""Bounded subprocess helpers for tests: every spawned process ends within a timeout,
+and all traffic stays on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SRC = REPO / "src"
+
+
+def test_env(**extra: str) -> dict[str, str]:
+    """The environment for a child process: src on the path, one thread, loopback only."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["MASTER_ADDR"] = "127.0.0.1"
+    env["GLOO_SOCKET_IFNAME"] = "lo"
+    env["MPLBACKEND"] = "Agg"
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_cli(
+    args: Sequence[str], timeout: float = 120, cwd: Path | None = None, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m torchgpu ARGS`` in a child process, bounded by ``timeout`` seconds."""
+    return subprocess.run(
+        [sys.executable, "-m", "torchgpu", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=test_env(**env),
+        check=False,
+    )
+
+
+def run_torchrun(
+    script: Path | str,
+    nproc: int,
+    args: Sequence[str] = (),
+    timeout: float = 120,
+    **env: str,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` under torchrun (``torch.distributed.run``) with ``nproc`` gloo
+    processes on 127.0.0.1, bounded by ``timeout`` seconds."""
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nproc-per-node={nproc}", "--nnodes=1",
+        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+        "--max-restarts=0", str(script), *args,
+    ]
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env=test_env(**env), check=False
+    )
