@@ -1,0 +1,224 @@
+"""Gradient accumulation: k micro-batches that train exactly like one k-times-larger batch.
+
+Each micro-batch's loss is divided by k before ``backward``, so after k micro-steps the
+summed gradients are the gradient of the mean loss over the big batch. Under
+DistributedDataParallel the gradient all-reduce is skipped (``no_sync``) on the k-1
+non-boundary micro-steps; the boundary step all-reduces the accumulated sum once.
+
+Usage, per micro-batch (the forward must run inside ``micro_step``: DDP decides at
+forward time whether the coming backward all-reduces)::
+
+    acc = GradAccumulator(model, optimizer, steps=4, precision=prec, clip_norm=1.0)
+    for x, y in loader:
+        with acc.micro_step():
+            with prec.autocast():
+                loss = loss_fn(model(x), y)
+            stepped = acc.backward(loss)
+    acc.flush()   # the last, partial window of the epoch
+
+FSDP2 (``fully_shard``) models reduce-scatter on every micro-step (their sharded
+gradients accumulate correctly); skipping that sync would keep full unsharded
+gradients on every rank, which defeats sharding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from torchgpu.errors import ConfigError
+from torchgpu.parallel.data import find_ddp
+from torchgpu.precision import Precision
+
+
+def _check_steps(steps: object) -> int:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ConfigError(
+            f"accumulation steps must be an integer >= 1, got {steps!r}: use e.g. "
+            "--accumulate 4 to sum 4 micro-batches per optimizer step (1 = no accumulation)."
+        )
+    return steps
+
+
+class GradAccumulator:
+    """Accumulates gradients over ``steps`` micro-batches, then clips, steps and zeroes.
+
+    ``precision``: a :class:`~torchgpu.precision.Precision` whose scaler (fp16) is used
+    for backward, unscale and step. ``clip_norm``: max total gradient norm, applied to
+    the unscaled gradients at each boundary (``None`` = no clipping).
+
+    Read-only state: ``steps`` (window length), ``pending`` (micro-steps in the current
+    window), ``skipped_steps`` (optimizer steps the GradScaler skipped for inf/NaN
+    gradients), ``optimizer_steps`` (steps really applied), ``last_grad_norm`` (the
+    total norm before clipping at the last boundary, a tensor, or None).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        steps: int,
+        precision: Precision | None = None,
+        clip_norm: float | None = None,
+    ) -> None:
+        self._steps = _check_steps(steps)
+        if clip_norm is not None and (
+            isinstance(clip_norm, bool) or not math.isfinite(float(clip_norm)) or clip_norm <= 0
+        ):
+            raise ConfigError(
+                f"clip_norm must be a positive finite number or None, got {clip_norm!r}: "
+                "use e.g. clip_norm=1.0, or None to disable gradient clipping."
+            )
+        self.model = model
+        self.optimizer = optimizer
+        self.precision = precision
+        self.clip_norm: float | None = None if clip_norm is None else float(clip_norm)
+        self._ddp = find_ddp(model)
+        self._pending = 0
+        self._unsynced = False  # some micro-step of this window skipped the all-reduce
+        self._skipped = 0
+        self._applied = 0
+        self.last_grad_norm: torch.Tensor | None = None
+
+    @property
+    def steps(self) -> int:
+        return self._steps
+
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    @property
+    def skipped_steps(self) -> int:
+        return self._skipped
+
+    @property
+    def optimizer_steps(self) -> int:
+        return self._applied
+
+    def set_steps(self, steps: int) -> None:
+        """Change the window length; only between windows (``pending == 0``)."""
+        steps = _check_steps(steps)
+        if self._pending:
+            raise ConfigError(
+                f"set_steps({steps}) called in the middle of a window ({self._pending} of "
+                f"{self._steps} micro-steps pending): call it right after a step, after "
+                "flush(), or after reset()."
+            )
+        self._steps = steps
+
+    def reset(self) -> None:
+        """Drop the current window: zero (set to None) all gradients."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self._pending = 0
+        self._unsynced = False
+
+    @contextlib.contextmanager
+    def micro_step(self) -> Iterator[bool]:
+        """Context for one micro-batch's forward and backward; yields whether this
+        micro-step closes the window. Under DDP, non-boundary micro-steps run in
+        ``no_sync()`` so their backward does not all-reduce."""
+        boundary = self._pending + 1 >= self._steps
+        if self._ddp is None or boundary:
+            yield boundary
+            return
+        self._unsynced = True
+        with self._ddp.no_sync():
+            yield boundary
+
+    def backward(self, loss: torch.Tensor) -> bool:
+        """Backward of ``loss / steps``; at the window's end, step the optimizer.
+
+        Returns True when the optimizer step was applied (the window closed and the
+        GradScaler did not skip it); False otherwise (``pending`` tells the two apart:
+        it is 0 right after a boundary).
+        """
+        scaled = loss / self._steps if self._steps > 1 else loss
+        if self.precision is not None:
+            self.precision.backward(scaled)
+        else:
+            scaled.backward()  # type: ignore[no-untyped-call]
+        self._pending += 1
+        if self._pending < self._steps:
+            return False
+        return self._apply()
+
+    def flush(self) -> bool:
+        """Step on a partial window (e.g. the epoch's last micro-batches).
+
+        Gradients are multiplied by ``steps / pending`` so the step uses the mean over
+        the micro-batches actually seen, as one batch of that size would. Under DDP the
+        gradients skipped by ``no_sync`` are all-reduced here. Returns True when a step
+        was applied; False when nothing was pending or the GradScaler skipped it.
+        """
+        if self._pending == 0:
+            return False
+        if self._unsynced and self._ddp is not None:
+            self._average_gradients(self._ddp.process_group)
+        factor = self._steps / self._pending
+        if factor != 1.0:
+            with torch.no_grad():
+                for param in self.model.parameters():
+                    if param.grad is not None:
+                        param.grad.mul_(factor)
+        return self._apply()
+
+    def _apply(self) -> bool:
+        """Unscale, clip, step (or have the scaler skip), zero the gradients."""
+        if self.precision is not None:
+            self.precision.unscale_(self.optimizer)
+        if self.clip_norm is not None:
+            self.last_grad_norm = torch.nn.utils.clip_grad_norm_(
+                self.model.parameters(), self.clip_norm
+            )
+        if self.precision is not None:
+            stepped = self.precision.step(self.optimizer)
+        else:
+            self.optimizer.step()
+            stepped = True
+        if stepped:
+            self._applied += 1
+        else:
+            self._skipped += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        self._pending = 0
+        self._unsynced = False
+        return stepped
+
+    def _average_gradients(self, group: dist.ProcessGroup | None) -> None:
+        """All-reduce-mean the local gradients by hand, as DDP would have.
+
+        Averaging is linear, so gradients already averaged on an earlier synced
+        micro-step stay correct. Parameters with no gradient on any rank stay None.
+        """
+        world = dist.get_world_size(group)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if world == 1 or not params:
+            return
+        device = params[0].device
+        has_grad = torch.tensor(
+            [p.grad is not None for p in params], dtype=torch.uint8, device=device
+        )
+        dist.all_reduce(has_grad, op=dist.ReduceOp.MAX, group=group)
+        buckets: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+        for param, flag in zip(params, has_grad.tolist(), strict=True):
+            if not flag:
+                continue
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            buckets.setdefault((param.grad.device, param.grad.dtype), []).append(param.grad)
+        with torch.no_grad():
+            for grads in buckets.values():
+                flat = torch.cat([g.reshape(-1) for g in grads])
+                dist.all_reduce(flat, group=group)
+                flat.div_(world)
+                offset = 0
+                for grad in grads:
+                    count = grad.numel()
+                    grad.copy_(flat[offset : offset + count].view_as(grad))
+                    offset += count

@@ -1,0 +1,278 @@
+"""Write a suite's results: ``results.json`` (stable schema), ``report.md``, PNG plots, and a
+rich table for the console.
+
+results.json schema (``"schema": "torchgpu.bench/1"``)::
+
+    suite, quick, created (UTC ISO time), wall_s,
+    torch, python, platform, cpu (model name), cpu_count,
+    devices: [{"spec", "name"}], device_names: [str], threads (torch intra-op threads),
+    cpu_pressure: {avg10_start, avg10_end, stalled_us, wall_s, stalled_fraction} | null,
+    config: {...}, measurements: [Measurement.to_json()], ratios: [Ratio.to_json()],
+    notes: [str], plots: [Plot.to_json()]
+
+Plots use matplotlib's Agg backend only (no display needed).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torchgpu.bench.result import Plot, SuiteResult, best_index, plot_value
+from torchgpu.bench.timer import CpuPressure, Measurement, Ratio, dumps
+
+SCHEMA = "torchgpu.bench/1"
+
+
+def default_out(name: str, now: _dt.datetime | None = None) -> Path:
+    """``runs/bench-<name>-<YYYYmmdd-HHMMSS>/`` relative to the working directory."""
+    stamp = (now or _dt.datetime.now()).strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"bench-{name}-{stamp}"
+
+
+def cpu_model_name() -> str:
+    """The CPU's model name from /proc/cpuinfo, else platform's best guess."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_name(spec: str) -> str:
+    """A human name for a device spec; CUDA names are asked for only for CUDA specs."""
+    device = torch.device(spec)
+    if device.type == "cuda":
+        return str(torch.cuda.get_device_name(device.index or 0))
+    if device.type == "cpu":
+        return cpu_model_name()
+    return device.type
+
+
+def results_document(
+    result: SuiteResult,
+    pressure: CpuPressure | None,
+    wall_s: float,
+    plots: Sequence[str] = (),
+    created: _dt.datetime | None = None,
+) -> dict[str, Any]:
+    """The results.json content for ``result`` (see the module docstring for the schema)."""
+    when = created or _dt.datetime.now(_dt.timezone.utc)
+    devices = [{"spec": spec, "name": device_name(spec)} for spec in result.devices]
+    return {
+        "schema": SCHEMA,
+        "suite": result.suite,
+        "quick": result.quick,
+        "created": when.isoformat(timespec="seconds"),
+        "wall_s": wall_s,
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpu": cpu_model_name(),
+        "cpu_count": os.cpu_count() or 1,
+        "devices": devices,
+        "device_names": sorted({d["name"] for d in devices}),
+        "threads": torch.get_num_threads(),
+        "cpu_pressure": pressure.to_json() if pressure is not None else None,
+        "config": result.config,
+        "measurements": [m.to_json() for m in result.measurements],
+        "ratios": [r.to_json() for r in result.ratios],
+        "notes": list(result.notes),
+        "plots": [p.to_json() for p in result.plots if p.filename in plots],
+    }
+
+
+def load_results(path: Path) -> dict[str, Any]:
+    """Read a results.json (a file or the directory holding it)."""
+    file = path / "results.json" if path.is_dir() else path
+    data: dict[str, Any] = json.loads(file.read_text())
+    return data
+
+
+def format_value(value: float, unit: str) -> str:
+    """Readable number with its unit: seconds become ms/µs when small."""
+    if unit == "s":
+        if value == 0 or abs(value) >= 1:
+            return f"{value:.3f} s"
+        if abs(value) >= 1e-3:
+            return f"{value * 1e3:.2f} ms"
+        return f"{value * 1e6:.1f} µs"
+    if abs(value) >= 100:
+        return f"{value:,.0f} {unit}"
+    return f"{value:.3g} {unit}"
+
+
+def format_bytes(value: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(value) >= size:
+            return f"{value / size:.2f} {unit}"
+    return f"{value:.0f} B"
+
+
+def _spread(m: Measurement) -> str:
+    if m.unit == "s":
+        return f"[{format_value(m.min, m.unit)} .. {format_value(m.max, m.unit)}]"
+    return f"[{m.min:.3g} .. {m.max:.3g}]"
+
+
+def _extras(m: Measurement) -> str:
+    parts = []
+    for key, value in m.extra.items():
+        if key.endswith("_bytes") and isinstance(value, int | float):
+            parts.append(f"{key}={format_bytes(value)}")
+        elif isinstance(value, float):
+            parts.append(f"{key}={value:.4g}")
+        elif isinstance(value, int | str | bool):
+            parts.append(f"{key}={value}")
+    return ", ".join(parts)
+
+
+def render_markdown(doc: dict[str, Any]) -> str:
+    """report.md text from a results document (so it can be re-rendered from JSON)."""
+    measurements = [Measurement.from_json(m) for m in doc["measurements"]]
+    ratios = [Ratio.from_json(r) for r in doc["ratios"]]
+    lines = [
+        f"# torchgpu bench {doc['suite']}{' (quick)' if doc['quick'] else ''}",
+        "",
+        f"- devices: {', '.join(d['spec'] + ' (' + d['name'] + ')' for d in doc['devices'])}",
+        f"- torch {doc['torch']}, Python {doc['python']}, {doc['cpu_count']} CPUs, "
+        f"{doc['threads']} torch threads per process",
+        f"- created {doc['created']}, wall time {doc['wall_s']:.1f} s",
+    ]
+    pressure = doc.get("cpu_pressure")
+    if pressure:
+        lines.append(
+            f"- CPU pressure: some-avg10 {pressure['avg10_start']:.1f}% -> "
+            f"{pressure['avg10_end']:.1f}%, runnable tasks stalled "
+            f"{pressure['stalled_fraction'] * 100:.1f}% of the wall time"
+        )
+    else:
+        lines.append("- CPU pressure: not available (/proc/pressure/cpu missing)")
+    if doc["config"]:
+        cfg = ", ".join(f"{k}={v}" for k, v in doc["config"].items())
+        lines.append(f"- config: {cfg}")
+    lines += ["", "## Measurements", "",
+              "Median of the rounds, with [min .. max]; variants interleaved per round.", "",
+              "| variant | median | min .. max | n | threads | details |",
+              "|---|---|---|---|---|---|"]
+    for m in measurements:
+        lines.append(
+            f"| {m.name} | {format_value(m.median, m.unit)} | {_spread(m)} | {m.n} "
+            f"| {m.threads} | {_extras(m)} |"
+        )
+    if ratios:
+        lines += ["", "## Ratios", "",
+                  "Per-round ratio of the two variants' samples, median [min .. max].", "",
+                  "| ratio | median | min .. max |", "|---|---|---|"]
+        for r in ratios:
+            lines.append(f"| {r.name} | {r.median:.3f} | [{r.min:.3f} .. {r.max:.3f}] |")
+    if doc["notes"]:
+        lines += ["", "## Notes", ""] + [f"- {note}" for note in doc["notes"]]
+    if doc["plots"]:
+        lines += ["", "## Plots", ""]
+        lines += [f"![{p['title']}]({p['filename']})" for p in doc["plots"]]
+    return "\n".join(lines) + "\n"
+
+
+def write_plot(plot: Plot, measurements: dict[str, Measurement], out: Path) -> Path | None:
+    """Draw ``plot`` to ``out/plot.filename``; returns the path, or None if nothing to draw."""
+    present = [n for n in plot.names if n in measurements]
+    if not present:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [plot_value(measurements[n], plot.value) for n in present]
+    centres = [p[0] * plot.scale for p in points]
+    errors = [[p[1] * plot.scale for p in points], [p[2] * plot.scale for p in points]]
+    best = best_index(centres, plot.best)
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.1 * len(present) + 2), 4))
+    try:
+        if plot.kind == "bar":
+            labels = [plot.labels[plot.names.index(n)] if plot.labels else n for n in present]
+            xs = list(range(len(present)))
+            colors = ["tab:green" if i == best else "tab:blue" for i in xs]
+            ax.bar(xs, centres, yerr=errors, align="center", alpha=0.6, ecolor="red",
+                   capsize=8, width=0.6, color=colors)
+            ax.set_xticks(xs)
+            ax.set_xticklabels(labels, rotation=20 if len(present) > 3 else 0, ha="right"
+                               if len(present) > 3 else "center")
+        else:
+            xs_line = [plot.x[plot.names.index(n)] for n in present]
+            ax.plot(xs_line, centres, color="tab:blue")
+            ax.errorbar(xs_line, centres, yerr=errors, ecolor="red", fmt="ro", capsize=4)
+            ax.set_xticks(xs_line)
+            ax.set_xlabel(plot.xlabel)
+            if best is not None:
+                ax.plot([xs_line[best]], [centres[best]], marker="*", markersize=16,
+                        color="tab:green", label=f"best: {xs_line[best]:g}")
+                ax.legend()
+        ax.set_title(plot.title)
+        ax.set_ylabel(plot.ylabel)
+        ax.yaxis.grid(True)
+        fig.tight_layout()
+        path = out / plot.filename
+        fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
+    return path
+
+
+def write_report(
+    result: SuiteResult, out: Path, pressure: CpuPressure | None, wall_s: float
+) -> dict[str, Any]:
+    """Write results.json, report.md and the PNGs under ``out``; return the results document.
+
+    results.json is written last, through a temporary name, so a directory holding one
+    always holds a finished report.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    by_name = dict(result.by_name())
+    written = [p.filename for p in result.plots if write_plot(p, by_name, out) is not None]
+    doc = results_document(result, pressure, wall_s, plots=written)
+    (out / "report.md").write_text(render_markdown(doc))
+    tmp = out / "results.json.tmp"
+    tmp.write_text(dumps(doc) + "\n")
+    tmp.replace(out / "results.json")
+    return doc
+
+
+def print_table(doc: dict[str, Any], out: Path | None = None) -> None:
+    """A rich table of the measurements and ratios on stdout."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title=f"torchgpu bench {doc['suite']}" + (" (quick)" if doc["quick"] else ""))
+    for column in ("variant", "median", "min .. max", "n", "details"):
+        table.add_column(column, justify="right" if column in ("median", "n") else "left")
+    for data in doc["measurements"]:
+        m = Measurement.from_json(data)
+        table.add_row(m.name, format_value(m.median, m.unit), _spread(m), str(m.n), _extras(m))
+    console.print(table)
+    for data in doc["ratios"]:
+        r = Ratio.from_json(data)
+        console.print(f"  {r.name}: {r.median:.3f}  [{r.min:.3f} .. {r.max:.3f}]")
+    for note in doc["notes"]:
+        console.print(f"  note: {note}", highlight=False)
+    pressure = doc.get("cpu_pressure")
+    if pressure:
+        console.print(
+            f"  CPU pressure: stalled {pressure['stalled_fraction'] * 100:.1f}% of "
+            f"{pressure['wall_s']:.1f} s (some-avg10 {pressure['avg10_end']:.1f}%)",
+            highlight=False,
+        )
+    if out is not None:
+        console.print(f"  written to {out}/ (results.json, report.md, plots)", highlight=False)

@@ -1,0 +1,177 @@
+"""Benchmark variants that live in a process group (DDP, multi-process pipelines).
+
+A :class:`WorkerGroup` spawns ``world_size`` processes on 127.0.0.1 that form a process
+group (gloo on CPU, NCCL on GPUs) with :func:`torchgpu.init_distributed`, build their
+share of the work once, then wait. Each :meth:`WorkerGroup.run_once` is one timed sample:
+every rank passes a barrier, runs its step, synchronises its GPU, passes a second
+barrier; rank 0's elapsed time between the barriers is the sample. Because the workers
+wait between samples, the parent can interleave them round by round with in-process
+variants (:func:`~torchgpu.bench.timer.measure_interleaved` accepts the returned seconds).
+
+The work is named by ``"module:function"``; the function is called in each worker as
+``function(rank, world_size, device, spec) -> (step, stats)`` where ``step()`` runs one
+sample's work and ``stats()`` returns a JSON-safe dict (e.g. peak memory) on request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import queue
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+Step = Callable[[], None]
+Stats = Callable[[], dict[str, Any]]
+
+_POLL_S = 0.2
+
+
+def _resolve(factory: str) -> Callable[..., tuple[Step, Stats]]:
+    module_name, _, function = factory.partition(":")
+    fn: Callable[..., tuple[Step, Stats]] = getattr(importlib.import_module(module_name),
+                                                    function)
+    return fn
+
+
+def _worker(
+    rank: int, world_size: int, port: int, factory: str, device: str, spec: dict[str, Any],
+    threads: int, commands: Any, results: Any,
+) -> None:
+    """Body of one worker process (module level so ``spawn`` can pickle it)."""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
+    )
+    torch.set_num_threads(threads)
+    try:
+        import torch.distributed as dist
+
+        from torchgpu.distributed import init_distributed
+
+        target = torch.device(device)
+        backend = "nccl" if target.type == "cuda" else "gloo"
+        with init_distributed(backend=backend, device=target):
+            step, stats = _resolve(factory)(rank, world_size, target, spec)
+            results.put(("ready", rank, None))
+            while True:
+                command = commands.get()
+                if command == "run":
+                    dist.barrier()
+                    start = time.perf_counter()
+                    step()
+                    if target.type == "cuda":
+                        torch.cuda.synchronize(target)
+                    dist.barrier()
+                    if rank == 0:
+                        results.put(("time", rank, time.perf_counter() - start))
+                elif command == "stats":
+                    results.put(("stats", rank, stats()))
+                else:
+                    break
+    except BaseException as error:
+        results.put(("error", rank, f"{type(error).__name__}: {error}"))
+        raise
+
+
+class WorkerGroup:
+    """``world_size`` worker processes running ``factory``'s step on demand.
+
+    ``devices[r]`` is rank r's device (``"cpu"`` or ``"cuda:r"``); ``threads`` is torch's
+    intra-op thread count in each worker. Every wait is bounded by ``timeout_s``; a worker
+    that fails or dies raises RuntimeError with its message. Use as a context manager so the
+    processes are always stopped.
+    """
+
+    def __init__(self, factory: str, devices: list[str], spec: dict[str, Any],
+                 threads: int = 1, timeout_s: float = 300.0) -> None:
+        self.factory, self.devices, self.spec = factory, list(devices), dict(spec)
+        self.world_size = len(self.devices)
+        self.threads, self.timeout_s = threads, timeout_s
+        self._ctx = mp.get_context("spawn")
+        self._results: Any = self._ctx.Queue()
+        self._commands: list[Any] = []
+        self._procs: list[Any] = []
+
+    def __enter__(self) -> WorkerGroup:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def start(self) -> None:
+        from torchgpu.distributed import free_port
+
+        port = free_port()
+        for rank, device in enumerate(self.devices):
+            commands = self._ctx.Queue()
+            proc = self._ctx.Process(
+                target=_worker, daemon=True,
+                args=(rank, self.world_size, port, self.factory, device, self.spec,
+                      self.threads, commands, self._results),
+            )
+            proc.start()
+            self._commands.append(commands)
+            self._procs.append(proc)
+        ready = self._collect("ready", self.world_size)
+        if len(ready) != self.world_size:
+            raise RuntimeError(f"only {len(ready)} of {self.world_size} workers started")
+
+    def run_once(self) -> float:
+        """One timed sample: rank 0's seconds between the barriers around every rank's step."""
+        for commands in self._commands:
+            commands.put("run")
+        ((_, seconds),) = self._collect("time", 1)
+        return float(seconds)
+
+    def stats(self) -> list[dict[str, Any]]:
+        """Every rank's ``stats()``, in rank order."""
+        for commands in self._commands:
+            commands.put("stats")
+        return [value for _, value in sorted(self._collect("stats", self.world_size),
+                                             key=lambda item: int(item[0]))]
+
+    def _collect(self, kind: str, count: int) -> list[tuple[int, Any]]:
+        deadline = time.monotonic() + self.timeout_s
+        got: list[tuple[int, Any]] = []
+        while len(got) < count:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"benchmark workers ({self.factory}) gave no {kind!r} within "
+                    f"{self.timeout_s:.0f} s"
+                )
+            try:
+                message, rank, value = self._results.get(timeout=_POLL_S)
+            except queue.Empty:
+                dead = [p.exitcode for p in self._procs if p.exitcode not in (None, 0)]
+                if dead:
+                    raise RuntimeError(
+                        f"a benchmark worker ({self.factory}) exited with code {dead[0]}"
+                    ) from None
+                continue
+            if message == "error":
+                raise RuntimeError(f"benchmark worker rank {rank} failed: {value}")
+            if message == kind:
+                got.append((rank, value))
+        return got
+
+    def close(self) -> None:
+        """Ask every worker to stop; terminate any still running after a grace period."""
+        for commands in self._commands:
+            with contextlib.suppress(OSError, ValueError):
+                commands.put("stop")
+        for proc in self._procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=5)
+        self._procs.clear()
+        self._commands.clear()

@@ -1,0 +1,260 @@
+"""save_checkpoint / load_checkpoint: the training-state round trip.
+
+See :mod:`torchgpu.checkpoint.layout` for the directory format and
+:mod:`torchgpu.checkpoint.atomic` for why a crash never leaves a partial checkpoint.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from torchgpu.checkpoint import atomic
+from torchgpu.checkpoint.discover import LATEST, find_checkpoint, prune
+from torchgpu.checkpoint.keys import load_state_dict, normalize
+from torchgpu.checkpoint.layout import (
+    FORMAT,
+    MANIFEST_FILE,
+    META_FILE,
+    MODEL_FILE,
+    STATE_FILE,
+    check_weights_only_safe,
+    manifest_bytes,
+    meta_bytes,
+    model_bytes,
+    read_meta,
+    torch_bytes,
+    verify_checkpoint,
+)
+from torchgpu.checkpoint.readers import read_pickle
+from torchgpu.checkpoint.rng import capture_rng_state, restore_rng_state
+from torchgpu.checkpoint.sources import read_file
+from torchgpu.errors import CheckpointError
+
+
+class DistLike(Protocol):
+    """What save_checkpoint needs of a :class:`torchgpu.distributed.DistEnv`."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def is_distributed(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    """What :func:`load_checkpoint` restored: the resolved directory, the step and epoch
+    saved, the ``extra`` dict and the ``meta.json`` contents."""
+
+    path: Path
+    step: int
+    epoch: int
+    extra: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The module inside DataParallel / DDP / FSDP(1) / torch.compile wrappers, nested."""
+    try:
+        from torchgpu.parallel.data import unwrap
+    except ImportError:  # the data-parallel module is optional here; unwrap by hand
+        pass
+    else:
+        return unwrap(model)
+    seen = 0
+    while seen < 16:
+        seen += 1
+        inner = getattr(model, "_orig_mod", None)
+        if isinstance(inner, nn.Module):
+            model = inner
+            continue
+        name = type(model).__name__
+        if name in ("DataParallel", "DistributedDataParallel", "FullyShardedDataParallel"):
+            inner = getattr(model, "module", None)
+            if isinstance(inner, nn.Module):
+                model = inner
+                continue
+        break
+    return model
+
+
+def canonical_state(model: nn.Module) -> dict[str, Any]:
+    """The unwrapped model's state dict with ``_orig_mod`` components removed."""
+    state = unwrap_model(model).state_dict()
+    return {normalize(key): value for key, value in state.items()}
+
+
+def _distributed(dist: DistLike | None) -> bool:
+    if dist is None or not dist.is_distributed or dist.world_size <= 1:
+        return False
+    if not torch.distributed.is_available() or not torch.distributed.is_initialized():
+        raise CheckpointError(
+            f"save_checkpoint got dist with world_size={dist.world_size} but no process group "
+            "is initialised; call init_distributed() first or pass dist=None")
+    return True
+
+
+def _collective_device() -> torch.device:
+    if torch.distributed.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _agree_step(step: int, dist: DistLike) -> None:
+    values = torch.tensor([step, -step], dtype=torch.int64, device=_collective_device())
+    torch.distributed.all_reduce(values, op=torch.distributed.ReduceOp.MAX)
+    high, low = int(values[0]), -int(values[1])
+    if high != low:
+        raise CheckpointError(
+            f"ranks disagree on the step to save: rank {dist.rank} has step {step}, the ranks "
+            f"span {low}..{high}. Every rank must call save_checkpoint at the same step; save "
+            "only at agreed step boundaries")
+
+
+def _rank0_outcome(error: BaseException | None, dist: DistLike) -> None:
+    """Broadcast rank 0's success or failure; doubles as the barrier after the write."""
+    box: list[Any] = [None if error is None else f"{type(error).__name__}: {error}"]
+    torch.distributed.broadcast_object_list(box, src=0)
+    if error is None and box[0] is not None:
+        raise CheckpointError(f"rank 0 failed to write the checkpoint ({box[0]}); rank "
+                              f"{dist.rank} stops too. Fix the cause on rank 0 and save again")
+
+
+def save_checkpoint(
+    path: str | Path, *, model: nn.Module, optimizer: Any = None, scheduler: Any = None,
+    scaler: Any = None, step: int = 0, epoch: int = 0, extra: dict[str, Any] | None = None,
+    meta: dict[str, Any] | None = None, keep_last: int | None = None,
+    dist: DistLike | None = None,
+) -> Path:
+    """Save a complete training state as checkpoint directory ``path``, atomically.
+
+    Writes model.safetensors, state.pt, meta.json and manifest.json into a temporary
+    sibling, fsyncs, renames it into place, then points ``path.parent/latest`` at it and
+    (with ``keep_last``) deletes older checkpoints. RNG states are captured
+    automatically. Under DDP (``dist`` distributed) every rank must call this at the
+    same step (checked; :class:`CheckpointError` otherwise); rank 0 writes and the others
+    return once it has committed. Returns ``path``.
+    """
+    final = Path(path)
+    distributed = _distributed(dist)
+    if distributed:
+        assert dist is not None
+        _agree_step(step, dist)
+        if dist.rank != 0:
+            _rank0_outcome(None, dist)
+            return final
+    try:
+        _write(final, model, optimizer, scheduler, scaler, step, epoch, extra, meta, keep_last,
+               dist.world_size if dist is not None else 1)
+    except BaseException as error:
+        if distributed:
+            assert dist is not None
+            _rank0_outcome(error, dist)
+        raise
+    if distributed:
+        assert dist is not None
+        _rank0_outcome(None, dist)
+    return final
+
+
+def _write(final: Path, model: nn.Module, optimizer: Any, scheduler: Any, scaler: Any,
+           step: int, epoch: int, extra: dict[str, Any] | None, meta: dict[str, Any] | None,
+           keep_last: int | None, world_size: int) -> None:
+    if atomic.is_temporary(final.name) or final.name == LATEST:
+        raise CheckpointError(f"{final.name!r} is a reserved name; name checkpoints like "
+                              "'step-00000100'")
+    model_data, model_extra = model_bytes(canonical_state(model))
+    state = {
+        "format": FORMAT, "step": int(step), "epoch": int(epoch),
+        "optimizer": optimizer.state_dict() if optimizer is not None else None,
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "rng": capture_rng_state(), "extra": dict(extra or {}), "model_extra": model_extra,
+    }
+    for key in ("optimizer", "scheduler", "scaler", "extra", "model_extra"):
+        check_weights_only_safe(state[key], key)
+    files: dict[str, bytes | bytearray | memoryview] = {
+        MODEL_FILE: model_data,
+        STATE_FILE: torch_bytes(state),
+        META_FILE: meta_bytes(meta, step=int(step), epoch=int(epoch), world_size=world_size),
+    }
+    files[MANIFEST_FILE] = manifest_bytes(files)
+    atomic.clean_orphans(final.parent)
+    atomic.commit_directory(final, files)
+    atomic.write_pointer(final.parent, final.name, LATEST)
+    if keep_last is not None:
+        prune(final.parent, keep_last, protect=final)
+
+
+def load_checkpoint(
+    path: str | Path, *, model: nn.Module | None = None, optimizer: Any = None,
+    scheduler: Any = None, scaler: Any = None, map_location: Any = "cpu", strict: bool = True,
+    trust: bool = False, restore_rng: bool = True,
+) -> LoadedCheckpoint:
+    """Restore what :func:`save_checkpoint` saved into the objects given.
+
+    ``path`` is a checkpoint directory or a directory holding them (``latest`` is
+    followed, falling back with a warning to the newest complete one). The manifest is
+    verified first (:class:`CheckpointCorruptError` naming a bad file); files are read
+    weights-only onto ``map_location`` (so a checkpoint saved on ``cuda:3`` loads on a
+    CPU-only machine). Model weights go through :func:`load_state_dict`, so any wrapper
+    fits any wrapper. Asking for a state the checkpoint lacks (e.g. ``optimizer=`` when
+    none was saved) raises :class:`CheckpointError` under ``strict``. A plain weights
+    file (``.pt``, ``.safetensors``...) loads into ``model`` only, with step 0.
+    """
+    source = Path(path)
+    if source.is_file():
+        if any(x is not None for x in (optimizer, scheduler, scaler)):
+            raise CheckpointError(
+                f"{source} is a weights file with no optimizer/scheduler/scaler state; load it "
+                "with model= only (or load_state_dict), or pass a torchgpu checkpoint directory")
+        if model is not None:
+            load_state_dict(model, read_file(source, trust=trust, map_location=map_location),
+                            strict=strict)
+        return LoadedCheckpoint(path=source, step=0, epoch=0)
+    found = find_checkpoint(source)
+    if found is None:
+        raise CheckpointError(
+            f"no complete checkpoint at {source} (no manifest.json there, no 'latest' file, no "
+            "complete checkpoint directory inside); check the path or start without resuming")
+    verify_checkpoint(found)
+    state = read_pickle(found / STATE_FILE, map_location=map_location, trust=trust)
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"{found / STATE_FILE} is not a torchgpu training state; "
+                              "it may come from another tool. Load weights with load_state_dict")
+    if model is not None:
+        weights = read_file(found / MODEL_FILE, map_location=map_location)
+        if isinstance(state.get("model_extra"), dict):
+            weights.update(state["model_extra"])
+        load_state_dict(model, weights, strict=strict)
+    for name, target in (("optimizer", optimizer), ("scheduler", scheduler), ("scaler", scaler)):
+        if target is None:
+            continue
+        saved = state.get(name)
+        if saved is None:
+            message = (f"{found} holds no {name} state but {name}= was given; the run that "
+                       f"saved it had no {name}")
+            if strict:
+                raise CheckpointError(message + "; pass strict=False to start it fresh")
+            warnings.warn(message + "; it keeps its fresh state", UserWarning, stacklevel=2)
+            continue
+        try:
+            target.load_state_dict(saved)
+        except (ValueError, KeyError, RuntimeError) as error:
+            raise CheckpointError(
+                f"the {name} state in {found} does not fit the {name} given ({error}); build "
+                f"the {name} the same way as the run that saved it") from None
+    if restore_rng and state.get("rng") is not None:
+        restore_rng_state(state["rng"])
+    return LoadedCheckpoint(path=found, step=int(state.get("step", 0)),
+                            epoch=int(state.get("epoch", 0)),
+                            extra=dict(state.get("extra") or {}), meta=read_meta(found))

@@ -1,0 +1,231 @@
+"""Loading weights saved under any wrapper into any wrapper, by matching keys.
+
+Source and target keys are compared after dropping ``_orig_mod`` path components
+(torch.compile's wrapper, never a real attribute). Then every candidate mapping
+"strip prefix P from the source, add prefix Q" is scored, where P ranges over the
+source's frequent leading prefixes (``module.``, ``model.``, ``model.module.``...) and Q
+over the target's, and the mapping that places the most source tensors on target keys
+of the same shape wins. Nothing is sliced by position: ``module.`` is only removed when
+that makes the keys match.
+
+Containers are unpacked the same way: for a dict that is not itself a state dict
+(Lightning ``{"state_dict": ...}``, Fabric ``{"model": ..., "optimizer": ...}``, the
+usual ``{"model_state_dict": ...}``), every nested mapping of tensors is a candidate and
+the best-scoring one is used.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchgpu.errors import CheckpointError
+
+_COMPILE = "_orig_mod"
+_MAX_PREFIX_DEPTH = 3
+_MAX_CANDIDATES = 16
+_SHOW = 5
+
+
+@dataclass(frozen=True)
+class KeyMapping:
+    """How source keys were mapped onto a model's keys, and what did not fit.
+
+    ``strip``/``add``: the prefix removed from source keys / added for the target (after
+    ``_orig_mod.`` components are ignored on both sides). ``container``: where in the
+    loaded object the weights were found (``""`` for a bare state dict, ``"state_dict"``
+    for Lightning, ``"model"`` for Fabric...). ``missing``: target keys not loaded;
+    ``unexpected``: source keys not used; ``mismatched``: ``(key, source shape, target
+    shape)``.
+    """
+
+    strip: str
+    add: str
+    container: str
+    matched: int
+    missing: tuple[str, ...] = ()
+    unexpected: tuple[str, ...] = ()
+    mismatched: tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...] = field(default=())
+
+    @property
+    def exact(self) -> bool:
+        """True when every key on both sides found its partner with the same shape."""
+        return not (self.missing or self.unexpected or self.mismatched)
+
+    def describe(self) -> str:
+        """One line: the mapping in words."""
+        where = f"{self.container!r} of the file, " if self.container else ""
+        return (f"{where}strip {self.strip or 'nothing'!r}, add {self.add or 'nothing'!r} "
+                f"({self.matched} keys matched)")
+
+
+def normalize(key: str) -> str:
+    """``key`` without ``_orig_mod`` components (torch.compile's wrapper)."""
+    return ".".join(part for part in key.split(".") if part != _COMPILE)
+
+
+def is_state_dict(obj: Any) -> bool:
+    """A non-empty mapping of str keys whose values are mostly tensors."""
+    if not isinstance(obj, Mapping) or not obj:
+        return False
+    if not all(isinstance(k, str) for k in obj):
+        return False
+    tensors = sum(isinstance(v, torch.Tensor) for v in obj.values())
+    return tensors > 0 and tensors >= len(obj) / 2
+
+
+def candidate_states(obj: Any, max_depth: int = 2) -> list[tuple[str, dict[str, Any]]]:
+    """Every mapping of tensors inside ``obj`` (itself included), with its location."""
+    found: list[tuple[str, dict[str, Any]]] = []
+
+    def visit(value: Any, where: str, depth: int) -> None:
+        if is_state_dict(value):
+            found.append((where, dict(value)))
+        if depth < max_depth and isinstance(value, Mapping):
+            for key, item in value.items():
+                if isinstance(key, str) and isinstance(item, Mapping):
+                    visit(item, f"{where}.{key}" if where else key, depth + 1)
+
+    visit(obj, "", 0)
+    return found
+
+
+def _prefixes(keys: list[str]) -> list[str]:
+    counts: Counter[str] = Counter()
+    for key in keys:
+        parts = key.split(".")
+        for depth in range(1, min(_MAX_PREFIX_DEPTH, len(parts) - 1) + 1):
+            counts[".".join(parts[:depth]) + "."] += 1
+    total = len(keys)
+    frequent = [p for p, n in counts.most_common() if n == total or n >= max(2, total // 4)]
+    return ["", *frequent[:_MAX_CANDIDATES]]
+
+
+def _shape(value: Any) -> tuple[int, ...] | None:
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else None
+
+
+def _evaluate(
+    source: Mapping[str, Any], source_norm: list[str], target: Mapping[str, Any],
+    target_by_norm: Mapping[str, str], strip: str, add: str, container: str,
+) -> tuple[KeyMapping, dict[str, str]]:
+    """Score mapping (strip, add); returns the report and {source key: target key}."""
+    pairs: dict[str, str] = {}
+    mismatched = []
+    unexpected = []
+    used: set[str] = set()
+    for key, norm in zip(source, source_norm, strict=True):
+        real = target_by_norm.get(add + norm[len(strip):]) if norm.startswith(strip) else None
+        if real is None:
+            unexpected.append(key)
+            continue
+        used.add(real)
+        src_shape, dst_shape = _shape(source[key]), _shape(target[real])
+        if src_shape is not None and dst_shape is not None and src_shape != dst_shape:
+            mismatched.append((key, src_shape, dst_shape))
+            continue
+        pairs[key] = real
+    missing = tuple(k for k in target if k not in used)
+    report = KeyMapping(strip=strip, add=add, container=container, matched=len(pairs),
+                        missing=missing, unexpected=tuple(unexpected),
+                        mismatched=tuple(mismatched))
+    return report, pairs
+
+
+def match_keys(
+    candidates: list[tuple[str, dict[str, Any]]], target: Mapping[str, Any],
+) -> tuple[KeyMapping, dict[str, str], dict[str, Any]]:
+    """The best (report, pairs, source) over all candidate containers and prefix maps.
+
+    Score: most matched keys, then fewest shape mismatches, then fewest unexpected keys,
+    then the shortest prefixes (the least surprising mapping).
+    """
+    target_by_norm = {normalize(k): k for k in target}
+    target_norm = list(target_by_norm)
+    best: tuple[tuple[int, ...], KeyMapping, dict[str, str], dict[str, Any]] | None = None
+    for container, source in candidates:
+        source_norm = [normalize(k) for k in source]
+        for strip in _prefixes(source_norm):
+            for add in _prefixes(target_norm):
+                report, pairs = _evaluate(source, source_norm, target, target_by_norm, strip,
+                                          add, container)
+                score = (report.matched, -len(report.mismatched), -len(report.unexpected),
+                         -len(strip) - len(add))
+                if best is None or score > best[0]:
+                    best = (score, report, pairs, source)
+    if best is None:
+        raise CheckpointError(
+            "the checkpoint holds no tensors keyed by name (no state dict found at the top "
+            "level or under keys such as 'state_dict' or 'model'); pass a model state dict")
+    return best[1], best[2], best[3]
+
+
+def _fmt_keys(keys: tuple[str, ...], shapes: Mapping[str, Any]) -> str:
+    shown = [f"{k} {list(s) if (s := _shape(shapes.get(k))) is not None else '(non-tensor)'}"
+             for k in keys[:_SHOW]]
+    more = f" and {len(keys) - _SHOW} more" if len(keys) > _SHOW else ""
+    return ", ".join(shown) + more
+
+
+def mapping_error(report: KeyMapping, source: Mapping[str, Any],
+                  target: Mapping[str, Any], origin: str) -> CheckpointError:
+    """The error for a mapping that does not fit: the key/shape diff, one paragraph."""
+    parts = [f"the weights in {origin} do not fit the model; the closest mapping tried was "
+             f"{report.describe()}."]
+    if report.missing:
+        parts.append(f"Missing in the checkpoint ({len(report.missing)}): "
+                     f"{_fmt_keys(report.missing, target)}.")
+    if report.unexpected:
+        parts.append(f"Unexpected in the checkpoint ({len(report.unexpected)}): "
+                     f"{_fmt_keys(report.unexpected, source)}.")
+    if report.mismatched:
+        shown = ", ".join(f"{k} checkpoint {list(a)} vs model {list(b)}"
+                          for k, a, b in report.mismatched[:_SHOW])
+        more = (f" and {len(report.mismatched) - _SHOW} more"
+                if len(report.mismatched) > _SHOW else "")
+        parts.append(f"Shape mismatches ({len(report.mismatched)}): {shown}{more}.")
+    parts.append("Check that the model is built with the same architecture and sizes, or pass "
+                 "strict=False to load the keys that do fit.")
+    return CheckpointError(" ".join(parts))
+
+
+def load_state_dict(
+    model: nn.Module, state_or_path: Mapping[str, Any] | str | Path, strict: bool = True, *,
+    trust: bool = False,
+) -> KeyMapping:
+    """Load weights saved from any wrapper (plain, DataParallel, DDP, FSDP full state,
+    torch.compile, compile(DDP), Lightning, Fabric, Accelerate, ``module.``-prefixed
+    layouts) into ``model``, whatever wraps it, and return the :class:`KeyMapping` used.
+
+    ``state_or_path`` is a state dict, a checkpoint-like dict, or a path (``.pt``,
+    ``.pth``, ``.bin``, ``.ckpt``, ``.safetensors``, a torchgpu checkpoint directory, an
+    Accelerate/Hugging Face directory). ``strict=True`` requires every key on both sides
+    to match with equal shapes; otherwise :class:`CheckpointError` shows the missing,
+    unexpected and shape-mismatched keys and the closest mapping tried. With
+    ``strict=False`` the keys that fit are loaded and the rest are reported.
+    """
+    if isinstance(state_or_path, (str, Path)):
+        from torchgpu.checkpoint.sources import read_weights
+
+        obj: Any = read_weights(Path(state_or_path), trust=trust)
+        origin = str(state_or_path)
+    else:
+        obj = state_or_path
+        origin = "the given state dict"
+    target = model.state_dict()
+    report, pairs, source = match_keys(candidate_states(obj), target)
+    if strict and not report.exact:
+        raise mapping_error(report, source, target, origin)
+    if report.matched == 0:
+        raise mapping_error(report, source, target, origin)
+    remapped = {pairs[k]: source[k] for k in source if k in pairs}
+    result = model.load_state_dict(remapped, strict=strict)
+    if strict and (result.missing_keys or result.unexpected_keys):  # pragma: no cover - guarded
+        raise mapping_error(report, source, target, origin)
+    return report

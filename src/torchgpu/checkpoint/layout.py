@@ -1,0 +1,290 @@
+"""The checkpoint directory format (version 1).
+
+A checkpoint is a directory holding:
+
+- ``model.safetensors``: the unwrapped model's state dict under canonical keys (no
+  ``module.`` / ``_orig_mod.``). Tensors that share memory (tied weights) are stored
+  once under their first name; the other names are recorded in the safetensors
+  metadata entry ``torchgpu.aliases`` (JSON ``{alias: stored_name}``) and re-created on
+  load. Non-tensor entries (``get_extra_state``) go to ``state.pt``.
+- ``state.pt``: ``{"format", "step", "epoch", "optimizer", "scheduler", "scaler",
+  "rng", "extra", "model_extra"}`` -- only weights-only-safe values, checked before
+  writing by :func:`check_weights_only_safe`.
+- ``meta.json``: ``{"format", "format_version", "step", "epoch", "world_size",
+  "versions", "created_unix_s", ...meta given by the caller}``.
+- ``manifest.json``: ``{"format", "files": {name: {"sha256", "size_bytes"}}}``, written
+  last; a directory without it is not a complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import platform
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import asdict, is_dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torchgpu.errors import CheckpointCorruptError, CheckpointError
+
+FORMAT = "torchgpu-checkpoint"
+FORMAT_VERSION = 1
+MODEL_FILE = "model.safetensors"
+STATE_FILE = "state.pt"
+META_FILE = "meta.json"
+MANIFEST_FILE = "manifest.json"
+ALIASES_KEY = "torchgpu.aliases"
+RESERVED_META = ("format", "format_version", "step", "epoch", "versions", "created_unix_s")
+
+_SAFE_SCALARS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
+
+
+def check_weights_only_safe(value: Any, where: str) -> None:
+    """Raise :class:`CheckpointError` naming the first entry of ``value`` that
+    ``torch.load(weights_only=True)`` could not read back (numpy scalars, functions,
+    custom classes...)."""
+    if isinstance(value, (*_SAFE_SCALARS, torch.Size)):
+        return
+    if isinstance(value, torch.Tensor):
+        if type(value) not in (torch.Tensor, torch.nn.Parameter):
+            raise CheckpointError(
+                f"{where} is a {type(value).__name__} tensor subclass, which weights-only loading "
+                "cannot read back; store a plain tensor (.detach().clone()) instead")
+        return
+    if isinstance(value, (dict, OrderedDict)):
+        for key, item in value.items():
+            check_weights_only_safe(key, f"{where} key {key!r}")
+            check_weights_only_safe(item, f"{where}[{key!r}]")
+        return
+    if isinstance(value, (list, tuple, set)) and type(value) in (list, tuple, set):
+        for index, item in enumerate(value):
+            check_weights_only_safe(item, f"{where}[{index}]")
+        return
+    raise CheckpointError(
+        f"{where} is a {type(value).__module__}.{type(value).__qualname__}, which a weights-only "
+        "checkpoint cannot hold; allowed are tensors, numbers, str, bool, None and "
+        "lists/tuples/dicts of them. Convert it (e.g. float(x), x.tolist(), str(path)) "
+        "before saving")
+
+
+def split_shared(
+    state: Mapping[str, Any],
+) -> tuple[dict[str, torch.Tensor], dict[str, str], dict[str, Any]]:
+    """Split a model state dict into ``(tensors, aliases, non_tensors)`` ready for
+    safetensors: tensors sharing memory appear once (first name kept, the other names in
+    ``aliases``), partly-overlapping views are cloned, all are contiguous CPU tensors."""
+    tensors: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    others: dict[str, Any] = {}
+    seen: dict[tuple[Any, ...], str] = {}
+    storages: dict[tuple[str, int], list[str]] = {}
+    for name, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            others[name] = value
+            continue
+        tensor = value.detach()
+        if tensor.device.type == "meta":
+            raise CheckpointError(
+                f"model entry {name!r} is on the meta device and has no data to save; "
+                "materialise the model (to_empty + init or load weights) before saving")
+        if tensor.layout != torch.strided:
+            tensor = tensor.to_dense()
+        identity = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(),
+                    tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
+        if tensor.numel() > 0 and identity in seen:
+            aliases[name] = seen[identity]
+            continue
+        seen[identity] = name
+        storages.setdefault((str(tensor.device), tensor.untyped_storage().data_ptr()), []).append(
+            name)
+        tensors[name] = tensor
+    shared = {n for names in storages.values() if len(names) > 1 for n in names}
+    for name, tensor in tensors.items():
+        complete = tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+        if name in shared or not complete or not tensor.is_contiguous():
+            tensor = tensor.contiguous().clone()
+        tensors[name] = tensor.to("cpu")
+    return tensors, aliases, others
+
+
+def apply_aliases(tensors: dict[str, torch.Tensor], metadata: Mapping[str, str]) -> None:
+    """Re-create alias names (tied weights) recorded in safetensors ``metadata``."""
+    raw = metadata.get(ALIASES_KEY)
+    if not raw:
+        return
+    try:
+        aliases = json.loads(raw)
+    except json.JSONDecodeError:
+        raise CheckpointError(f"the {ALIASES_KEY} metadata is not valid JSON") from None
+    for alias, stored in aliases.items():
+        if stored in tensors:
+            tensors[alias] = tensors[stored]
+
+
+def model_bytes(state: Mapping[str, Any]) -> tuple[bytes, dict[str, Any]]:
+    """safetensors bytes for a canonical model state dict, and its non-tensor entries."""
+    from safetensors.torch import save
+
+    tensors, aliases, others = split_shared(state)
+    metadata = {"format": "pt", ALIASES_KEY: json.dumps(aliases, sort_keys=True)}
+    return save(tensors, metadata=metadata), others
+
+
+def torch_bytes(obj: Any) -> bytes:
+    """``torch.save`` of ``obj`` into bytes."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, (torch.dtype, torch.device)):
+        return str(value)
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=str)
+    raise TypeError(f"{type(value).__qualname__} is not JSON serialisable")
+
+
+def versions() -> dict[str, str]:
+    """Versions worth recording with a checkpoint."""
+    found = {"python": platform.python_version(), "torch": torch.__version__}
+    for name in ("torchgpu", "safetensors", "numpy"):
+        try:
+            module = __import__(name)
+            found[name] = str(getattr(module, "__version__", "unknown"))
+        except ImportError:
+            continue
+    return found
+
+
+def meta_bytes(meta: Mapping[str, Any] | None, *, step: int, epoch: int,
+               world_size: int) -> bytes:
+    """The ``meta.json`` text: the caller's ``meta`` plus the format's own fields."""
+    user = dict(meta or {})
+    clash = [key for key in RESERVED_META if key in user]
+    if clash:
+        raise CheckpointError(
+            f"meta= uses reserved key(s) {clash}; those are written by save_checkpoint itself. "
+            "Rename them (e.g. put them under 'config')")
+    record: dict[str, Any] = {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "step": step, "epoch": epoch,
+        "world_size": world_size, "versions": versions(), "created_unix_s": round(time.time(), 3),
+    }
+    record.update(user)
+    try:
+        text = json.dumps(record, indent=2, sort_keys=True, default=_json_default,
+                          allow_nan=True)
+    except (TypeError, ValueError) as error:
+        raise CheckpointError(
+            f"meta= cannot be written as JSON ({error}); use numbers, strings, lists, dicts, "
+            "paths or dataclasses") from None
+    return (text + "\n").encode()
+
+
+def sha256_of(data: bytes | bytearray | memoryview) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def manifest_bytes(files: Mapping[str, bytes | bytearray | memoryview]) -> bytes:
+    """``manifest.json`` for ``files`` (name -> content)."""
+    entries = {name: {"sha256": sha256_of(data), "size_bytes": len(memoryview(data).cast("B"))}
+               for name, data in files.items()}
+    return (json.dumps({"format": FORMAT, "files": entries}, indent=2, sort_keys=True)
+            + "\n").encode()
+
+
+def read_manifest(directory: Path) -> dict[str, dict[str, Any]]:
+    """The ``files`` table of ``directory/manifest.json``.
+
+    Raises :class:`CheckpointCorruptError` when the manifest is missing or unreadable.
+    """
+    path = directory / MANIFEST_FILE
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        files = record["files"]
+        if not isinstance(files, dict):
+            raise TypeError("files is not an object")
+    except FileNotFoundError:
+        raise CheckpointCorruptError(
+            f"{path} is missing, so {directory} is not a complete checkpoint (the save was "
+            "interrupted before it committed); use an earlier checkpoint") from None
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise CheckpointCorruptError(
+            f"{path} is unreadable ({error}); the checkpoint cannot be verified. Use an earlier "
+            "checkpoint") from None
+    return files
+
+
+def is_complete(directory: Path) -> bool:
+    """Cheap completeness check: a manifest whose files all exist with their sizes."""
+    try:
+        files = read_manifest(directory)
+        return all((directory / name).stat().st_size == int(info["size_bytes"])
+                   for name, info in files.items())
+    except (CheckpointCorruptError, OSError, KeyError, TypeError, ValueError):
+        return False
+
+
+def verify_checkpoint(path: str | Path) -> dict[str, int]:
+    """Check every file of checkpoint directory ``path`` against its manifest (size and
+    sha256). Returns ``{file name: size_bytes}``; a missing, truncated or altered file
+    raises :class:`CheckpointCorruptError` naming it."""
+    directory = Path(path)
+    files = read_manifest(directory)
+    checked: dict[str, int] = {}
+    for name, info in sorted(files.items()):
+        file = directory / name
+        try:
+            size = file.stat().st_size
+        except FileNotFoundError:
+            raise CheckpointCorruptError(
+                f"{file} is listed in the manifest but missing; the checkpoint is damaged. Use "
+                "an earlier checkpoint") from None
+        expected = int(info.get("size_bytes", -1))
+        if size != expected:
+            raise CheckpointCorruptError(
+                f"{file} is {size} bytes but the manifest records {expected} "
+                f"({'truncated' if size < expected else 'altered'}); use an earlier checkpoint")
+        digest = hashlib.sha256()
+        with file.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 22), b""):
+                digest.update(block)
+        if digest.hexdigest() != info.get("sha256"):
+            raise CheckpointCorruptError(
+                f"{file} does not match its sha256 in the manifest (the bytes were altered); use "
+                "an earlier checkpoint")
+        checked[name] = size
+    return checked
+
+
+def read_meta(directory: Path) -> dict[str, Any]:
+    """``meta.json`` of a checkpoint directory ({} when absent or unreadable)."""
+    try:
+        record = json.loads((directory / META_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def step_of(directory: Path) -> tuple[float, float]:
+    """Sort key of a checkpoint directory: (step from meta.json, mtime)."""
+    step = read_meta(directory).get("step")
+    try:
+        mtime = directory.stat().st_mtime
+    except OSError:
+        mtime = 0.0
+    return (float(step) if isinstance(step, (int, float)) else -math.inf, mtime)

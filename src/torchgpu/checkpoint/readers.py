@@ -1,0 +1,234 @@
+"""Reading checkpoint files safely.
+
+Contract:
+
+- The kind of a file is decided by its bytes, never by its name: ``PK`` zip (torch.save),
+  a pickle stream (legacy torch.save or plain pickle), or safetensors (8-byte header
+  length + JSON header). A ``.safetensors`` name on anything else, an unknown layout, a
+  truncated file or a safetensors header claiming more than :data:`MAX_HEADER_BYTES`
+  (a "header bomb") raises :class:`CheckpointFormatError` before any data is read.
+- Pickles are loaded with ``torch.load(..., weights_only=True)`` passed explicitly, so
+  ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` cannot turn it off (torch only lets that
+  variable override a call site that left ``weights_only`` unset). Zip pickles are also
+  scanned statically first (:func:`unsafe_globals`) and refused when they name globals
+  outside torch's weights-only allowlist. There is no silent fallback: ``trust=True`` is
+  the only way to run the full unpickler, and it warns.
+"""
+
+from __future__ import annotations
+
+import json
+import pickletools
+import struct
+import warnings
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from torchgpu.errors import CheckpointFormatError
+
+FileKind = Literal["torch-zip", "pickle", "safetensors"]
+
+#: Largest safetensors JSON header accepted (the safetensors library's own limit).
+MAX_HEADER_BYTES = 100_000_000
+
+_ZIP_MAGIC = b"PK\x03\x04"
+_PICKLE_PROTO = 0x80
+
+TRUST_HINT = (
+    "Only if you trust where the file came from, pass trust=True "
+    "(CLI: --trust-checkpoint) to unpickle it fully"
+)
+
+
+def _format_error(path: Path, problem: str, fix: str) -> CheckpointFormatError:
+    return CheckpointFormatError(f"{path}: {problem}. {fix}.")
+
+
+def sniff(path: Path) -> FileKind:
+    """The kind of checkpoint file ``path`` holds, judged by its first bytes.
+
+    Raises :class:`CheckpointFormatError` when the file is missing, empty, not a
+    recognised layout, or named ``.safetensors`` while holding something else.
+    """
+    if not path.exists():
+        raise _format_error(path, "no such file", "Check the path")
+    if not path.is_file():
+        raise _format_error(path, "not a regular file", "Pass a checkpoint file or directory")
+    size = path.stat().st_size
+    with path.open("rb") as handle:
+        head = handle.read(9)
+    if len(head) < 2:
+        raise _format_error(path, f"file is {size} bytes, too short for any checkpoint", (
+            "It was probably truncated; use an earlier checkpoint"))
+    kind: FileKind
+    if head.startswith(_ZIP_MAGIC):
+        kind = "torch-zip"
+    elif head[0] == _PICKLE_PROTO:
+        kind = "pickle"
+    elif len(head) == 9 and head[8:9] == b"{":
+        kind = "safetensors"
+    else:
+        raise _format_error(
+            path, "not a torch.save zip, a pickle, or a safetensors file (unknown leading bytes "
+            f"{head[:8].hex()})", "Use a .pt/.pth/.bin/.ckpt/.safetensors file or a torchgpu "
+            "checkpoint directory")
+    if path.suffix == ".safetensors" and kind != "safetensors":
+        raise _format_error(
+            path, f"named .safetensors but holds a {kind} file (a renamed pickle)",
+            "Rename it to .pt if it is a torch.save file and load it with the weights-only "
+            "reader; do not trust it blindly")
+    return kind
+
+
+def safetensors_header(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """Parse a safetensors header without reading tensor data.
+
+    Returns ``(tensors, metadata)``: ``tensors`` maps each name to
+    ``{"dtype", "shape", "data_offsets"}``. Checks the header length against
+    :data:`MAX_HEADER_BYTES` and the file size, and that every tensor's bytes lie
+    inside the file; any violation is a :class:`CheckpointFormatError`.
+    """
+    size = path.stat().st_size
+    with path.open("rb") as handle:
+        prefix = handle.read(8)
+        if len(prefix) < 8:
+            raise _format_error(path, "safetensors file shorter than its 8-byte header length",
+                                "The file is truncated; use an earlier checkpoint")
+        (header_len,) = struct.unpack("<Q", prefix)
+        if header_len > MAX_HEADER_BYTES:
+            raise _format_error(
+                path, f"safetensors header claims {header_len} bytes (limit {MAX_HEADER_BYTES}); "
+                "this is a malformed or hostile file (header bomb)", "Do not use this file")
+        if 8 + header_len > size:
+            raise _format_error(
+                path, f"safetensors header claims {header_len} bytes but the file has only "
+                f"{size} bytes", "The file is truncated; use an earlier checkpoint")
+        raw = handle.read(header_len)
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise _format_error(path, f"safetensors header is not valid JSON ({error})",
+                            "The file is corrupt; use an earlier checkpoint") from None
+    if not isinstance(header, dict):
+        raise _format_error(path, "safetensors header is not a JSON object",
+                            "The file is corrupt; use an earlier checkpoint")
+    metadata = header.pop("__metadata__", None) or {}
+    data_bytes = size - 8 - header_len
+    for name, info in header.items():
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2):
+            raise _format_error(path, f"tensor {name!r} has no valid data_offsets",
+                                "The file is corrupt; use an earlier checkpoint")
+        if offsets[1] > data_bytes:
+            raise _format_error(
+                path, f"tensor {name!r} ends at byte {offsets[1]} of the data but the file holds "
+                f"only {data_bytes} data bytes (truncated)", "Use an earlier checkpoint")
+    return header, {str(k): str(v) for k, v in metadata.items()}
+
+
+def read_safetensors(
+    path: Path, device: str = "cpu"
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """All tensors of a safetensors file (on ``device``) and its text metadata."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    _, metadata = safetensors_header(path)
+    try:
+        tensors = load_file(str(path), device=device)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as error:
+        raise _format_error(path, f"cannot read safetensors data ({error})",
+                            "The file is corrupt or truncated; use an earlier checkpoint") from None
+    return tensors, metadata
+
+
+def unsafe_globals(path: Path) -> list[str]:
+    """Globals a pickle file would import that torch's weights-only allowlist does not
+    cover, found by disassembling the pickle (nothing is executed)."""
+    kind = sniff(path)
+    if kind == "safetensors":
+        return []
+    if kind == "torch-zip":
+        try:
+            found = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
+        except (ValueError, RuntimeError) as error:
+            raise _format_error(path, f"unreadable torch.save archive ({error})",
+                                "The file is corrupt or truncated") from None
+        return sorted(found)
+    from torch._weights_only_unpickler import _get_allowed_globals
+
+    allowed = set(_get_allowed_globals())
+    return sorted(g for g in _pickle_stream_globals(path) if g not in allowed)
+
+
+def _pickle_stream_globals(path: Path, max_pickles: int = 5) -> set[str]:
+    """Globals named by the (up to ``max_pickles``) consecutive pickles at the start of
+    ``path`` -- a legacy torch.save file is several pickles in a row."""
+    found: set[str] = set()
+    with path.open("rb") as handle:
+        for _ in range(max_pickles):
+            strings: list[str] = []
+            try:
+                for opcode, arg, _pos in pickletools.genops(handle):
+                    if opcode.name in ("GLOBAL", "INST") and isinstance(arg, str):
+                        found.add(arg.replace(" ", "."))
+                    elif opcode.name == "STACK_GLOBAL" and len(strings) >= 2:
+                        found.add(f"{strings[-2]}.{strings[-1]}")
+                    elif isinstance(arg, str):
+                        strings.append(arg)
+            except (ValueError, EOFError, UnicodeDecodeError, struct.error):
+                break
+    return found
+
+
+def read_pickle(
+    path: Path, *, map_location: Any = "cpu", trust: bool = False, mmap: bool = False
+) -> Any:
+    """Load a torch.save / pickle file with the weights-only unpickler.
+
+    ``trust=True`` runs the full unpickler (it can execute code) and warns. Anything
+    the weights-only unpickler refuses, or a file that is not a loadable pickle, raises
+    :class:`CheckpointFormatError` naming the offending globals. ``mmap=True`` maps
+    tensor data instead of reading it (zip files only; used to inspect big files).
+    """
+    kind = sniff(path)
+    if kind == "safetensors":
+        raise _format_error(path, "is a safetensors file, not a pickle",
+                            "Read it as safetensors")
+    if trust:
+        warnings.warn(
+            f"{path}: loading with the full unpickler because trust=True; this can run "
+            "arbitrary code from the file", UserWarning, stacklevel=2)
+        try:
+            return torch.load(str(path), map_location=map_location, weights_only=False)
+        except Exception as error:
+            raise _format_error(path, f"cannot be unpickled ({type(error).__name__}: {error})",
+                                "The file is corrupt or not a checkpoint") from None
+    bad = unsafe_globals(path)
+    if bad:
+        raise _format_error(
+            path, "refused: the pickle needs globals outside torch's weights-only allowlist ("
+            + ", ".join(bad[:8]) + (", ..." if len(bad) > 8 else "") + "), which could run code",
+            TRUST_HINT)
+    try:
+        # weights_only=True is passed explicitly: an explicit value is never overridden by
+        # TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD (tests/unit/test_ckpt_safety.py checks this).
+        return torch.load(str(path), map_location=map_location, weights_only=True,
+                          mmap=mmap and kind == "torch-zip")
+    except Exception as error:
+        raise _format_error(
+            path, f"refused by the weights-only unpickler ({_short_reason(error)})",
+            "The file is corrupt, truncated, or not a torch.save file; if it is a plain pickle "
+            "of trusted objects, " + TRUST_HINT[0].lower() + TRUST_HINT[1:]) from None
+
+
+def _short_reason(error: BaseException) -> str:
+    """The informative line of a torch.load error (torch prepends a long preamble)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for line in lines:
+        if "WeightsUnpickler error" in line or "Unsupported" in line:
+            return line
+    reason = lines[0] if lines else type(error).__name__
+    return reason if len(reason) < 200 else reason[:200] + "..."

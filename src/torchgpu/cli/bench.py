@@ -1,0 +1,80 @@
+"""``torchgpu bench NAME|all [--quick] [--json] [--out DIR] [--device SPEC ...]``.
+
+Runs a benchmark suite, writes results.json, report.md and PNG plots under ``--out``
+(default ``runs/bench-<name>-<YYYYmmdd-HHMMSS>/``; for ``all`` one sub-directory per suite)
+and prints a rich table, or the results document as JSON with ``--json``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from torchgpu.bench.suites import SUITES
+from torchgpu.cli.common import ArgumentParser
+
+
+def _parser() -> ArgumentParser:
+    width = max(len(name) for name in SUITES)
+    listing = "\n".join(f"  {name:<{width}}  {summary}" for name, (_, summary) in SUITES.items())
+    import argparse
+
+    parser = ArgumentParser(
+        prog="torchgpu bench",
+        description="Measure this machine the way the seeds' experiments do, honestly: "
+        "warm-up, synchronised timing, interleaved variants, median and [min..max].",
+        epilog=f"suites:\n{listing}\n  {'all':<{width}}  every suite, one after another",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("suite", metavar="NAME", help="a suite name (below) or `all`")
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes and 2 rounds: seconds per suite (CI uses this)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the results document as JSON instead of a table")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output directory (default runs/bench-NAME-TIME/)")
+    parser.add_argument("--device", action="append", default=None, metavar="SPEC",
+                        help="device(s) to measure, e.g. cpu, cuda:0 or cuda:0,cuda:1 "
+                        "(repeatable; default: every GPU, else the CPU)")
+    return parser
+
+
+def _devices(specs: list[str] | None) -> list[torch.device] | None:
+    if not specs:
+        return None
+    from torchgpu.devices import get_device
+
+    chosen: list[torch.device] = []
+    for group in specs:
+        for spec in group.split(","):
+            if spec.strip():
+                device = get_device(spec.strip())
+                if device not in chosen:
+                    chosen.append(device)
+    return chosen
+
+
+def main(argv: list[str]) -> int:
+    """Entry point for ``torchgpu bench``; returns the exit code."""
+    from torchgpu.bench.report import default_out, print_table
+    from torchgpu.bench.runner import check_suite, run_suite
+
+    args = _parser().parse_args(argv)
+    names = list(SUITES) if args.suite == "all" else [check_suite(args.suite)]
+    devices = _devices(args.device)
+    root: Path = args.out if args.out is not None else default_out(args.suite)
+    docs = []
+    for name in names:
+        out = root / name if args.suite == "all" else root
+        _, doc = run_suite(name, args.quick, out, devices)
+        docs.append(doc)
+        if not args.json:
+            print_table(doc, out)
+    if args.json:
+        payload = docs[0] if len(docs) == 1 else {"suites": docs}
+        json.dump(payload, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    return 0

@@ -1,0 +1,253 @@
+"""``torchgpu devices [--json] [--watch SECONDS]``: what nvidia-smi shows, plus torch's view.
+
+Prints one row per GPU in torch's numbering (with nvidia-smi's index beside it, so
+CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER surprises show), the MPS row where present,
+and the CPU row. On a machine where torch cannot use a GPU, one line says why.
+Never initialises CUDA unless NVML is unavailable (then torch is asked instead).
+
+``--json`` prints one object (with ``--watch``: one object per line, per refresh).
+The schema is stable; new keys may be added, existing ones keep their meaning::
+
+    {
+      "schema": 1,
+      "torch": {"version": str, "cuda": str | null,          # torch.version.cuda
+                "cuda_usable": bool, "cuda_unavailable_reason": str | null},
+      "nvml": {"available": bool, "error": str | null, "driver_version": str | null,
+               "nvml_version": str | null, "cuda_driver_version": str | null},
+      "cuda_visible_devices": str | null,   # the variable as set; null = unset
+      "cuda_device_order": str | null,
+      "devices": [{
+        "kind": "cuda" | "mps" | "cpu", "spec": str,          # "cuda:0", "cpu": for --device
+        "index": int | null,            # torch's index (null for cpu/mps)
+        "nvml_index": int | null,       # nvidia-smi's index
+        "cuda_ordinal": int | null,     # the id for a fresh CUDA_VISIBLE_DEVICES
+        "name": str | null, "uuid": str | null, "pci_bus_id": str | null,
+        "total_bytes": int | null, "free_bytes": int | null, "used_bytes": int | null,
+        "allocated_bytes": int | null, "reserved_bytes": int | null,   # this process's torch
+        "compute_capability": [int, int] | null, "bf16_supported": bool | null,
+        "utilization_pct": int | null, "temperature_c": int | null,
+        "power_w": float | null, "power_limit_w": float | null,
+        "mig": bool | null, "cores": int | null,     # cores: cpu only
+        "error": str | null,                          # e.g. "GPU is lost"
+        "processes": [{"pid": int, "name": str | null, "user": str | null,
+                       "used_bytes": int | null}] | null      # null = unknown
+      }]
+    }
+
+Every value may be null where the device or NVML cannot tell.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from torchgpu import nvml
+from torchgpu.cli.common import ArgumentParser, fail
+from torchgpu.devices import DeviceInfo, cuda_unavailable_reason, format_bytes, list_devices
+
+SCHEMA_VERSION = 1
+
+
+def _parser() -> ArgumentParser:
+    parser = ArgumentParser(
+        prog="torchgpu devices",
+        description="List GPUs (torch's numbering and nvidia-smi's), MPS and the CPU.",
+    )
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument(
+        "--watch", type=float, metavar="SECONDS", help="refresh every SECONDS until Ctrl-C"
+    )
+    return parser
+
+
+def device_dict(device: DeviceInfo) -> dict[str, Any]:
+    """One device in the ``--json`` schema."""
+    data = dataclasses.asdict(device)
+    data["spec"] = device.spec
+    if device.compute_capability is not None:
+        data["compute_capability"] = list(device.compute_capability)
+    if device.processes is not None:
+        data["processes"] = [dataclasses.asdict(p) for p in device.processes]
+    return data
+
+
+def snapshot() -> dict[str, Any]:
+    """Everything ``devices --json`` prints, as a dict."""
+    inventory = nvml.read_inventory()
+    reason = cuda_unavailable_reason()
+    return {
+        "schema": SCHEMA_VERSION,
+        "torch": {
+            "version": str(torch.__version__),
+            "cuda": torch.version.cuda,
+            "cuda_usable": not reason,
+            "cuda_unavailable_reason": reason or None,
+        },
+        "nvml": {
+            "available": inventory.available,
+            "error": inventory.error,
+            "driver_version": inventory.driver_version,
+            "nvml_version": inventory.nvml_version,
+            "cuda_driver_version": inventory.cuda_driver_version,
+        },
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "cuda_device_order": os.environ.get("CUDA_DEVICE_ORDER"),
+        # init_cuda only matters without NVML; this process exits right after.
+        "devices": [device_dict(d) for d in list_devices(init_cuda=True)],
+    }
+
+
+def _num(value: Any, unit: str = "", fmt: str = "{}") -> str:
+    return "-" if value is None else fmt.format(value) + unit
+
+
+def _processes(device: dict[str, Any]) -> str:
+    processes = device["processes"]
+    if processes is None:
+        return "-"
+    if not processes:
+        return "none"
+    shown = [
+        f"{p['pid']} {p['name'] or '?'} ({p['user'] or '?'}, {format_bytes(p['used_bytes'])})"
+        for p in processes[:3]
+    ]
+    more = f" +{len(processes) - 3}" if len(processes) > 3 else ""
+    return "; ".join(shown) + more
+
+
+def _memory(device: dict[str, Any]) -> str:
+    used, total = device["used_bytes"], device["total_bytes"]
+    if used is None and total is None:
+        return "-"
+    return f"{format_bytes(used)} / {format_bytes(total)}"
+
+
+def build_table(data: dict[str, Any]) -> Table:
+    """The human view of a :func:`snapshot`."""
+    table = Table(title="devices (torch numbering; smi = nvidia-smi's index)")
+    for column in (
+        "device",
+        "smi",
+        "name",
+        "used / total",
+        "free",
+        "util",
+        "temp",
+        "power",
+        "cc",
+        "bf16",
+        "torch alloc/resv",
+        "processes",
+    ):
+        table.add_column(column, overflow="fold")
+    for d in data["devices"]:
+        name = d["name"] or "?"
+        if d["kind"] == "cpu":
+            name = f"{name} ({_num(d['cores'])} cores)"
+        if d["error"]:
+            name += f" [ERROR: {d['error']}]"
+        cc = d["compute_capability"]
+        power = "-"
+        if d["power_w"] is not None:
+            power = f"{d['power_w']:.0f}" + (
+                f"/{d['power_limit_w']:.0f} W" if d["power_limit_w"] is not None else " W"
+            )
+        torch_mem = "-"
+        if d["allocated_bytes"] is not None:
+            torch_mem = f"{format_bytes(d['allocated_bytes'])}/{format_bytes(d['reserved_bytes'])}"
+        table.add_row(
+            d["spec"] + (" MIG" if d["mig"] else ""),
+            _num(d["nvml_index"]),
+            name,
+            _memory(d),
+            format_bytes(d["free_bytes"]),
+            _num(d["utilization_pct"], "%"),
+            _num(d["temperature_c"], " C"),
+            power,
+            f"{cc[0]}.{cc[1]}" if cc else "-",
+            {True: "yes", False: "no", None: "-"}[d["bf16_supported"]],
+            torch_mem,
+            _processes(d) if d["kind"] == "cuda" else "-",
+        )
+    return table
+
+
+def _notes(data: dict[str, Any]) -> list[str]:
+    notes = []
+    gpus = [d for d in data["devices"] if d["kind"] == "cuda"]
+    reason = data["torch"]["cuda_unavailable_reason"]
+    if not gpus:
+        why = reason or data["nvml"]["error"] or "the driver reports no GPU"
+        notes.append(f"No CUDA GPU: {why}")
+    elif reason:
+        notes.append(f"torch cannot use these GPUs: {reason}")
+    nv = data["nvml"]
+    if nv["available"]:
+        notes.append(
+            f"driver {nv['driver_version'] or '?'}, NVML {nv['nvml_version'] or '?'}, "
+            f"CUDA driver API {nv['cuda_driver_version'] or '?'}; "
+            f"torch {data['torch']['version']} (CUDA {data['torch']['cuda'] or 'none'})"
+        )
+    for name in ("cuda_visible_devices", "cuda_device_order"):
+        if data[name] is not None:
+            notes.append(f"{name.upper()}={data[name]}")
+    return notes
+
+
+def render(data: dict[str, Any], console: Console) -> None:
+    """Print the table and notes of ``data`` on ``console``."""
+    console.print(build_table(data))
+    for note in _notes(data):
+        console.print(note, highlight=False, markup=False, soft_wrap=True)
+
+
+def run(
+    json_output: bool,
+    watch_s: float | None,
+    *,
+    iterations: int | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    collect: Callable[[], dict[str, Any]] = snapshot,
+) -> int:
+    """The verb's body. ``iterations`` bounds ``--watch`` (for tests); None = until Ctrl-C."""
+    console = Console(file=sys.stdout, highlight=False)
+    done = 0
+    try:
+        while True:
+            data = collect()
+            if json_output:
+                indent = None if watch_s is not None else 2
+                print(json.dumps(data, sort_keys=True, indent=indent), flush=True)
+            else:
+                if watch_s is not None and console.is_terminal:
+                    console.clear()
+                render(data, console)
+                if watch_s is not None:
+                    console.print(f"refreshing every {watch_s:g} s; Ctrl-C to stop", style="dim")
+            done += 1
+            if watch_s is None or (iterations is not None and done >= iterations):
+                return 0
+            sleep(watch_s)
+    except KeyboardInterrupt:
+        return 0  # the normal way to leave --watch
+    except BrokenPipeError:
+        # `torchgpu devices --json | head`: the reader left; stay quiet at exit too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    if args.watch is not None and not args.watch > 0:
+        return fail(f"--watch {args.watch:g} must be a positive number of seconds, e.g. --watch 2")
+    return run(args.json, args.watch)

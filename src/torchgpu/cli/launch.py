@@ -1,0 +1,60 @@
+"""``torchgpu launch``: torchrun for your own script, on a free port by default.
+
+    torchgpu launch --nproc 2 train.py --epochs 3
+    torchgpu launch --nnodes 2 --node-rank 0 --rdzv-endpoint 10.0.0.1:29400 --nproc 8 train.py
+
+One node: a c10d rendezvous on a free 127.0.0.1 port. Several nodes: run the same
+command on every node with the same ``--rdzv-endpoint`` (torchrun's c10d rendezvous).
+Inside the script, ``torchgpu.init_distributed()`` forms the group.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from torchgpu.cli.common import ArgumentParser
+from torchgpu.errors import UsageError
+
+
+def _parser() -> ArgumentParser:
+    p = ArgumentParser(
+        prog="torchgpu launch",
+        description="Run SCRIPT under torchrun: N processes per node, free port by default.",
+    )
+    p.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="processes on this node (default 1; one per GPU is usual)")
+    p.add_argument("--nnodes", type=int, default=1, metavar="N", help="nodes (default 1)")
+    p.add_argument("--node-rank", type=int, default=0, metavar="R",
+                   help="this node's rank (informational with c10d rendezvous)")
+    p.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
+                   help="where the node agents meet; required with --nnodes > 1")
+    p.add_argument("--rdzv-id", metavar="ID",
+                   help="job id, the same on every node (default: fixed for multi-node)")
+    p.add_argument("--max-restarts", type=int, default=0, metavar="R",
+                   help="restart failed workers up to R times (default 0)")
+    p.add_argument("-m", "--module", action="store_true",
+                   help="SCRIPT is a module name, run as python -m SCRIPT")
+    p.add_argument("script", metavar="SCRIPT", help="the Python script to run")
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
+                   help="arguments for SCRIPT")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    """``torchgpu launch [flags] SCRIPT [ARGS]``; returns the first failed worker's code."""
+    from torchgpu.train.launch import LaunchSpec, check_spec, run
+
+    ns = _parser().parse_args(argv)
+    spec = LaunchSpec(
+        nproc=ns.nproc, nnodes=ns.nnodes, node_rank=ns.node_rank,
+        rdzv_endpoint=ns.rdzv_endpoint, rdzv_id=ns.rdzv_id,
+        max_restarts=ns.max_restarts, module=ns.module,
+    )
+    check_spec(spec)
+    if not ns.module and not Path(ns.script).is_file():
+        raise UsageError(
+            f"script {ns.script!r} does not exist: pass the path of a Python file "
+            "(or -m MODULE for a module)."
+        )
+    return run(spec, ns.script, list(ns.args))

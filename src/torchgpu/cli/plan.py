@@ -1,0 +1,219 @@
+"""``torchgpu plan``: memory per strategy on real or hypothetical devices, and the plan that fits.
+
+    torchgpu plan [--example housing|lenet|resnet50
+                   | --model module:factory --input-shape 2,3,128,128] [--batch-size B]
+                   [--devices auto|4x80GiB|2x24GiB,1x16GiB|cuda:0,cuda:1]
+                  [--optimizer adam] [--precision fp32] [--json]
+
+Prints a table of every strategy (single, + accumulation, + activation checkpointing,
+ddp, fsdp, model split, pipeline) with its memory on each device and whether it fits,
+then the chosen plan, why, and the exact ``torchgpu train`` command. ``--json`` prints
+the document of :mod:`torchgpu.planning.report` instead. Exit codes: 0 a plan was
+found, 1 nothing fits (the table still prints, the numbers go to stderr), 2 bad flags.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from torchgpu.cli.common import ArgumentParser
+from torchgpu.errors import PlanError, UsageError
+from torchgpu.planning.decide import Plan, Workload
+from torchgpu.planning.footprint import Footprint
+from torchgpu.planning.planner import plan_from_footprint
+from torchgpu.planning.report import document
+from torchgpu.planning.strategies import Candidate, all_candidates
+from torchgpu.planning.targets import ACCEPTED, HEADROOM, DeviceTarget, parse_devices
+from torchgpu.sizes import format_bytes
+
+EXAMPLES = ("housing", "lenet", "resnet50")
+#: Input shape of one sample of each built-in example (torchgpu.data.example_data).
+EXAMPLE_INPUT_SHAPES: dict[str, tuple[int, ...]] = {
+    "housing": (13,),
+    "lenet": (1, 28, 28),
+    "resnet50": (3, 128, 128),
+}
+#: Default batch per optimizer step, as ``torchgpu train`` uses for each example.
+EXAMPLE_BATCH_SIZES = {"housing": 16, "lenet": 64, "resnet50": 8}
+SAMPLE_ROWS = 2  # rows actually measured; figures scale to --batch-size (BatchNorm needs 2)
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(
+        prog="torchgpu plan",
+        description="Memory per strategy on real or hypothetical devices, and the plan that fits.",
+    )
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--example", choices=EXAMPLES, help="built-in model (default housing)")
+    what.add_argument("--model", metavar="MODULE:FACTORY", help="your model: module.path:factory")
+    parser.add_argument(
+        "--input-shape",
+        metavar="N,C,H,W",
+        help="with --model: the sample batch's shape, batch first",
+    )
+    parser.add_argument("--batch-size", type=int, metavar="B", help="samples per optimizer step")
+    parser.add_argument(
+        "--devices", default="auto", metavar="SPEC", help=f"default auto; {ACCEPTED}"
+    )
+    parser.add_argument(
+        "--optimizer", default="adam", help="optimizer whose state to count (default adam)"
+    )
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    return parser
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``"2,3,128,128"`` -> ``(2, 3, 128, 128)``; UsageError unless positive integers."""
+    try:
+        shape = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        shape = ()
+    if not shape or any(dim < 1 for dim in shape):
+        raise UsageError(
+            f"--input-shape {text!r} is not understood: give the sample batch's shape as "
+            "positive integers, batch first, e.g. --input-shape 2,3,128,128"
+        )
+    return shape
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    if args.model is None and args.input_shape is not None:
+        raise UsageError("--input-shape goes with --model (built-in examples know their shape)")
+    if args.model is not None and args.input_shape is None:
+        raise UsageError(
+            f"--model {args.model} needs --input-shape, the shape of a sample batch, e.g. "
+            "--input-shape 2,3,128,128"
+        )
+    if args.batch_size is not None and args.batch_size < 1:
+        raise UsageError(f"--batch-size {args.batch_size} must be at least 1, e.g. --batch-size 32")
+    targets = parse_devices(args.devices)  # before the model: bad devices fail fast
+    example = args.example if args.model is None else None
+    if example is None and args.model is None:
+        example = "housing"
+    if args.model is not None:
+        from torchgpu.cli.common_model import resolve_factory
+
+        shape = parse_shape(args.input_shape)
+        model = resolve_factory(args.model)()
+        if not isinstance(model, torch.nn.Module):
+            raise UsageError(
+                f"--model {args.model} returned {type(model).__name__}, not an nn.Module"
+            )
+        sample = torch.randn(shape)
+        batch = args.batch_size or shape[0]
+    else:
+        from torchgpu.models import build_model
+
+        assert example is not None
+        model = build_model(example)
+        sample = torch.randn(SAMPLE_ROWS, *EXAMPLE_INPUT_SHAPES[example])
+        batch = args.batch_size or EXAMPLE_BATCH_SIZES[example]
+    from torchgpu.planning.measure import measure_footprint
+
+    footprint = measure_footprint(model, sample, optimizer=args.optimizer, precision=args.precision)
+    workload = Workload(
+        batch, example=example, model=args.model, precision=args.precision, optimizer=args.optimizer
+    )
+    try:
+        plan: Plan | None = plan_from_footprint(footprint, targets, workload)
+        error = None
+    except PlanError as failure:
+        plan, error = None, str(failure)
+    candidates = (
+        list(plan.candidates) if plan is not None else all_candidates(footprint, targets, batch)
+    )
+    if args.json:
+        print(json.dumps(document(workload, targets, footprint, candidates, plan, error), indent=2))
+    else:
+        _render(workload, targets, footprint, candidates, plan)
+    if error is not None:
+        print(f"torchgpu: {error}", file=sys.stderr)
+        return PlanError.exit_code
+    return 0
+
+
+def _per_device(values: tuple[int, ...]) -> str:
+    """One figure when every device has the same, else each device's in order."""
+    if len(set(values)) <= 1:
+        return format_bytes(values[0]) if values else "-"
+    return " / ".join(format_bytes(v) for v in values)
+
+
+def _render(
+    workload: Workload,
+    targets: list[DeviceTarget],
+    footprint: Footprint,
+    candidates: list[Candidate],
+    plan: Plan | None,
+) -> None:
+    console = Console(highlight=False, soft_wrap=False, width=max(Console().width, 150))
+    what = workload.example or workload.model
+    batch = workload.batch_size
+    devices = ", ".join(
+        f"{t.name} {format_bytes(t.memory_bytes)}{'' if t.real else ' (hypothetical)'}"
+        for t in targets
+    )
+    console.print(
+        f"[bold]{what}[/bold], batch {workload.batch_size}, {workload.optimizer}, "
+        f"{workload.precision} on {devices}"
+    )
+    console.print(
+        f"model states {format_bytes(footprint.state_bytes)} (parameters "
+        f"{format_bytes(footprint.param_bytes)}, gradients {format_bytes(footprint.grad_bytes)}, "
+        f"optimizer {format_bytes(footprint.optimizer_bytes)}); activations "
+        f"{format_bytes(footprint.activations(batch))} at batch {batch} "
+        f"({format_bytes(footprint.activations(batch, True))} checkpointed; "
+        f"{footprint.source}); usable = memory less {HEADROOM:.0%} headroom"
+    )
+    table = Table(show_lines=False)
+    for column in (
+        "strategy",
+        "devices",
+        "micro x accum",
+        "per device",
+        "usable",
+        "fits",
+        "est. time",
+        "note",
+    ):
+        table.add_column(
+            column, justify="right" if column in ("per device", "usable", "est. time") else "left"
+        )
+    for c in candidates:
+        chosen = plan is not None and c is plan.chosen
+        need_text = _per_device(c.per_device_bytes) if c.applicable else "-"
+        table.add_row(
+            ("> " if chosen else "") + c.label,
+            str(len(c.devices)),
+            f"{c.micro_batch} x {c.accumulate}",
+            need_text,
+            _per_device(c.usable_bytes),
+            "yes" if c.fits else "no",
+            f"{c.time_factor:.2f}x" if c.applicable else "-",
+            c.note,
+            style="bold green" if chosen else None,
+        )
+    console.print(table)
+    if plan is None:
+        return
+    console.print(f"[bold]plan:[/bold] {plan.reason}")
+    if plan.command is not None:
+        console.print(f"[bold]run:[/bold]  {plan.command}", soft_wrap=True)
+    else:
+        console.print(
+            "[bold]run:[/bold]  `torchgpu train` trains built-in examples and CSV files; use these "
+            f"settings in your own script: strategy={plan.strategy}, nproc={plan.nproc}, "
+            f"micro-batch={plan.micro_batch}, accumulate={plan.accumulate}, activation "
+            f"checkpointing={'on' if plan.activation_checkpointing else 'off'}"
+            + (
+                f", chunks={plan.chunks}, balance={list(plan.balance or ())}" if plan.chunks else ""
+            ),
+            soft_wrap=True,
+        )

@@ -1,0 +1,206 @@
+"""``torchgpu train``: train a built-in example or a CSV table on whatever devices exist.
+
+Validates everything first (flags, device, data, ``--out``), then either trains in
+this process or, with ``--nproc N`` / ``--nnodes`` / ``--max-restarts``, relaunches
+itself under torchrun (one process per GPU, or N gloo processes on CPU). Prints where
+the plot, metrics and model are; ``--json`` prints the summary JSON instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+
+from torchgpu.cli.common import ArgumentParser
+from torchgpu.train.config import (
+    EXAMPLES,
+    ON_NONFINITE,
+    PRECISIONS,
+    PROGRESS_MODES,
+    STRATEGIES,
+    TrainConfig,
+    resolve,
+    validate,
+)
+
+
+def _parser() -> ArgumentParser:
+    p = ArgumentParser(
+        prog="torchgpu train",
+        description="Train a built-in example or your CSV table on CPU, one GPU or many.",
+    )
+    data = p.add_argument_group("data")
+    data.add_argument("--example", help=f"built-in example: {'|'.join(EXAMPLES)} "
+                      "(default housing)")
+    data.add_argument("--data", metavar="FILE", help="a numeric CSV table to train on")
+    data.add_argument("--target", metavar="COL", help="the CSV column to predict")
+    data.add_argument("--data-size", type=int, metavar="N",
+                      help="shrink a built-in example to N samples (quick runs)")
+    dev = p.add_argument_group("devices and processes")
+    dev.add_argument("--device", default="auto", help="auto|cpu|cuda|cuda:N|mps (default auto)")
+    dev.add_argument("--gpus", metavar="IDS", help="GPUs to use, e.g. 0,1 "
+                     "(sets CUDA_VISIBLE_DEVICES before CUDA starts)")
+    dev.add_argument("--nproc", type=int, metavar="N",
+                     help="processes on this node (relaunches under torchrun)")
+    dev.add_argument("--nnodes", type=int, default=1, metavar="N", help="nodes (default 1)")
+    dev.add_argument("--node-rank", type=int, default=0, metavar="R")
+    dev.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
+                     help="where the node agents meet (several nodes)")
+    dev.add_argument("--max-restarts", type=int, default=0, metavar="R",
+                     help="torchrun restarts of failed workers (default 0)")
+    run = p.add_argument_group("training")
+    run.add_argument("--strategy", default="auto", help=f"{'|'.join(STRATEGIES)} "
+                     "(auto = ddp with several processes, else single)")
+    run.add_argument("--chunks", type=int, metavar="M", help="micro-batches (pipeline)")
+    run.add_argument("--accumulate", type=int, default=1, metavar="K",
+                     help="micro-batches per optimizer step (default 1)")
+    run.add_argument("--activation-checkpointing", action="store_true",
+                     help="recompute activations in backward to save memory")
+    run.add_argument("--precision", default="fp32", help=f"{'|'.join(PRECISIONS)} "
+                     "(default fp32)")
+    run.add_argument("--epochs", type=int, metavar="E")
+    run.add_argument("--batch-size", type=int, metavar="B", help="per process, per micro-batch")
+    run.add_argument("--lr", type=float)
+    run.add_argument("--clip-norm", type=float, metavar="X", help="max gradient norm")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--num-workers", type=int, default=0, metavar="N",
+                     help="DataLoader worker processes (default 0)")
+    run.add_argument("--on-nonfinite", default="stop", help=f"{'|'.join(ON_NONFINITE)}: a NaN/inf "
+                     "loss stops the run, or its step is dropped (default stop)")
+    out = p.add_argument_group("output and checkpoints")
+    out.add_argument("--out", metavar="DIR",
+                     help="output directory (default runs/<example>-<time>)")
+    out.add_argument("--save-every", type=int, metavar="N",
+                     help="write a checkpoint every N optimizer steps")
+    out.add_argument("--keep-last", type=int, metavar="K", help="keep the K newest checkpoints")
+    out.add_argument("--resume", nargs="?", const="", metavar="DIR",
+                     help="continue from a checkpoint (default: the run's latest)")
+    out.add_argument("--progress", default="auto", help=f"{'|'.join(PROGRESS_MODES)} "
+                     "(default auto: a bar on a terminal, one line per epoch otherwise)")
+    out.add_argument("--json", action="store_true", help="print the summary as JSON")
+    return p
+
+
+def config_from_argv(argv: list[str]) -> TrainConfig:
+    """Parse ``argv`` into a TrainConfig (argparse exits 2 on malformed flags)."""
+    ns = vars(_parser().parse_args(argv))
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    return TrainConfig(**{k: v for k, v in ns.items() if k in fields})
+
+
+def _under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
+
+
+def _default_nproc(config: TrainConfig) -> int:
+    """ddp/fsdp without --nproc: one process per visible GPU (CUDA not initialised)."""
+    if config.nproc is not None:
+        return config.nproc
+    if config.strategy in ("ddp", "fsdp") and config.device in ("auto", "cuda"):
+        import torch
+
+        if torch.cuda.is_available():
+            return max(1, torch.cuda.device_count())
+    return 1
+
+
+def _preflight(config: TrainConfig, nproc: int) -> TrainConfig:
+    """Everything the workers would reject, checked once here: device, strategy, data, out."""
+    from torchgpu.distributed import DistEnv
+    from torchgpu.train import build
+    from torchgpu.train.runner import check_out_dir
+
+    world = nproc * config.nnodes
+    env = DistEnv(rank=0, local_rank=0, world_size=world, local_world_size=nproc)
+    device = build.choose_device(config, DistEnv())
+    if device.type == "cuda":
+        import torch
+
+        count = torch.cuda.device_count()
+        if nproc > count:
+            from torchgpu.errors import UsageError
+
+            raise UsageError(
+                f"--nproc {nproc} needs {nproc} GPUs on this node but {count} are visible: "
+                f"use --nproc {count} or fewer, or --device cpu for {nproc} CPU processes."
+            )
+    build.choose_strategy(config, env, device)
+    assert config.out is not None
+    check_out_dir(config.out, resuming=config.resume is not None)
+    build.load_data(config)
+    return config
+
+
+def _relaunch(config: TrainConfig, nproc: int) -> int:
+    from torchgpu.train.launch import LaunchSpec, run
+
+    spec = LaunchSpec(
+        nproc=nproc, nnodes=config.nnodes, node_rank=config.node_rank,
+        rdzv_endpoint=config.rdzv_endpoint, max_restarts=config.max_restarts, module=True,
+    )
+    return run(spec, "torchgpu", ["train", *worker_argv(config)])
+
+
+_LAUNCH_ONLY = frozenset({"nproc", "nnodes", "node_rank", "rdzv_endpoint", "max_restarts", "gpus"})
+
+
+def worker_argv(config: TrainConfig) -> list[str]:
+    """The flags a worker gets: the resolved config (so every worker writes to the same
+    --out and uses the same defaults) minus what only the launcher reads."""
+    argv: list[str] = []
+    for f in dataclasses.fields(TrainConfig):
+        value = getattr(config, f.name)
+        if f.name in _LAUNCH_ONLY or value is None or value is False:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if value is True or (f.name == "resume" and value == ""):
+            argv.append(flag)
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def _report(summary: dict[str, object]) -> str:
+    final = summary.get("final") or {}
+    assert isinstance(final, dict)
+    bits = [f"{k} {v:.4g}" for k, v in final.items() if isinstance(v, float)]
+    files = summary.get("files") or {}
+    assert isinstance(files, dict)
+    lines = [
+        f"trained {summary['run']} ({summary['strategy']}, {summary['world_size']} "
+        f"process(es), {summary['epochs']} epochs, {summary['steps']} steps): " + ", ".join(bits),
+    ]
+    for label in ("plot", "metrics", "summary", "model"):
+        if files.get(label):
+            lines.append(f"  {label + ':':9s}{files[label]}")
+    if summary.get("stopped_early"):
+        lines.append(f"  stopped early ({summary.get('stop_reason')}) at step {summary['steps']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    """``torchgpu train [flags]``; returns the exit code (2 for bad input)."""
+    config = config_from_argv(argv)
+    validate(config)
+    if config.gpus is not None and not _under_torchrun():
+        from torchgpu.devices import set_visible_devices
+
+        set_visible_devices(config.gpus)
+    if not _under_torchrun():
+        nproc = _default_nproc(config)
+        if nproc > 1 or config.nnodes > 1 or config.max_restarts > 0:
+            resolved = _preflight(resolve(config), nproc)
+            return _relaunch(resolved, nproc)
+    from torchgpu.train.runner import train
+
+    result = train(config)
+    if result.out_dir is None:  # not rank 0: rank 0 reports
+        return 0
+    if config.json:
+        print(json.dumps(result.summary, indent=2))
+    else:
+        print(_report(result.summary))
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,306 @@
+"""Who am I in a multi-process run, and the process group that joins us.
+
+torchrun (``torch.distributed.run``) starts one process per device and tells each one
+its place through environment variables: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and
+``LOCAL_WORLD_SIZE``. :class:`DistEnv` reads them; :func:`init_distributed` binds the
+process to its GPU and forms the process group; the agreement helpers let every rank
+take the same decision (stop, skip, shrink a batch) without deadlocking.
+
+Without torchrun (``WORLD_SIZE`` unset) everything works single-process: no process
+group is created and the helpers are the identity.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from types import TracebackType
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from torchgpu.errors import ConfigError, DistributedError, NoDeviceError
+
+T = TypeVar("T")
+
+BACKENDS: tuple[str, ...] = ("auto", "nccl", "gloo", "mpi", "ucc", "xccl")
+DEFAULT_TIMEOUT = timedelta(minutes=10)
+
+_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+
+
+def _read_int(environ: Mapping[str, str], name: str, default: int | None) -> int:
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        if default is None:
+            raise ConfigError(
+                f"{name} is not set but WORLD_SIZE={environ.get('WORLD_SIZE')!r} is: a "
+                f"distributed run needs {', '.join(_VARS)}; launch with torchrun "
+                "(torchgpu launch --nproc N SCRIPT) instead of setting them by hand."
+            )
+        return default
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise ConfigError(
+            f"{name}={raw!r} is not an integer: torchrun sets {', '.join(_VARS)} to "
+            "non-negative integers; unset the variable or launch with torchrun."
+        ) from None
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """This process's place in a (possibly single-process) run.
+
+    ``rank`` is global (0..world_size-1); ``local_rank`` is the index on this machine
+    and the GPU index the process uses. ``is_main`` is rank 0 (the one that prints and
+    writes); ``is_distributed`` is ``world_size > 1``.
+    """
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> DistEnv:
+        """Read torchrun's variables (default ``os.environ``).
+
+        ``WORLD_SIZE`` unset means a single process: ``DistEnv(0, 0, 1, 1)``. When it is
+        set, ``RANK`` is required; a missing ``LOCAL_RANK`` defaults to ``RANK`` and a
+        missing ``LOCAL_WORLD_SIZE`` to ``WORLD_SIZE`` (one machine). Non-integers and
+        out-of-range values raise ConfigError naming the variable.
+        """
+        env = os.environ if environ is None else environ
+        if env.get("WORLD_SIZE") is None or env.get("WORLD_SIZE", "").strip() == "":
+            return cls()
+        world = _read_int(env, "WORLD_SIZE", None)
+        rank = _read_int(env, "RANK", None)
+        local_world = _read_int(env, "LOCAL_WORLD_SIZE", world)
+        local_rank = _read_int(env, "LOCAL_RANK", rank)
+        problems = []
+        if world < 1:
+            problems.append(f"WORLD_SIZE={world} must be >= 1")
+        if not 0 <= rank < max(world, 1):
+            problems.append(f"RANK={rank} must be in 0..{world - 1}")
+        if not 1 <= local_world <= max(world, 1):
+            problems.append(f"LOCAL_WORLD_SIZE={local_world} must be in 1..WORLD_SIZE={world}")
+        if not 0 <= local_rank < max(local_world, 1):
+            problems.append(f"LOCAL_RANK={local_rank} must be in 0..{local_world - 1}")
+        if problems:
+            raise ConfigError(
+                "bad distributed environment: " + "; ".join(problems) + ". These variables "
+                "are set by torchrun; launch with torchgpu launch / torchrun, or unset "
+                "WORLD_SIZE to run a single process."
+            )
+        return cls(rank=rank, local_rank=local_rank, world_size=world, local_world_size=local_world)
+
+
+@dataclass(frozen=True)
+class DistSession(DistEnv):
+    """What :func:`init_distributed` returns: a :class:`DistEnv` that also owns the group.
+
+    Use it as a value (``env = init_distributed()``; call ``env.close()`` or
+    ``destroy_process_group()`` yourself at the end) or as a context manager
+    (``with init_distributed() as env:``; the group is destroyed on exit, also on error).
+    ``backend`` is the backend in use (``None`` when no group was formed);
+    ``owns_group`` is False when the group existed before the call (then ``close``
+    leaves it alone). ``env`` is the plain :class:`DistEnv`.
+    """
+
+    backend: str | None = field(default=None, compare=False)
+    owns_group: bool = field(default=False, compare=False)
+
+    @property
+    def env(self) -> DistEnv:
+        return DistEnv(self.rank, self.local_rank, self.world_size, self.local_world_size)
+
+    def close(self) -> None:
+        """Destroy the process group if this call created it (idempotent)."""
+        if self.owns_group and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+    def __enter__(self) -> DistSession:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _resolve_backend(backend: str, device: torch.device | None) -> str:
+    if not isinstance(backend, str) or backend.lower() not in BACKENDS:
+        raise ConfigError(
+            f"unknown distributed backend {backend!r}: use one of {', '.join(BACKENDS)} "
+            "(auto = nccl on CUDA GPUs, gloo on CPU)."
+        )
+    backend = backend.lower()
+    if backend != "auto":
+        return backend
+    wants_cuda = device.type == "cuda" if device is not None else torch.cuda.is_available()
+    if wants_cuda and torch.cuda.is_available() and dist.is_nccl_available():
+        return "nccl"
+    return "gloo"
+
+
+def init_distributed(
+    backend: str = "auto",
+    timeout: timedelta = DEFAULT_TIMEOUT,
+    device: torch.device | str | None = None,
+) -> DistSession:
+    """Form the process group from torchrun's variables and bind this process to its GPU.
+
+    - Not under torchrun (``WORLD_SIZE`` unset): returns a single-process session, no group.
+    - ``backend="auto"``: NCCL when this process trains on CUDA (``device`` given as a cuda
+      device, or CUDA available and ``device`` None), else gloo. ``device="cpu"`` forces
+      gloo on a GPU machine.
+    - With NCCL, ``torch.cuda.set_device(LOCAL_RANK)`` runs *before* the group is formed
+      and before anything else touches CUDA, so rank k uses GPU k (not all on GPU 0).
+    - A group that already exists is reused (and not destroyed by ``close``).
+
+    Returns a :class:`DistSession` (a DistEnv usable as a context manager).
+    Raises ConfigError for bad variables/backend, NoDeviceError when NCCL is asked for
+    without enough GPUs, DistributedError when the group cannot be formed.
+    """
+    env = DistEnv.from_env()
+    dev = torch.device(device) if device is not None else None
+    if os.environ.get("WORLD_SIZE") in (None, ""):
+        return DistSession(0, 0, 1, 1, backend=None, owns_group=False)
+    if not dist.is_available():
+        raise DistributedError(
+            "WORLD_SIZE is set but this torch build has no torch.distributed: install a "
+            "torch build with distributed support, or unset WORLD_SIZE."
+        )
+    chosen = _resolve_backend(backend, dev)
+    if chosen == "nccl":
+        _bind_cuda_device(env)
+    if dist.is_initialized():
+        return DistSession(
+            env.rank, env.local_rank, env.world_size, env.local_world_size,
+            backend=str(dist.get_backend()), owns_group=False,
+        )
+    kwargs: dict[str, Any] = {"backend": chosen, "timeout": timeout}
+    if chosen == "nccl":
+        # Binding the group to the device lets NCCL connect eagerly and stops barrier()
+        # from guessing a device.
+        kwargs["device_id"] = torch.device("cuda", env.local_rank)
+    try:
+        dist.init_process_group(**kwargs)
+    except Exception as exc:
+        raise DistributedError(
+            f"could not form the {chosen} process group as rank {env.rank} of "
+            f"{env.world_size} (MASTER_ADDR={os.environ.get('MASTER_ADDR')!r}, "
+            f"MASTER_PORT={os.environ.get('MASTER_PORT')!r}): {exc}. Check that every rank "
+            "was started by the same torchrun and can reach MASTER_ADDR:MASTER_PORT."
+        ) from exc
+    return DistSession(
+        env.rank, env.local_rank, env.world_size, env.local_world_size,
+        backend=chosen, owns_group=True,
+    )
+
+
+def _bind_cuda_device(env: DistEnv) -> None:
+    if not torch.cuda.is_available():
+        raise NoDeviceError(
+            "the nccl backend needs CUDA GPUs and none is usable: use backend='gloo' "
+            "(or --device cpu) to run on CPU."
+        )
+    count = torch.cuda.device_count()
+    if env.local_rank >= count:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        raise NoDeviceError(
+            f"LOCAL_RANK={env.local_rank} needs GPU cuda:{env.local_rank} but {count} GPU(s) "
+            f"are visible (CUDA_VISIBLE_DEVICES={visible!r}): start at most {count} "
+            "processes per node (--nproc), or make more GPUs visible."
+        )
+    torch.cuda.set_device(env.local_rank)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now (for MASTER_PORT / rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _group_active() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def current_rank() -> int:
+    """This process's global rank: from the group if formed, else ``RANK`` (default 0)."""
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank())
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def rank_zero_print(*args: Any, **kwargs: Any) -> None:
+    """``print`` on global rank 0 only; other ranks stay silent."""
+    if current_rank() == 0:
+        print(*args, **kwargs)
+
+
+def _comm_device() -> torch.device:
+    # NCCL only reduces CUDA tensors; every other backend here takes CPU tensors.
+    if "nccl" in str(dist.get_backend()):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _all_reduce_int(value: int, op: dist.ReduceOp.RedOpType) -> int:
+    tensor = torch.tensor([value], dtype=torch.int64, device=_comm_device())
+    dist.all_reduce(tensor, op=op)
+    return int(tensor.item())
+
+
+def agree_any(flag: bool) -> bool:
+    """True on every rank if ``flag`` is True on any rank (identity when not distributed).
+
+    A collective: every rank must call it, in the same order.
+    """
+    if not _group_active():
+        return bool(flag)
+    return _all_reduce_int(int(bool(flag)), dist.ReduceOp.MAX) > 0
+
+
+def agree_min(value: int) -> int:
+    """The smallest ``value`` over all ranks (identity when not distributed). Collective."""
+    if not _group_active():
+        return int(value)
+    return _all_reduce_int(int(value), dist.ReduceOp.MIN)
+
+
+def agree_max(value: int) -> int:
+    """The largest ``value`` over all ranks (identity when not distributed). Collective."""
+    if not _group_active():
+        return int(value)
+    return _all_reduce_int(int(value), dist.ReduceOp.MAX)
+
+
+def broadcast_object(obj: T, src: int = 0) -> T:
+    """Rank ``src``'s ``obj`` on every rank (picklable objects; identity when not
+    distributed). Collective."""
+    if not _group_active():
+        return obj
+    box: list[Any] = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]  # type: ignore[no-any-return]

@@ -1,0 +1,40 @@
+"""The housing regression MLP of the seeds (13 -> 16 -> 32 -> 1, ReLU).
+
+Same attribute names as the seed's ``Net1`` (``layer1``/``layer2``/``layer3``, each an
+``nn.Sequential`` holding one ``nn.Linear``), so its state_dict keys
+(``layer1.0.weight`` ...) load weights saved by the seed's script.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class HousingNet(nn.Module):
+    """``in_dim -> n_hidden_1 -> n_hidden_2 -> out_dim`` with ReLU between layers.
+
+    Unlike the seed, ``forward`` prints nothing (a print per call costs time in the loop).
+    """
+
+    def __init__(
+        self, in_dim: int = 13, n_hidden_1: int = 16, n_hidden_2: int = 32, out_dim: int = 1
+    ) -> None:
+        super().__init__()
+        self.layer1 = nn.Sequential(nn.Linear(in_dim, n_hidden_1))
+        self.layer2 = nn.Sequential(nn.Linear(n_hidden_1, n_hidden_2))
+        self.layer3 = nn.Sequential(nn.Linear(n_hidden_2, out_dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.layer1(x))
+        x = F.relu(self.layer2(x))
+        out: torch.Tensor = self.layer3(x)
+        return out
+
+    def as_sequential(self) -> nn.Sequential:
+        """``Sequential(layer1, ReLU, layer2, ReLU, layer3)`` sharing this model's layers.
+
+        Its output equals ``forward``'s; training either trains both.
+        """
+        return nn.Sequential(self.layer1, nn.ReLU(), self.layer2, nn.ReLU(), self.layer3)

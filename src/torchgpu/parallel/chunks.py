@@ -1,0 +1,195 @@
+"""Choosing the number of micro-batches M by measuring it (the seed's split-size sweep).
+
+Small M leaves stages idle (the bubble is ``(n-1)/(M+n-1)`` of the time); large M
+makes many small kernels and per-micro-batch overhead. Where the optimum lies
+depends on the model, batch and devices, so :func:`choose_chunks` times a few real
+training steps (forward, loss, backward) for each candidate M, rounds interleaved so
+drift in machine load hits every candidate alike, and keeps the fastest median.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchgpu.errors import ConfigError
+
+logger = logging.getLogger("torchgpu.parallel.chunks")
+
+DEFAULT_CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+
+
+@dataclass(frozen=True)
+class ChunkRow:
+    """One candidate's measurement: step seconds over the timed steps."""
+
+    chunks: int
+    micro_batch_rows: int
+    median_s: float
+    min_s: float
+    max_s: float
+
+
+@dataclass(frozen=True)
+class ChunkChoice:
+    """The chosen M and the sweep table, one row per candidate in sweep order."""
+
+    chunks: int
+    table: tuple[ChunkRow, ...]
+
+    def format(self) -> str:
+        """The table as text (the chosen row marked with ``*``)."""
+        lines = [f"{'M':>4} {'rows':>6} {'median s':>10} {'min s':>10} {'max s':>10}"]
+        for r in self.table:
+            mark = " *" if r.chunks == self.chunks else ""
+            lines.append(
+                f"{r.chunks:>4} {r.micro_batch_rows:>6} {r.median_s:>10.4f} "
+                f"{r.min_s:>10.4f} {r.max_s:>10.4f}{mark}"
+            )
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {"chunks": self.chunks, "table": [vars(r) for r in self.table]}
+
+
+def default_candidates(batch_rows: int) -> list[int]:
+    """The candidates tried by default: DEFAULT_CANDIDATES up to the batch size."""
+    return [m for m in DEFAULT_CANDIDATES if m <= max(batch_rows, 1)]
+
+
+def sweep_chunks(
+    make_step: Callable[[int], Callable[[], None]],
+    candidates: Sequence[int],
+    batch_rows: int,
+    steps: int = 3,
+    warmup: int = 1,
+    sync: Callable[[], None] | None = None,
+) -> ChunkChoice:
+    """Time ``make_step(M)()`` for every candidate M, ``warmup + steps`` interleaved
+    rounds (warm-up rounds discarded), and choose the smallest median (ties: smaller M).
+
+    ``make_step(M)`` returns a callable running one training step with M micro-batches;
+    ``sync`` waits for queued device work (``torch.cuda.synchronize``) around each step.
+    """
+    cands = sorted({int(m) for m in candidates})
+    if not cands or cands[0] < 1 or steps < 1:
+        raise ConfigError(
+            f"chunk sweep needs positive candidates and steps >= 1, got "
+            f"candidates={list(candidates)}, "
+            f"steps={steps}: e.g. candidates=[1, 2, 4, 8], steps=3"
+        )
+    fns = {m: make_step(m) for m in cands}
+    times: dict[int, list[float]] = {m: [] for m in cands}
+    done = sync or (lambda: None)
+    for r in range(warmup + steps):
+        for m in cands:
+            done()
+            start = time.perf_counter()
+            fns[m]()
+            done()
+            if r >= warmup:
+                times[m].append(time.perf_counter() - start)
+    rows = tuple(
+        ChunkRow(
+            m, -(-batch_rows // min(m, max(batch_rows, 1))), statistics.median(t), min(t), max(t)
+        )
+        for m, t in times.items()
+    )
+    best = min(rows, key=lambda r: (r.median_s, r.chunks))
+    choice = ChunkChoice(best.chunks, rows)
+    logger.info("chunk sweep (fastest M=%d):\n%s", best.chunks, choice.format())
+    return choice
+
+
+def _first_dim(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return int(obj.shape[0])
+    return _first_dim(next(t for t in obj if isinstance(t, torch.Tensor)))
+
+
+def _cuda_sync(devices: Iterable[torch.device]) -> Callable[[], None] | None:
+    cuda = sorted({d for d in devices if d.type == "cuda"}, key=str)
+    if not cuda:
+        return None
+
+    def sync() -> None:
+        for d in cuda:
+            torch.cuda.synchronize(d)
+
+    return sync
+
+
+def choose_chunks(
+    module_or_pipeline: nn.Module,
+    sample_input: Any,
+    sample_target: Any,
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    candidates: Sequence[int] | None = None,
+    steps: int = 3,
+    warmup: int = 1,
+    devices: Sequence[Any] | None = None,
+) -> ChunkChoice:
+    """Measure training steps of a :class:`~torchgpu.parallel.pipeline.Pipeline` for
+    each candidate M and return the fastest (the pipeline's ``chunks`` is left unchanged).
+
+    ``module_or_pipeline`` is a Pipeline, or a model to wrap in one over ``devices``
+    (then its layers are moved there). ``sample_input``/``sample_target`` are one real
+    mini-batch. Gradients and buffers (BatchNorm statistics) are restored afterwards;
+    the weights are never stepped.
+    """
+    from torchgpu.parallel.pipeline import Pipeline
+
+    if isinstance(module_or_pipeline, Pipeline):
+        pipe = module_or_pipeline
+    else:
+        if devices is None:
+            raise ConfigError(
+                "choose_chunks on a plain model needs devices=[...] to build the pipeline "
+                "(e.g. devices=['cuda:0', 'cuda:1']); or pass a Pipeline"
+            )
+        pipe = Pipeline(module_or_pipeline, devices)
+    rows = _first_dim(sample_input)
+    cands = list(candidates) if candidates is not None else default_candidates(rows)
+    params = list(pipe.parameters())
+    saved_grads = [p.grad for p in params]
+    saved_buffers = {k: v.detach().clone() for k, v in pipe.module.named_buffers()}
+    original = pipe.chunks
+    target = sample_target
+
+    def make_step(m: int) -> Callable[[], None]:
+        def step() -> None:
+            pipe.chunks = m
+            out = pipe(sample_input)
+            loss = loss_fn(out, _move(target, pipe.output_device))
+            loss.backward()  # type: ignore[no-untyped-call]
+            for p in params:
+                p.grad = None
+
+        return step
+
+    try:
+        return sweep_chunks(make_step, cands, rows, steps, warmup, _cuda_sync(pipe.devices))
+    finally:
+        pipe.chunks = original
+        for p, g in zip(params, saved_grads, strict=True):
+            p.grad = g
+        with torch.no_grad():
+            for k, v in pipe.module.named_buffers():
+                if k in saved_buffers:
+                    v.copy_(saved_buffers[k])
+
+
+def _move(obj: Any, device: torch.device) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_move(x, device) for x in obj)
+    return obj

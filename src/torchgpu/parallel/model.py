@@ -1,0 +1,288 @@
+"""Model parallelism: a sequential model's layers placed over devices.
+
+``split_model(module, devices, balance)`` is the seed's ModelParallelResNet50
+generalised: the layers are cut into one stage per device, each stage is moved to
+its device, and ``forward`` moves the activation to the next stage's device.
+
+Accepted models: an ``nn.Sequential``; a list of modules (each one a layer, so a
+list as long as ``devices`` with no balance is one stage per device); or any module
+with ``as_sequential() -> nn.Sequential`` whose children share the model's modules
+(the built-in ResNet-50 and HousingNet).
+
+The split model owns placement, so ``.to(device)``, ``.cuda()`` and ``.cpu()`` are
+refused; ``.to(dtype)`` is allowed. Its output lives on ``model.output_device`` (the
+last stage's device): move labels there before the loss,
+``loss_fn(model(x), y.to(model.output_device))``.
+
+``state_dict()`` / ``load_state_dict()`` use the original model's keys, so a
+checkpoint of a split model loads into the plain model and back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from torchgpu.errors import BalanceError, ConfigError, DeviceSpecError, NoDeviceError
+from torchgpu.parallel.balance import (
+    balance_by_size,
+    balance_by_time,
+    even_balance,
+    validate_balance,
+)
+
+DeviceLike = str | int | torch.device
+BalanceSpec = Sequence[int] | Literal["size", "time"] | None
+
+
+def as_layers(module: nn.Module | Sequence[nn.Module]) -> tuple[nn.Module, list[nn.Module]]:
+    """``(owner, layers)``: the module whose state_dict is canonical, and its layers in order."""
+    owner, named = named_layers(module)
+    return owner, [layer for _, layer in named]
+
+
+def named_layers(
+    module: nn.Module | Sequence[nn.Module],
+) -> tuple[nn.Module, list[tuple[str, nn.Module]]]:
+    """``(owner, [(name, layer), ...])``: as :func:`as_layers`, with the sequential
+    view's child names (``"0"``, ``"1"``... or ``"stem"``, ``"layer1"``...)."""
+    if isinstance(module, nn.Sequential):
+        return module, list(module.named_children())
+    if isinstance(module, (list, tuple)) and all(isinstance(m, nn.Module) for m in module):
+        seq = nn.Sequential(*module)
+        return seq, list(seq.named_children())
+    view = getattr(module, "as_sequential", None)
+    if isinstance(module, nn.Module) and callable(view):
+        seq = view()
+        if not isinstance(seq, nn.Sequential):
+            raise ConfigError(
+                f"{type(module).__name__}.as_sequential() returned {type(seq).__name__}, not "
+                "nn.Sequential: it must return an nn.Sequential whose children share the model's "
+                "modules"
+            )
+        return module, list(seq.named_children())
+    raise ConfigError(
+        f"cannot split a {type(module).__name__}: give an nn.Sequential, a list of modules, or a "
+        "module with an as_sequential() method returning nn.Sequential"
+    )
+
+
+def parse_devices(devices: Sequence[DeviceLike]) -> list[torch.device]:
+    """Devices as ``torch.device`` (``"cuda"`` means ``cuda:0``, an int ``N`` means
+    ``cuda:N``); repeats allowed. Raises DeviceSpecError / NoDeviceError up front."""
+    if isinstance(devices, (str, torch.device)) or not devices:
+        raise DeviceSpecError(
+            f"devices must be a non-empty list such as ['cuda:0', 'cuda:1'] or ['cpu', 'cpu'], "
+            f"got {devices!r}"
+        )
+    out: list[torch.device] = []
+    for spec in devices:
+        try:
+            dev = torch.device(f"cuda:{spec}" if isinstance(spec, int) else spec)
+        except (RuntimeError, TypeError) as exc:
+            raise DeviceSpecError(
+                f"device {spec!r} is not a device: use 'cpu', 'cuda', 'cuda:N' or an integer GPU "
+                "index"
+            ) from exc
+        if dev.type == "cuda":
+            dev = torch.device("cuda", dev.index or 0)
+            if not torch.cuda.is_available():
+                raise NoDeviceError(
+                    f"{dev} requested but CUDA is not available in this process: use cpu devices "
+                    "(e.g. ['cpu', 'cpu']) or run on a machine with a GPU"
+                )
+            count = torch.cuda.device_count()
+            if dev.index is not None and dev.index >= count:
+                raise DeviceSpecError(
+                    f"{dev} requested but {count} GPU(s) are visible: use cuda:0..cuda:{count - 1} "
+                    "(devices may repeat, e.g. ['cuda:0', 'cuda:0'])"
+                )
+        out.append(dev)
+    return out
+
+
+def resolve_balance(
+    layers: Sequence[nn.Module],
+    devices: Sequence[torch.device],
+    balance: BalanceSpec,
+    sample: Any | None = None,
+) -> list[int]:
+    """The layer counts per stage for ``balance`` (None: even by layer count)."""
+    n, k = len(layers), len(devices)
+    if k > n:
+        validate_balance([1] * k, n, k)  # raises with the numbers
+    if balance is None:
+        return even_balance(n, k)
+    if balance == "size":
+        return balance_by_size(layers, k, sample)
+    if balance == "time":
+        if sample is None:
+            raise BalanceError(
+                "balance='time' needs sample=<an input batch> to profile each layer: pass a sample "
+                "or use balance='size' or an explicit list of layer counts"
+            )
+        return balance_by_time(layers, k, sample, device=devices[0])
+    if isinstance(balance, str):
+        raise BalanceError(
+            f"balance {balance!r} is not known: use None (even), 'size', 'time' or a list of "
+            "layer counts"
+        )
+    return validate_balance(list(balance), n, k)
+
+
+def move(obj: Any, device: torch.device) -> Any:
+    """Tensors (also inside tuples/lists/dicts) moved to ``device``. Copies to CUDA are
+    non-blocking (stream-ordered); copies to the CPU block, so the data is there on return."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device, non_blocking=device.type == "cuda")
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(move(x, device) for x in obj)
+    if isinstance(obj, dict):
+        return {k: move(v, device) for k, v in obj.items()}
+    return obj
+
+
+def _refuse_move(model: nn.Module, what: str) -> ConfigError:
+    placed = ", ".join(f"stage {i} on {d}" for i, d in enumerate(getattr(model, "devices", ())))
+    return ConfigError(
+        f"{type(model).__name__} places its stages itself ({placed}); {what} would move them all "
+        "to one device. Build a new split with split_model(module, devices=[...]) to change "
+        "devices; .to(dtype) alone is allowed"
+    )
+
+
+class SplitModel(nn.Module):
+    """Stages of a sequential model on their devices, run one after another.
+
+    Attributes: ``devices`` (one per stage), ``balance`` (layers per stage),
+    ``partitions`` (the stage ``nn.Sequential``s, a plain list), ``input_device`` and
+    ``output_device``. The original model is the registered child ``module``, so
+    ``parameters()``, ``train()``, ``state_dict()`` see exactly its modules.
+    """
+
+    def __init__(
+        self,
+        owner: nn.Module,
+        layers: Sequence[nn.Module],
+        devices: Sequence[torch.device],
+        balance: Sequence[int],
+    ) -> None:
+        super().__init__()
+        self.module = owner
+        self.devices: tuple[torch.device, ...] = tuple(devices)
+        self.balance: tuple[int, ...] = tuple(balance)
+        stages: list[nn.Sequential] = []
+        start = 0
+        for size, device in zip(self.balance, self.devices, strict=True):
+            stage = nn.Sequential(*layers[start : start + size])
+            stage.to(device)
+            stages.append(stage)
+            start += size
+        # A plain list: the layers are registered once, under ``module``.
+        self.partitions: list[nn.Sequential] = stages
+
+    @property
+    def input_device(self) -> torch.device:
+        """Where the first stage runs; inputs are moved here."""
+        return self.devices[0]
+
+    @property
+    def output_device(self) -> torch.device:
+        """Where the output lives: move labels here (``y.to(model.output_device)``)."""
+        return self.devices[-1]
+
+    def forward(self, x: Any) -> Any:
+        for stage, device in zip(self.partitions, self.devices, strict=True):
+            x = stage(move(x, device))
+        return x
+
+    # -- canonical keys ------------------------------------------------------------
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        """The original model's state_dict (same keys as the plain model)."""
+        return self.module.state_dict(*args, **kwargs)
+
+    def load_state_dict(
+        self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
+    ) -> Any:
+        """Load a plain model's state_dict; tensors are copied onto each stage's device."""
+        return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    # -- placement is ours -----------------------------------------------------------
+    def to(self, *args: Any, **kwargs: Any) -> SplitModel:
+        device, dtype, non_blocking, _fmt = torch._C._nn._parse_to(*args, **kwargs)
+        if device is not None:
+            raise _refuse_move(self, f".to({device})")
+        if dtype is not None:
+            for stage in self.partitions:
+                stage.to(dtype=dtype, non_blocking=non_blocking)
+        return self
+
+    def cuda(self, device: Any = None) -> SplitModel:
+        raise _refuse_move(self, ".cuda()")
+
+    def cpu(self) -> SplitModel:
+        raise _refuse_move(self, ".cpu()")
+
+    def stage_parameters(self, index: int) -> Iterator[nn.Parameter]:
+        """Parameters of stage ``index`` (e.g. for a per-device optimizer)."""
+        return self.partitions[index].parameters()
+
+    def extra_repr(self) -> str:
+        return f"devices={[str(d) for d in self.devices]}, balance={list(self.balance)}"
+
+
+def split_model(
+    module: nn.Module | Sequence[nn.Module],
+    devices: Sequence[DeviceLike],
+    balance: BalanceSpec = None,
+    sample: Any | None = None,
+) -> SplitModel:
+    """Place ``module``'s layers over ``devices`` (one stage per entry; entries may repeat).
+
+    ``balance``: None = even by layer count (ResNet-50's six blocks on two devices:
+    stem, layer1, layer2 | layer3, layer4, head — the seed's split); a list of layer
+    counts; ``"size"`` (parameter + activation bytes; activations need ``sample``);
+    ``"time"`` (profiled forward+backward on ``devices[0]`` with ``sample``).
+    The layers are moved in place: the split model owns them.
+    """
+    owner, layers = as_layers(module)
+    devs = parse_devices(devices)
+    counts = resolve_balance(layers, devs, balance, sample)
+    return SplitModel(owner, layers, devs, counts)
+
+
+def build_pipeline_model(
+    module: nn.Module | Sequence[nn.Module],
+    strategy: Literal["model", "pipeline"],
+    devices: Sequence[DeviceLike],
+    balance: BalanceSpec = None,
+    chunks: int | Literal["auto"] = 1,
+    checkpoint: str = "except_last",
+    deferred_batch_norm: bool = False,
+    sample: Any | None = None,
+    sample_target: Any | None = None,
+    loss_fn: Any | None = None,
+) -> SplitModel:
+    """One entry for the training loop: ``strategy="model"`` gives :func:`split_model`,
+    ``"pipeline"`` a :class:`~torchgpu.parallel.pipeline.Pipeline` (``chunks="auto"``
+    needs ``sample``, ``sample_target`` and ``loss_fn``)."""
+    if strategy == "model":
+        return split_model(module, devices, balance, sample)
+    if strategy == "pipeline":
+        from torchgpu.parallel.pipeline import Pipeline
+
+        return Pipeline(
+            module,
+            devices,
+            balance=balance,
+            chunks=chunks,
+            checkpoint=checkpoint,
+            deferred_batch_norm=deferred_batch_norm,
+            sample=sample,
+            sample_target=sample_target,
+            loss_fn=loss_fn,
+        )
+    raise ConfigError(f"strategy {strategy!r} is not a split strategy: use 'model' or 'pipeline'")

@@ -1,0 +1,249 @@
+"""Pipeline: GPipe fill-drain over devices in one process.
+
+The mini-batch is scattered into M micro-batches; at clock ``k`` stage ``j`` runs
+micro-batch ``k - j`` (:func:`torchgpu.parallel.schedule.clock_cycles`). On CUDA
+every stage has its own stream on its device, so work queued for different stages
+overlaps — also with two stages on one GPU (``["cuda:0", "cuda:0"]``). On the CPU
+the same code runs with the stream operations as no-ops: a faithful stand-in for
+correctness, not a speed-up (use :mod:`torchgpu.parallel.stages` to pipeline over
+CPU processes).
+
+Stream safety (forward; autograd replays it in backward, where each op runs on the
+stream of its forward op and the engine synchronises across streams):
+
+- a stage's stream waits for the stream that produced its input
+  (``wait_stream``); cross-device copies run inside both streams' contexts, and
+  PyTorch's copy waits on both sides;
+- a tensor made on one stream and read on another is ``record_stream``-ed on the
+  reader, so the caching allocator does not hand its memory out early;
+- the caller's current stream on the output device waits for the last stage before
+  the micro-batch outputs are concatenated.
+
+Transparency: outputs and gradients equal the plain model's up to float rounding,
+for every M and checkpoint mode, as long as layers do not mix rows of a batch
+(BatchNorm does: see :mod:`torchgpu.parallel.batchnorm`) and draw no random numbers
+in an order that depends on the batch split (dropout masks differ per micro-batch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint as torch_checkpoint
+
+from torchgpu.errors import ConfigError
+from torchgpu.parallel.batchnorm import (
+    DeferredBatchNorm,
+    convert_deferred_batch_norm,
+    deferred_layers,
+    tracking,
+)
+from torchgpu.parallel.microbatch import gather, scatter
+from torchgpu.parallel.model import (
+    BalanceSpec,
+    DeviceLike,
+    SplitModel,
+    as_layers,
+    move,
+    parse_devices,
+    resolve_balance,
+)
+from torchgpu.parallel.schedule import clock_cycles
+
+CHECKPOINT_MODES = ("never", "except_last", "always")
+Stream = Any  # torch.cuda.Stream on CUDA devices, None on the CPU
+
+
+# ------------------------------------------------------------------ stream helpers
+def new_stream(device: torch.device) -> Stream:
+    """A fresh stream on a CUDA device; None (no-op) elsewhere."""
+    return torch.cuda.Stream(device) if device.type == "cuda" else None  # type: ignore[no-untyped-call]
+
+
+def current_stream(device: torch.device) -> Stream:
+    """The caller's current stream on ``device``; None for non-CUDA devices."""
+    return torch.cuda.current_stream(device) if device.type == "cuda" else None
+
+
+@contextmanager
+def use_stream(stream: Stream) -> Iterator[None]:
+    """Make ``stream`` current on its device inside the block (no-op for None)."""
+    if stream is None:
+        yield
+    else:
+        with torch.cuda.stream(stream):
+            yield
+
+
+def wait_stream(waiter: Stream, source: Stream) -> None:
+    """Work queued later on ``waiter`` starts after what is queued now on ``source``."""
+    if waiter is not None and source is not None and waiter != source:
+        waiter.wait_stream(source)
+
+
+def record_stream(obj: Any, stream: Stream) -> None:
+    """Mark CUDA tensors in ``obj`` as used on ``stream`` (same device only)."""
+    if stream is None:
+        return
+    if isinstance(obj, torch.Tensor):
+        if obj.is_cuda and obj.device == stream.device:
+            obj.record_stream(stream)
+    elif isinstance(obj, (tuple, list)):
+        for item in obj:
+            record_stream(item, stream)
+
+
+def _device_of(obj: Any) -> torch.device | None:
+    if isinstance(obj, torch.Tensor):
+        return obj.device
+    if isinstance(obj, (tuple, list)):
+        for item in obj:
+            dev = _device_of(item)
+            if dev is not None:
+                return dev
+    return None
+
+
+def _check_chunks(chunks: object) -> int:
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+        raise ConfigError(
+            f"chunks={chunks!r} is not a micro-batch count: use a positive integer (1 = no "
+            "pipelining) or 'auto' with a sample batch to measure the fastest"
+        )
+    return chunks
+
+
+class Pipeline(SplitModel):
+    """GPipe over ``devices`` (one stage per entry; entries may repeat).
+
+    Args:
+        module: nn.Sequential, list of modules, or a module with ``as_sequential()``.
+            Its layers are moved in place; the pipeline owns them.
+        devices: e.g. ``["cuda:0", "cuda:1"]``, ``["cuda:0", "cuda:0"]`` or ``["cpu", "cpu"]``.
+        balance: layers per stage, ``"size"``, ``"time"`` or None (even by count).
+        chunks: micro-batches per mini-batch, or ``"auto"``: measure a few training
+            steps for several M with ``sample``/``sample_target``/``loss_fn`` and keep
+            the fastest (:func:`torchgpu.parallel.chunks.choose_chunks`; the table is
+            kept in ``self.chunk_choice``). A batch smaller than M runs in fewer chunks.
+        checkpoint: ``"never"``; ``"except_last"`` (every micro-batch but the last
+            recomputes its stage forward in backward — the last one's backward starts
+            at once); ``"always"``. Only while gradients are enabled.
+        deferred_batch_norm: replace BatchNorm layers by
+            :class:`~torchgpu.parallel.batchnorm.DeferredBatchNorm` so running
+            statistics are those of the whole mini-batch (normalisation in training
+            still uses micro-batch statistics).
+        sample: an input batch for ``balance="size"|"time"`` and ``chunks="auto"``.
+
+    Labels go to ``output_device``: ``loss_fn(pipe(x), y.to(pipe.output_device))``.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module | Sequence[nn.Module],
+        devices: Sequence[DeviceLike],
+        balance: BalanceSpec = None,
+        chunks: int | Literal["auto"] = 1,
+        checkpoint: str = "except_last",
+        deferred_batch_norm: bool = False,
+        sample: Any | None = None,
+        sample_target: Any | None = None,
+        loss_fn: Any | None = None,
+    ) -> None:
+        if checkpoint not in CHECKPOINT_MODES:
+            raise ConfigError(
+                f"checkpoint={checkpoint!r} is not a checkpoint mode: use one of "
+                f"{', '.join(CHECKPOINT_MODES)}"
+            )
+        if chunks != "auto":
+            _check_chunks(chunks)
+        elif sample is None or sample_target is None or loss_fn is None:
+            raise ConfigError(
+                "chunks='auto' measures training steps, so it needs sample=<input batch>, "
+                "sample_target=<its labels> and loss_fn=<loss function>; or give chunks=M"
+            )
+        owner, layers = as_layers(module)
+        if deferred_batch_norm:
+            convert_deferred_batch_norm(owner)
+            owner, layers = as_layers(owner)
+        devs = parse_devices(devices)
+        balance_sample = sample
+        if sample is not None and isinstance(chunks, int):
+            balance_sample = scatter(sample, chunks)[0]  # balance for the micro-batch size
+        counts = resolve_balance(layers, devs, balance, balance_sample)
+        super().__init__(owner, layers, devs, counts)
+        self.checkpoint = checkpoint
+        self._chunks = 1
+        self._deferred: list[DeferredBatchNorm] = deferred_layers(owner)
+        self._streams: list[Stream] = [new_stream(d) for d in devs]
+        self.chunk_choice: Any = None
+        if chunks == "auto":
+            from torchgpu.parallel.chunks import choose_chunks
+
+            assert loss_fn is not None  # checked above
+            self.chunk_choice = choose_chunks(self, sample, sample_target, loss_fn)
+            self._chunks = self.chunk_choice.chunks
+        else:
+            self._chunks = _check_chunks(chunks)
+
+    @property
+    def chunks(self) -> int:
+        """Micro-batches per mini-batch (fewer when the batch has fewer rows)."""
+        return self._chunks
+
+    @chunks.setter
+    def chunks(self, value: int) -> None:
+        self._chunks = _check_chunks(value)
+
+    @property
+    def deferred_batch_norms(self) -> list[DeferredBatchNorm]:
+        """The DeferredBatchNorm layers (empty unless ``deferred_batch_norm=True``)."""
+        return list(self._deferred)
+
+    def _checkpoint_stop(self, m: int) -> int:
+        """Micro-batches ``i < stop`` are checkpointed."""
+        if not torch.is_grad_enabled() or self.checkpoint == "never":
+            return 0
+        return m if self.checkpoint == "always" else m - 1
+
+    def forward(self, x: Any) -> Any:
+        micro = scatter(x, self._chunks)
+        m, n = len(micro), len(self.partitions)
+        stop = self._checkpoint_stop(m)
+        in_device = _device_of(x) or self.devices[0]
+        source_streams = [current_stream(in_device)] * m  # where each micro-batch was made
+        batches: list[Any] = list(micro)
+        track: AbstractContextManager[None] = (
+            tracking(self._deferred) if self.training else nullcontext()
+        )
+        with track:
+            for tasks in clock_cycles(m, n):
+                for i, j in tasks:
+                    batches[i] = self._run_task(j, batches[i], source_streams[i], i < stop)
+                    source_streams[i] = self._streams[j]
+        if self.training:
+            for layer in self._deferred:
+                layer.commit()
+        out_stream = current_stream(self.output_device)
+        wait_stream(out_stream, self._streams[-1])
+        for batch in batches:
+            record_stream(batch, out_stream)
+        return gather(batches)
+
+    def _run_task(self, j: int, x: Any, source: Stream, use_checkpoint: bool) -> Any:
+        """Stage ``j`` on one micro-batch ``x`` that was produced on stream ``source``."""
+        device, stream = self.devices[j], self._streams[j]
+        same_device = source is not None and stream is not None and source.device == stream.device
+        with use_stream(source), use_stream(stream):
+            if same_device:
+                wait_stream(stream, source)
+            x = move(x, device)  # cross-device copies synchronise both streams themselves
+            if same_device:
+                record_stream(x, stream)
+            stage = self.partitions[j]
+            if use_checkpoint:
+                return torch_checkpoint(stage, x, use_reentrant=False, preserve_rng_state=True)
+            return stage(x)

@@ -1,0 +1,361 @@
+"""Pipelines across processes: one rank per stage on ``torch.distributed.pipelining``.
+
+The model is cut as in :func:`torchgpu.parallel.model.split_model` (same balance
+rules); rank ``r`` keeps its stage(s) and hands them to torch's ``PipelineStage``;
+the schedule (``ScheduleGPipe``, ``Schedule1F1B`` or ``ScheduleInterleaved1F1B``)
+moves activations and gradients between ranks with the process group's
+point-to-point operations — gloo on CPU, NCCL on GPU. Launch with torchrun::
+
+    torchrun --nproc-per-node 2 -m torchgpu.parallel.stages --demo --configs gpipe:4
+
+Per step, rank 0 gives the input batch, the last rank the target; both are split
+into ``chunks`` micro-batches along dim 0 (``torch.tensor_split`` sizes). The loss
+function is applied per micro-batch and gradients are divided by ``chunks``, so with
+a mean-reduced loss and ``chunks`` dividing the batch, the loss (mean of micro-batch
+losses) and gradients equal the single-process full-batch ones.
+
+Schedule rules (checked up front by :func:`check_schedule`): 1F1B needs
+``chunks >= stages`` (every stage must have a micro-batch in flight before the first
+backward); interleaved 1F1B holds ``stages_per_rank`` stages per rank (rank ``r``
+gets stages ``r, r + P, r + 2P, ...``) and needs ``chunks`` to be a multiple of the
+number of ranks P.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from torchgpu.errors import ConfigError
+from torchgpu.parallel.chunks import ChunkChoice, sweep_chunks
+from torchgpu.parallel.model import BalanceSpec, as_layers, named_layers, resolve_balance
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b")
+
+
+def check_schedule(schedule: str, chunks: int, num_ranks: int, stages_per_rank: int = 1) -> None:
+    """Raise ConfigError if ``schedule`` cannot run ``chunks`` micro-batches on
+    ``num_ranks`` ranks with ``stages_per_rank`` stages each."""
+    if schedule not in SCHEDULES:
+        raise ConfigError(f"schedule {schedule!r} is not known: use one of {', '.join(SCHEDULES)}")
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+        raise ConfigError(f"chunks={chunks!r} must be a positive integer (micro-batches per step)")
+    if stages_per_rank < 1 or (schedule != "interleaved1f1b" and stages_per_rank != 1):
+        raise ConfigError(
+            f"stages_per_rank={stages_per_rank} needs schedule='interleaved1f1b' (and >= 1); "
+            "gpipe and 1f1b run exactly one stage per rank"
+        )
+    stages = num_ranks * stages_per_rank
+    if schedule == "1f1b" and chunks < stages:
+        raise ConfigError(
+            f"1F1B needs at least as many micro-batches as stages, got chunks={chunks} for "
+            f"{stages} "
+            f"stages: every stage must hold a micro-batch before the first backward; use "
+            f"chunks>={stages} or schedule='gpipe'"
+        )
+    if schedule == "interleaved1f1b" and chunks % num_ranks != 0:
+        raise ConfigError(
+            f"interleaved 1F1B needs chunks to be a multiple of the {num_ranks} ranks, got "
+            f"chunks={chunks}: "
+            f"use chunks={max(num_ranks, chunks - chunks % num_ranks)} or "
+            f"{chunks + num_ranks - chunks % num_ranks}"
+        )
+
+
+def stage_indices(rank: int, world_size: int, stages_per_rank: int = 1) -> list[int]:
+    """The stages rank ``rank`` runs: ``rank, rank + P, ...`` (looped placement)."""
+    return [rank + k * world_size for k in range(stages_per_rank)]
+
+
+def partition(
+    module: nn.Module | Sequence[nn.Module], balance: Sequence[int]
+) -> list[nn.Sequential]:
+    """Cut ``module``'s layers into stages of ``balance`` layers; each stage keeps the
+    layers' names, so its state_dict keys are the model's (``"4.weight"``)."""
+    _, named = named_layers(module)
+    names = [name for name, _ in named]
+    layers = [layer for _, layer in named]
+    out, start = [], 0
+    for size in balance:
+        out.append(
+            nn.Sequential(
+                OrderedDict(
+                    zip(names[start : start + size], layers[start : start + size], strict=True)
+                )
+            )
+        )
+        start += size
+    return out
+
+
+class StagePipeline:
+    """This rank's share of a multi-process pipeline.
+
+    Build it on every rank with the same model (same seed or weights) after the
+    process group exists; ``step(x, target)`` runs one forward+backward over all
+    ranks (rank 0 uses ``x``, the last rank ``target``) and returns the mean loss on
+    the last rank, None elsewhere. Gradients accumulate in :meth:`parameters`; step
+    the optimizer yourself. ``balance`` counts layers per *stage* (ranks x
+    stages_per_rank); ``"size"``/``"time"`` are measured on rank 0 with ``sample``
+    and broadcast so every rank cuts identically.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module | Sequence[nn.Module],
+        *,
+        device: torch.device | str,
+        loss_fn: Callable[[Any, Any], torch.Tensor],
+        schedule: str = "gpipe",
+        chunks: int = 1,
+        balance: BalanceSpec = None,
+        stages_per_rank: int = 1,
+        sample: Any | None = None,
+        group: Any | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        self.rank = rank if rank is not None else dist.get_rank(group)
+        self.world_size = world_size if world_size is not None else dist.get_world_size(group)
+        check_schedule(schedule, chunks, self.world_size, stages_per_rank)
+        self.schedule_name, self.stages_per_rank = schedule, stages_per_rank
+        self.device, self.loss_fn, self.group = torch.device(device), loss_fn, group
+        self.num_stages = self.world_size * stages_per_rank
+        _, layers = as_layers(module)
+        counts = self._agree_balance(layers, balance, sample)
+        stages = partition(module, counts)
+        self.balance: tuple[int, ...] = tuple(counts)
+        self.indices = stage_indices(self.rank, self.world_size, stages_per_rank)
+        self.modules: list[nn.Sequential] = [stages[i].to(self.device) for i in self.indices]
+        self.is_first = 0 in self.indices
+        self.is_last = self.num_stages - 1 in self.indices
+        self._built: dict[int, Any] = {}
+        self._chunks = chunks
+
+    def _agree_balance(
+        self, layers: list[nn.Module], balance: BalanceSpec, sample: Any
+    ) -> list[int]:
+        devices = [self.device] * self.num_stages
+        if balance is None or not isinstance(balance, str):
+            return resolve_balance(layers, devices, balance, sample)
+        box: list[Any] = [
+            resolve_balance(layers, devices, balance, sample) if self.rank == 0 else None
+        ]
+        if dist.is_initialized():
+            dist.broadcast_object_list(box, src=0, group=self.group)
+        return list(box[0])
+
+    @property
+    def chunks(self) -> int:
+        """Micro-batches per step."""
+        return self._chunks
+
+    @chunks.setter
+    def chunks(self, value: int) -> None:
+        check_schedule(self.schedule_name, value, self.world_size, self.stages_per_rank)
+        self._chunks = value
+
+    def _schedule(self) -> Any:
+        """torch's schedule for the current ``chunks`` (built once per value)."""
+        if self._chunks in self._built:
+            return self._built[self._chunks]
+        from torch.distributed.pipelining import (
+            PipelineStage,
+            Schedule1F1B,
+            ScheduleGPipe,
+            ScheduleInterleaved1F1B,
+        )
+
+        stages: list[Any] = [
+            PipelineStage(m, i, self.num_stages, self.device, group=self.group)
+            for m, i in zip(self.modules, self.indices, strict=True)
+        ]
+        sched: Any
+        if self.schedule_name == "interleaved1f1b":
+            sched = ScheduleInterleaved1F1B(
+                stages, n_microbatches=self._chunks, loss_fn=self.loss_fn
+            )
+        elif self.schedule_name == "1f1b":
+            sched = Schedule1F1B(stages[0], n_microbatches=self._chunks, loss_fn=self.loss_fn)
+        else:
+            sched = ScheduleGPipe(stages[0], n_microbatches=self._chunks, loss_fn=self.loss_fn)
+        self._built[self._chunks] = sched
+        return sched
+
+    def step(self, x: Any = None, target: Any = None) -> torch.Tensor | None:
+        """One forward+backward of the whole batch; the mean loss on the last rank."""
+        sched = self._schedule()
+        args = (x.to(self.device),) if self.is_first else ()
+        if not self.is_last:
+            sched.step(*args)
+            return None
+        losses: list[torch.Tensor] = []
+        sched.step(*args, target=target.to(self.device), losses=losses)
+        return torch.stack([loss.detach() for loss in losses]).mean()
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        """Parameters of this rank's stage(s)."""
+        for m in self.modules:
+            yield from m.parameters()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """This rank's weights under the model's own keys (merge ranks for the whole model)."""
+        out: dict[str, torch.Tensor] = {}
+        for m in self.modules:
+            out.update(m.state_dict())
+        return out
+
+    def train(self, mode: bool = True) -> StagePipeline:
+        for m in self.modules:
+            m.train(mode)
+        return self
+
+
+def choose_stage_chunks(
+    pipe: StagePipeline,
+    x: Any,
+    target: Any,
+    candidates: Sequence[int],
+    steps: int = 3,
+    warmup: int = 1,
+) -> ChunkChoice:
+    """The split-size sweep across ranks: every rank runs the same interleaved rounds;
+    rank 0's timings decide and the choice is broadcast. Candidates the schedule cannot
+    run (e.g. 1F1B below the stage count) are skipped; ``pipe.chunks`` is left unchanged.
+    Gradients accumulated by the sweep are cleared."""
+    ok = []
+    for m in candidates:
+        try:
+            check_schedule(pipe.schedule_name, m, pipe.world_size, pipe.stages_per_rank)
+            ok.append(m)
+        except ConfigError:
+            continue
+    original = pipe.chunks
+
+    def make_step(m: int) -> Callable[[], None]:
+        def step() -> None:
+            pipe.chunks = m
+            pipe.step(x, target)
+
+        return step
+
+    rows = int(x.shape[0]) if isinstance(x, torch.Tensor) else 0
+    barrier: Callable[[], None] | None = (
+        (lambda: dist.barrier(group=pipe.group)) if dist.is_initialized() else None
+    )
+    try:
+        choice = sweep_chunks(make_step, ok, rows, steps, warmup, barrier)
+    finally:
+        pipe.chunks = original
+        for p in pipe.parameters():
+            p.grad = None
+    box: list[Any] = [choice]
+    if dist.is_initialized():
+        dist.broadcast_object_list(box, src=0, group=pipe.group)
+    result: ChunkChoice = box[0]
+    return result
+
+
+# ------------------------------------------------------------------------ demo entry
+def demo_model(width: int, layers: int, seed: int) -> nn.Sequential:
+    """``layers`` x (Linear(width) + ReLU), seeded: the same weights on every rank."""
+    torch.manual_seed(seed)
+    mods: list[nn.Module] = []
+    for _ in range(layers):
+        mods += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*mods)
+
+
+def demo_batch(batch: int, width: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A seeded regression batch ``(x, y)``."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    return torch.randn(batch, width, generator=gen), torch.randn(batch, width, generator=gen)
+
+
+def run_demo(args: argparse.Namespace) -> None:
+    """Train the demo model ``args.steps`` SGD steps for each ``schedule:chunks[:spr]``
+    config and save each rank's losses, weights and last gradients to ``args.out``."""
+    rank = dist.get_rank()
+    device = (
+        torch.device("cpu")
+        if args.device == "cpu"
+        else torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    )
+    x, y = demo_batch(args.batch, args.width, args.seed)
+    for config in args.configs.split(","):
+        name, chunks, *rest = config.split(":")
+        spr = int(rest[0]) if rest else 1
+        pipe = StagePipeline(
+            demo_model(args.width, args.layers, args.seed),
+            device=device,
+            loss_fn=nn.functional.mse_loss,
+            schedule=name,
+            chunks=int(chunks),
+            stages_per_rank=spr,
+        )
+        opt = torch.optim.SGD(pipe.parameters(), lr=args.lr)
+        losses = []
+        for _ in range(args.steps):
+            opt.zero_grad()
+            loss = pipe.step(x, y)
+            if loss is not None:
+                losses.append(float(loss))
+            opt.step()
+        grads = {
+            n: p.grad.detach().cpu()
+            for m in pipe.modules
+            for n, p in m.named_parameters()
+            if p.grad is not None
+        }
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        torch.save(
+            {
+                "losses": losses,
+                "params": {k: v.cpu() for k, v in pipe.state_dict().items()},
+                "grads": grads,
+                "balance": list(pipe.balance),
+            },
+            out / f"{config.replace(':', '_')}_rank{rank}.pt",
+        )
+        dist.barrier()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m torchgpu.parallel.stages --demo ...`` under torchrun."""
+    parser = argparse.ArgumentParser(prog="python -m torchgpu.parallel.stages")
+    parser.add_argument("--demo", action="store_true", required=True)
+    parser.add_argument(
+        "--configs", default="gpipe:4", help="schedule:chunks[:stages_per_rank],..."
+    )
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--width", type=int, default=16)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    if args.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("gloo" if args.device == "cpu" else "nccl")
+    try:
+        run_demo(args)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

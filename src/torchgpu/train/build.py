@@ -1,0 +1,170 @@
+"""Turning a TrainConfig into the pieces: device, strategy, data, model, wrapper.
+
+Each function does one thing and raises a torchgpu error for bad input, so
+:func:`torchgpu.train.runner.train` can run all of them before it creates ``--out``.
+Strategies ``model`` and ``pipeline`` plug in through :data:`EXTRA_STRATEGIES`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from torchgpu.data import ExampleData
+from torchgpu.distributed import DistEnv
+from torchgpu.errors import UsageError
+from torchgpu.train.config import TrainConfig
+
+# strategy name -> builder(model, data, config, device) -> wrapped model. Filled by the
+# model/pipeline parallel integration when it is wired into `torchgpu train`.
+EXTRA_STRATEGIES: dict[str, Callable[[nn.Module, ExampleData, TrainConfig, torch.device],
+                                     nn.Module]] = {}
+
+
+@dataclass(frozen=True)
+class StrategyChoice:
+    """The strategy that will run (``mode``) and the notes that explain a fallback."""
+
+    mode: str  # single | dp | ddp | fsdp | model | pipeline
+    notes: tuple[str, ...] = ()
+
+
+def choose_device(config: TrainConfig, env: DistEnv) -> torch.device:
+    """The device this process trains on; under torchrun a bare ``cuda`` is cuda:LOCAL_RANK.
+
+    Raises DeviceSpecError (exit 2) for a named device this machine lacks; NoDeviceError
+    (exit 3) only from ``auto`` (e.g. TORCHGPU_DEVICE naming a missing device).
+    """
+    from torchgpu.devices import get_device
+    from torchgpu.errors import DeviceSpecError, NoDeviceError
+
+    try:
+        device = get_device(config.device)
+    except NoDeviceError as error:
+        if config.device == "auto":
+            raise
+        # A device the user named that this machine lacks is bad input (exit 2) here.
+        raise DeviceSpecError(
+            f"--device {config.device}: {error}; or train on this machine's CPU with "
+            "--device cpu"
+        ) from None
+    if env.is_distributed and device.type == "cuda" and config.device in ("auto", "cuda"):
+        device = get_device(f"cuda:{env.local_rank}")
+    return device
+
+
+def choose_strategy(config: TrainConfig, env: DistEnv, device: torch.device) -> StrategyChoice:
+    """Resolve ``--strategy`` for this run. auto = ddp with several processes, else single.
+
+    ``dp`` with several processes, or ``single`` with several processes, is refused
+    (each process would train its own model). ``ddp``/``fsdp`` in one process fall back
+    to ``single`` with a note (nothing to synchronise). ``model``/``pipeline`` need their
+    builder in :data:`EXTRA_STRATEGIES`.
+    """
+    name = config.strategy
+    world = env.world_size
+    if name == "auto":
+        return StrategyChoice("ddp" if world > 1 else "single")
+    if name in ("single", "dp", "model", "pipeline") and world > 1:
+        raise UsageError(
+            f"--strategy {name} runs in one process but {world} processes were started: "
+            "every process would train its own copy. Use --strategy ddp (or fsdp) with "
+            "--nproc, or drop --nproc."
+        )
+    if name in ("model", "pipeline") and name not in EXTRA_STRATEGIES:
+        raise UsageError(
+            f"--strategy {name} is not wired into `torchgpu train` yet: use the library "
+            "(torchgpu.split_model / torchgpu.Pipeline) in your own script, or pick "
+            "--strategy single, dp, ddp or fsdp."
+        )
+    if name in ("ddp", "fsdp") and world == 1:
+        return StrategyChoice(
+            "single",
+            (
+                f"note: --strategy {name} with one process has nothing to synchronise; "
+                f"training as single on {device}. Start several with --nproc N.",
+            ),
+        )
+    return StrategyChoice(name)
+
+
+def load_data(config: TrainConfig) -> ExampleData:
+    """The example's data, or the CSV file's (DataError for a bad file, exit 2)."""
+    from torchgpu.data import csv_data, example_data
+
+    if config.data is not None:
+        assert config.target is not None
+        return csv_data(config.data, config.target, seed=config.seed)
+    return example_data(config.example or "housing", seed=config.seed, size=config.data_size)
+
+
+def build_model(config: TrainConfig, data: ExampleData) -> nn.Module:
+    """The model for ``data``, initialised from ``config.seed`` (identical on every rank)."""
+    from torchgpu.models import build_model as build
+
+    torch.manual_seed(config.seed)
+    if config.data is not None or config.example == "housing":
+        return build("housing", in_dim=data.input_shape[0], out_dim=data.num_outputs)
+    if config.example == "lenet":
+        return build("lenet", num_classes=data.num_outputs)
+    return build("resnet50", num_classes=data.num_outputs)
+
+
+def loss_function(task: str) -> Callable[[Tensor, Tensor], Tensor]:
+    """MSE for regression (targets already (N, 1)), cross-entropy for classification."""
+    return nn.MSELoss() if task == "regression" else nn.CrossEntropyLoss()
+
+
+def wrap_model(
+    model: nn.Module,
+    choice: StrategyChoice,
+    config: TrainConfig,
+    data: ExampleData,
+    device: torch.device,
+) -> tuple[nn.Module, tuple[str, ...]]:
+    """Activation checkpointing (if asked), move to ``device``, wrap for the strategy.
+
+    Returns the model to train and notes to show (e.g. dp falling back to one device).
+    """
+    notes: list[str] = []
+    if config.activation_checkpointing:
+        from torchgpu.memory import apply_activation_checkpointing
+
+        model = apply_activation_checkpointing(model)
+    if choice.mode in EXTRA_STRATEGIES:
+        return EXTRA_STRATEGIES[choice.mode](model, data, config, device), ()
+    if choice.mode == "single":
+        return model.to(device), ()
+    from torchgpu.parallel.data import wrap_data_parallel
+
+    if choice.mode == "dp":
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            wrapped = wrap_data_parallel(
+                model, "dp", device=device, batch_size=config.batch_size
+            )
+        notes += [f"note: {w.message}" for w in caught]
+        return wrapped.to(device) if wrapped is model else wrapped, tuple(notes)
+    model = model.to(device)
+    return wrap_data_parallel(model, choice.mode, device=device), tuple(notes)
+
+
+def make_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
+    """Adam over the trainable parameters (the seeds' optimizer)."""
+    return torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
+
+
+def device_name(device: torch.device) -> str:
+    """A person's name for ``device`` (GPU model, or the CPU's)."""
+    if device.type == "cuda":
+        return str(torch.cuda.get_device_name(device))
+    try:
+        from torchgpu.devices import cpu_device_info
+
+        return str(cpu_device_info().name)
+    except Exception:  # naming the CPU is cosmetic; never fail a run on it
+        return "cpu"

@@ -1,0 +1,211 @@
+"""TrainConfig: every setting of ``torchgpu train`` as one frozen dataclass.
+
+``TrainConfig`` holds what the user asked for (``None`` = "use the example's
+default"). :func:`resolve` fills those defaults and :func:`validate` checks every
+value, raising :class:`~torchgpu.errors.ConfigError` / :class:`UsageError` with one
+paragraph that names the value, what is allowed and the fix. Both are pure: they
+touch no device and no file system, so they run before anything is created.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchgpu.errors import ConfigError, UsageError
+
+EXAMPLES: tuple[str, ...] = ("housing", "lenet", "resnet50")
+STRATEGIES: tuple[str, ...] = ("auto", "single", "dp", "ddp", "fsdp", "model", "pipeline")
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "auto")
+ON_NONFINITE: tuple[str, ...] = ("stop", "skip")
+PROGRESS_MODES: tuple[str, ...] = ("auto", "rich", "plain", "off")
+
+
+@dataclass(frozen=True)
+class ExampleDefaults:
+    """Defaults per built-in example: chosen so the default run is short and converges."""
+
+    epochs: int
+    batch_size: int
+    lr: float  # Adam learning rate
+
+
+# housing: 404 training rows, batch 16 -> 26 steps/epoch; 40 epochs reach test R² >= 0.8 in a
+# few seconds on a 2-core CPU (the `make demo` run).
+EXAMPLE_DEFAULTS: dict[str, ExampleDefaults] = {
+    "housing": ExampleDefaults(epochs=40, batch_size=16, lr=0.01),
+    "lenet": ExampleDefaults(epochs=2, batch_size=64, lr=1e-3),
+    "resnet50": ExampleDefaults(epochs=1, batch_size=8, lr=1e-3),
+}
+CSV_DEFAULTS = ExampleDefaults(epochs=40, batch_size=32, lr=0.01)
+
+_ENDPOINT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Every flag of ``torchgpu train``. ``None`` means "the example's default".
+
+    Data: ``example`` (a built-in) or ``data`` (a CSV path) with ``target`` (its label
+    column). ``data_size`` shrinks a built-in example (for quick runs and tests).
+    """
+
+    example: str | None = None
+    data: str | None = None
+    target: str | None = None
+    data_size: int | None = None
+    device: str = "auto"
+    gpus: str | None = None
+    nproc: int | None = None
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    max_restarts: int = 0
+    strategy: str = "auto"
+    chunks: int | None = None
+    accumulate: int = 1
+    activation_checkpointing: bool = False
+    precision: str = "fp32"
+    epochs: int | None = None
+    batch_size: int | None = None  # per process, per micro-batch
+    lr: float | None = None
+    clip_norm: float | None = None
+    seed: int = 0
+    out: str | None = None
+    num_workers: int = 0
+    save_every: int | None = None  # optimizer steps between checkpoints
+    keep_last: int | None = None
+    resume: str | None = None  # "" = the run's own `latest`; a path = that checkpoint/dir
+    on_nonfinite: str = "stop"
+    progress: str = "auto"
+    json: bool = False
+
+    @property
+    def run_name(self) -> str:
+        """What the run trains: the example name or the CSV file's stem."""
+        if self.data is not None:
+            return Path(self.data).stem or "csv"
+        return self.example or "housing"
+
+
+def defaults_for(config: TrainConfig) -> ExampleDefaults:
+    """The defaults that apply to ``config``'s data (example or CSV)."""
+    if config.data is not None:
+        return CSV_DEFAULTS
+    return EXAMPLE_DEFAULTS.get(config.example or "housing", CSV_DEFAULTS)
+
+
+def default_out(config: TrainConfig, now: datetime.datetime | None = None) -> str:
+    """``runs/<example>-<YYYYmmdd-HHMMSS>``, relative to the working directory."""
+    stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
+    return str(Path("runs") / f"{config.run_name}-{stamp}")
+
+
+def resolve(config: TrainConfig, now: datetime.datetime | None = None) -> TrainConfig:
+    """``config`` with every ``None`` default filled: example, epochs, batch, lr, out.
+
+    Call :func:`validate` first; resolving does not check values.
+    """
+    example = config.example if (config.example or config.data) else "housing"
+    filled = dataclasses.replace(config, example=example)
+    defaults = defaults_for(filled)
+    return dataclasses.replace(
+        filled,
+        epochs=config.epochs if config.epochs is not None else defaults.epochs,
+        batch_size=config.batch_size if config.batch_size is not None else defaults.batch_size,
+        lr=config.lr if config.lr is not None else defaults.lr,
+        out=config.out if config.out is not None else default_out(filled, now),
+    )
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(
+            f"unknown {name} {value!r}: allowed are {', '.join(allowed)}. "
+            f"Pass one of them with --{name.replace('_', '-')}."
+        )
+
+
+def _at_least(name: str, value: int | float | None, low: int, why: str = "") -> None:
+    if value is not None and value < low:
+        raise ConfigError(
+            f"--{name.replace('_', '-')} {value} is out of range: it must be >= {low}{why}. "
+            f"Pass a value of at least {low}."
+        )
+
+
+def validate(config: TrainConfig) -> None:
+    """Raise ConfigError / UsageError for the first bad value in ``config``.
+
+    Checks names (example, strategy, precision, on_nonfinite, progress), numbers
+    (nproc >= 1, epochs >= 1, ...), and combinations (``--data`` needs ``--target``;
+    ``--example`` and ``--data`` exclude each other; ``--keep-last`` needs
+    ``--save-every``). Device specs and data files are checked where they are used.
+    """
+    if config.example is not None:
+        _choice("example", config.example, EXAMPLES)
+    if config.example is not None and config.data is not None:
+        raise UsageError(
+            f"--example {config.example} and --data {config.data} were both given: "
+            "train either a built-in example or your CSV file, not both."
+        )
+    if config.data is not None and not config.target:
+        raise UsageError(
+            f"--data {config.data} needs --target COLUMN naming the column to predict, "
+            "e.g. --target price."
+        )
+    if config.target is not None and config.data is None:
+        raise UsageError(
+            f"--target {config.target} was given without --data FILE: --target names a "
+            "column of your CSV file; built-in examples know their own target."
+        )
+    _choice("strategy", config.strategy, STRATEGIES)
+    _choice("precision", config.precision, PRECISIONS)
+    _choice("on_nonfinite", config.on_nonfinite, ON_NONFINITE)
+    _choice("progress", config.progress, PROGRESS_MODES)
+    _at_least("nproc", config.nproc, 1, " (the number of processes on this node)")
+    _at_least("nnodes", config.nnodes, 1)
+    _at_least("node_rank", config.node_rank, 0)
+    if config.node_rank >= config.nnodes:
+        raise ConfigError(
+            f"--node-rank {config.node_rank} is out of range for --nnodes {config.nnodes}: "
+            f"use 0..{config.nnodes - 1}."
+        )
+    if config.nnodes > 1 and not config.rdzv_endpoint:
+        raise UsageError(
+            f"--nnodes {config.nnodes} needs --rdzv-endpoint HOST:PORT, the address every "
+            "node's agent meets at (the same on every node), e.g. --rdzv-endpoint 10.0.0.1:29400."
+        )
+    if config.rdzv_endpoint is not None and not _ENDPOINT.match(config.rdzv_endpoint):
+        raise UsageError(
+            f"--rdzv-endpoint {config.rdzv_endpoint!r} is not HOST:PORT, "
+            "e.g. 127.0.0.1:29400 or node0.cluster:29400."
+        )
+    _at_least("max_restarts", config.max_restarts, 0)
+    _at_least("chunks", config.chunks, 1)
+    _at_least("accumulate", config.accumulate, 1, " (micro-batches per optimizer step)")
+    _at_least("epochs", config.epochs, 1)
+    _at_least("batch_size", config.batch_size, 1)
+    _at_least("data_size", config.data_size, 1)
+    _at_least("num_workers", config.num_workers, 0)
+    _at_least("save_every", config.save_every, 1, " (optimizer steps between checkpoints)")
+    _at_least("keep_last", config.keep_last, 1)
+    if config.lr is not None and not config.lr > 0:
+        raise ConfigError(f"--lr {config.lr} must be a positive number, e.g. --lr 0.001.")
+    if config.clip_norm is not None and not config.clip_norm > 0:
+        raise ConfigError(
+            f"--clip-norm {config.clip_norm} must be a positive number, e.g. --clip-norm 1.0."
+        )
+    if config.keep_last is not None and config.save_every is None:
+        raise UsageError(
+            f"--keep-last {config.keep_last} only applies with --save-every N: "
+            "add --save-every to write checkpoints."
+        )
+    if config.chunks is not None and config.strategy != "pipeline":
+        raise UsageError(
+            f"--chunks {config.chunks} only applies to --strategy pipeline "
+            f"(got --strategy {config.strategy})."
+        )

@@ -1,0 +1,110 @@
+"""Start N processes under torchrun (``torch.distributed.run``), in this process.
+
+:func:`torchrun_args` builds torchrun's argument list: one node on a free loopback
+port by default (c10d rendezvous), or the multi-node flags passed through
+(``--nnodes``, ``--node-rank``, ``--rdzv-endpoint``, rendezvous c10d). :func:`run`
+runs the elastic agent here and turns a worker failure into an exit code with a
+one-line reason instead of torchrun's traceback. No home-made transport.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torchgpu.errors import UsageError
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What to start: ``nproc`` processes on this node, of ``nnodes`` nodes.
+
+    ``rdzv_endpoint`` (HOST:PORT) is required for several nodes; for one node a free
+    loopback port is chosen. ``rdzv_id`` must be the same on every node of one job.
+    """
+
+    nproc: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    max_restarts: int = 0
+    module: bool = False  # target is a module name (python -m), not a script path
+
+
+def check_spec(spec: LaunchSpec) -> None:
+    """Raise UsageError for values torchrun would reject less clearly."""
+    if spec.nproc < 1:
+        raise UsageError(
+            f"--nproc {spec.nproc} is out of range: start at least 1 process per node "
+            "(e.g. --nproc 2, or the number of GPUs)."
+        )
+    if spec.nnodes < 1:
+        raise UsageError(f"--nnodes {spec.nnodes} is out of range: use 1 or more nodes.")
+    if not 0 <= spec.node_rank < spec.nnodes:
+        raise UsageError(
+            f"--node-rank {spec.node_rank} is out of range for --nnodes {spec.nnodes}: "
+            f"use 0..{spec.nnodes - 1}."
+        )
+    if spec.nnodes > 1 and not spec.rdzv_endpoint:
+        raise UsageError(
+            f"--nnodes {spec.nnodes} needs --rdzv-endpoint HOST:PORT where all node agents "
+            "meet (the same value on every node), e.g. --rdzv-endpoint 10.0.0.1:29400."
+        )
+    if spec.max_restarts < 0:
+        raise UsageError(f"--max-restarts {spec.max_restarts} must be 0 or more.")
+
+
+def torchrun_args(spec: LaunchSpec, target: str, target_args: Sequence[str]) -> list[str]:
+    """The argument list for ``torch.distributed.run`` (without the program name)."""
+    from torchgpu.distributed import free_port
+
+    check_spec(spec)
+    endpoint = spec.rdzv_endpoint or f"{LOOPBACK}:{free_port(LOOPBACK)}"
+    host = endpoint.rsplit(":", 1)[0]
+    args = [
+        f"--nnodes={spec.nnodes}",
+        f"--nproc-per-node={spec.nproc}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={spec.rdzv_id or ('torchgpu' if spec.nnodes > 1 else uuid.uuid4().hex)}",
+        f"--max-restarts={spec.max_restarts}",
+    ]
+    if host in (LOOPBACK, "localhost"):
+        # All agents on this machine: name it by the loopback address so no hostname lookup
+        # (which may fail without a network) decides where workers connect.
+        args.append(f"--local-addr={LOOPBACK}")
+    # --node-rank is not passed on: c10d rendezvous assigns node ranks in arrival order
+    # (torchrun ignores it with a warning); check_spec still validates it.
+    if spec.module:
+        args.append("--module")
+    return [*args, target, *target_args]
+
+
+def run(spec: LaunchSpec, target: str, target_args: Sequence[str]) -> int:
+    """Run ``target`` under torchrun; returns 0, or the first failed worker's exit code."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser
+    from torch.distributed.run import run as torchrun
+
+    args = get_args_parser().parse_args(torchrun_args(spec, target, target_args))
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default, without its warning
+    try:
+        torchrun(args)  # type: ignore[no-untyped-call]
+    except ChildFailedError as error:
+        rank, failure = error.get_first_failure()
+        code = failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
+        how = (f"exit code {failure.exitcode}" if failure.exitcode >= 0
+               else f"signal {-failure.exitcode}")
+        print(
+            f"torchgpu: worker rank {rank} of {target} failed ({how}); "
+            f"see its output above.",
+            file=sys.stderr,
+        )
+        return int(code)
+    return 0

@@ -1,0 +1,152 @@
+"""Run records: metrics JSONL, summary JSON and the loss plot.
+
+Per-step values are kept in memory by the loop (plain tuples, no I/O on the hot
+path) and written here once per epoch. Only rank 0 calls the writers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+PLOT_FILE = "loss.png"
+MODEL_FILE = "model.safetensors"
+
+
+@dataclass(frozen=True)
+class EpochRecord:
+    """One epoch's results. ``test_r2`` for regression, ``test_accuracy`` for classification."""
+
+    epoch: int
+    step: int  # optimizer steps taken so far (global)
+    train_loss: float  # mean over the epoch's micro-batches
+    test_loss: float
+    test_r2: float | None
+    test_accuracy: float | None
+    samples_per_s: float  # training samples per second, this process
+    seconds: float  # wall time of the epoch's training part
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "kind": "epoch",
+            "epoch": self.epoch,
+            "step": self.step,
+            "train_loss": self.train_loss,
+            "test_loss": self.test_loss,
+            "test_r2": self.test_r2,
+            "test_accuracy": self.test_accuracy,
+            "samples_per_s": self.samples_per_s,
+            "seconds": self.seconds,
+        }
+
+
+@dataclass
+class MetricsBuffer:
+    """Step records ``(step, epoch, loss)`` collected in memory until :func:`flush`."""
+
+    steps: list[tuple[int, int, float]] = field(default_factory=list)
+    epochs: list[EpochRecord] = field(default_factory=list)
+
+    def take_lines(self) -> list[str]:
+        """JSON lines for everything recorded since the last call; empties the step list."""
+        lines = [
+            json.dumps({"kind": "step", "step": s, "epoch": e, "loss": _finite(v)})
+            for s, e, v in self.steps
+        ]
+        self.steps.clear()
+        return lines
+
+
+def _finite(value: float) -> float | None:
+    """JSON has no NaN/inf: non-finite values are written as null."""
+    return value if math.isfinite(value) else None
+
+
+def append_lines(path: Path, lines: Sequence[str]) -> None:
+    """Append ``lines`` to the JSONL file at ``path`` (one write, then flush)."""
+    if not lines:
+        return
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write("\n".join(lines) + "\n")
+
+
+def flush_epoch(out_dir: Path, buffer: MetricsBuffer, record: EpochRecord) -> None:
+    """Write the buffered step records and ``record`` to ``out_dir/metrics.jsonl``."""
+    lines = buffer.take_lines()
+    lines.append(json.dumps({k: _json_value(v) for k, v in record.as_dict().items()}))
+    append_lines(out_dir / METRICS_FILE, lines)
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, float):
+        return _finite(value)
+    return value
+
+
+def versions() -> dict[str, str]:
+    """Versions of python, torch, torchgpu and the platform, for the summary."""
+    import torch
+
+    from torchgpu import __version__
+
+    return {
+        "torchgpu": __version__,
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cuda": str(torch.version.cuda),
+    }
+
+
+def write_json(path: Path, payload: Mapping[str, Any]) -> None:
+    """Write ``payload`` as indented JSON, atomically (temporary file, then rename)."""
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(
+        json.dumps(_clean(payload), indent=2, sort_keys=False) + "\n", encoding="utf-8"
+    )
+    os.replace(temporary, path)
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float):
+        return _finite(value)
+    if isinstance(value, Mapping):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def plot_losses(path: Path, epochs: Sequence[EpochRecord], title: str) -> None:
+    """Save a PNG of train and test loss per epoch (matplotlib, Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [r.epoch + 1 for r in epochs]
+    figure, axis = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+    try:
+        axis.plot(xs, [r.train_loss for r in epochs], marker="o", markersize=3, label="train")
+        axis.plot(xs, [r.test_loss for r in epochs], marker="s", markersize=3, label="test")
+        axis.set_xlabel("epoch")
+        axis.set_ylabel("loss")
+        positive = all(r.train_loss > 0 and r.test_loss > 0 for r in epochs)
+        if positive and len(epochs) > 1:
+            axis.set_yscale("log")
+        axis.set_title(title)
+        axis.grid(True, alpha=0.3)
+        axis.legend()
+        figure.tight_layout()
+        figure.savefig(path)
+    finally:
+        plt.close(figure)

@@ -1,0 +1,155 @@
+"""What a person sees while training: a rich progress bar, or one line per epoch.
+
+:func:`make_progress` picks: rich bar on a TTY on rank 0; a plain one-line-per-epoch
+log when stdout is not a TTY (CI, pipes) or ``mode="plain"``; nothing on other ranks
+or with ``mode="off"``. The loop calls :meth:`update` at most ~10 times a second.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from torchgpu.train.metrics import EpochRecord
+from torchgpu.train.state import TrainState
+
+MemoryReader = Callable[[], str]  # "" when there is nothing to show (CPU)
+
+
+class NullProgress:
+    """Shows nothing (ranks other than 0, ``--progress off``, ``--json``)."""
+
+    def start(self, epochs: int, steps_per_epoch: int, first_epoch: int = 0) -> None:
+        pass
+
+    def update(self, state: TrainState, loss: float, samples_per_s: float) -> None:
+        pass
+
+    def end_epoch(self, record: EpochRecord, epochs: int) -> None:
+        pass
+
+    def note(self, message: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def format_epoch(record: EpochRecord, epochs: int, memory: str = "") -> str:
+    """``epoch 3/40  step 78  train 0.1234  test 0.2345  R² 0.81  1234 samples/s``."""
+    parts = [
+        f"epoch {record.epoch + 1}/{epochs}",
+        f"step {record.step}",
+        f"train {record.train_loss:.4g}",
+        f"test {record.test_loss:.4g}",
+    ]
+    if record.test_r2 is not None:
+        parts.append(f"R² {record.test_r2:.3f}")
+    if record.test_accuracy is not None:
+        parts.append(f"acc {record.test_accuracy:.3f}")
+    parts.append(f"{record.samples_per_s:,.0f} samples/s")
+    if memory:
+        parts.append(memory)
+    return "  ".join(parts)
+
+
+class PlainProgress(NullProgress):
+    """One line per epoch on ``stream`` (stdout by default)."""
+
+    def __init__(self, stream: TextIO | None = None, memory: MemoryReader | None = None) -> None:
+        self._stream = stream
+        self._memory = memory
+
+    def _out(self) -> TextIO:
+        return self._stream if self._stream is not None else sys.stdout
+
+    def end_epoch(self, record: EpochRecord, epochs: int) -> None:
+        memory = self._memory() if self._memory is not None else ""
+        print(format_epoch(record, epochs, memory), file=self._out(), flush=True)
+
+    def note(self, message: str) -> None:
+        print(message, file=self._out(), flush=True)
+
+
+class RichProgress(PlainProgress):
+    """A rich bar per epoch: epoch, step, loss, samples/s, device memory."""
+
+    def __init__(self, memory: MemoryReader | None = None) -> None:
+        super().__init__(None, memory)
+        self._progress: Any = None
+        self._task: Any = None
+
+    def start(self, epochs: int, steps_per_epoch: int, first_epoch: int = 0) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
+
+        self._progress = Progress(
+            TextColumn("[bold]epoch {task.fields[epoch]}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"),
+            TextColumn("{task.fields[speed]}"),
+            TextColumn("{task.fields[memory]}"),
+            TimeRemainingColumn(),
+            transient=False,
+        )
+        self._progress.start()
+        self._task = self._progress.add_task(
+            "train",
+            total=epochs * steps_per_epoch,
+            completed=first_epoch * steps_per_epoch,
+            epoch=f"{first_epoch + 1}/{epochs}",
+            loss="-",
+            speed="",
+            memory="",
+        )
+        self._epochs = epochs
+        self._per_epoch = steps_per_epoch
+
+    def update(self, state: TrainState, loss: float, samples_per_s: float) -> None:
+        if self._progress is None:
+            return
+        self._progress.update(
+            self._task,
+            completed=state.epoch * self._per_epoch + state.batch_in_epoch,
+            epoch=f"{state.epoch + 1}/{self._epochs}",
+            loss=f"{loss:.4g}",
+            speed=f"{samples_per_s:,.0f} samples/s",
+            memory=self._memory() if self._memory is not None else "",
+        )
+
+    def end_epoch(self, record: EpochRecord, epochs: int) -> None:
+        if self._progress is None:
+            return super().end_epoch(record, epochs)
+        memory = self._memory() if self._memory is not None else ""
+        self._progress.update(self._task, completed=(record.epoch + 1) * self._per_epoch)
+        self._progress.console.print(format_epoch(record, epochs, memory))
+
+    def note(self, message: str) -> None:
+        if self._progress is None:
+            return super().note(message)
+        self._progress.console.print(message)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+
+def make_progress(
+    mode: str, *, is_main: bool, memory: MemoryReader | None = None, stream: TextIO | None = None
+) -> NullProgress:
+    """``mode``: auto|rich|plain|off. Not rank 0 -> nothing; auto -> rich only on a TTY."""
+    if not is_main or mode == "off":
+        return NullProgress()
+    out = stream if stream is not None else sys.stdout
+    tty = bool(getattr(out, "isatty", lambda: False)())
+    if mode == "rich" or (mode == "auto" and tty):
+        return RichProgress(memory)
+    return PlainProgress(stream, memory)

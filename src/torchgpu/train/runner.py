@@ -1,0 +1,300 @@
+"""``train(config)``: one run from a TrainConfig to files in ``--out``.
+
+Order matters: everything that can fail on bad input (config values, device, data,
+model, strategy wrapper) runs *before* the output directory is created, so a bad run
+leaves nothing behind. Only rank 0 prints and writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchgpu.errors import UsageError
+from torchgpu.train import build, metrics
+from torchgpu.train.config import TrainConfig, resolve, validate
+from torchgpu.train.loop import EvalResult, LoopParts, evaluate, run_epoch, start_epoch
+from torchgpu.train.metrics import EpochRecord, MetricsBuffer
+from torchgpu.train.progress import NullProgress, make_progress
+from torchgpu.train.state import StopFlag, TrainState
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This rank's slice of the training order (``make_loader``'s ``dist`` argument).
+
+    Always "distributed", even for one process, so the order of epoch ``e`` is the same
+    permutation ``randperm(n, seed + e)`` for every world size: the global batch of a
+    DDP run holds exactly the samples of the one-process run with the global batch.
+    """
+
+    rank: int
+    world_size: int
+    is_distributed: bool = True
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a run produced. ``model`` is the trained, unwrapped model (on its device)."""
+
+    config: TrainConfig
+    summary: dict[str, Any]
+    state: TrainState
+    epochs: tuple[EpochRecord, ...]
+    model: nn.Module
+    out_dir: Path | None  # None on ranks other than 0
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def final(self) -> EpochRecord | None:
+        return self.epochs[-1] if self.epochs else None
+
+
+def check_out_dir(out: str, resuming: bool) -> Path:
+    """Refuse an ``--out`` that is a file or already holds a run (unless resuming)."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise UsageError(
+            f"--out {out} exists and is not a directory: pass a new directory for the run."
+        )
+    if not resuming and path.is_dir():
+        taken = [n for n in (metrics.SUMMARY_FILE, metrics.METRICS_FILE) if (path / n).exists()]
+        if taken:
+            raise UsageError(
+                f"--out {out} already holds a run ({', '.join(taken)}): pass a new --out "
+                "directory, delete the old run, or continue it with --resume."
+            )
+    return path
+
+
+def _peak_memory(device: torch.device) -> int:  # bytes
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    # ru_maxrss is KiB on Linux, bytes on macOS: the process's peak resident memory.
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def _memory_reader(device: torch.device) -> Any:
+    if device.type != "cuda":
+        return None
+
+    def read() -> str:
+        return f"{torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB"
+
+    return read
+
+
+def _gather(value: Any, distributed: bool) -> list[Any]:
+    if not distributed:
+        return [value]
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
+
+
+def _final_state(model: nn.Module, mode: str) -> dict[str, torch.Tensor]:
+    """The full model state with canonical keys (collective under fsdp: call on all ranks)."""
+    from torchgpu.parallel.data import unwrap
+
+    if mode == "fsdp":
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state: dict[str, Any] = dict(get_model_state_dict(model, options=options))
+    else:
+        state = unwrap(model).state_dict()
+    return {k: v.detach().to("cpu").contiguous() for k, v in state.items()
+            if isinstance(v, torch.Tensor)}
+
+
+def _save_model(path: Path, state: dict[str, torch.Tensor]) -> None:
+    from safetensors.torch import save_file
+
+    temporary = path.with_name(path.name + ".tmp")
+    # safetensors refuses tensors that share memory (tied weights): clone them apart.
+    save_file({k: v.clone() for k, v in state.items()}, str(temporary))
+    temporary.replace(path)
+
+
+def train(config: TrainConfig, *, stop: StopFlag | None = None) -> TrainResult:
+    """Run ``config`` to the end (or until ``stop`` is set); return the result.
+
+    Under torchrun (WORLD_SIZE set) this forms the process group, trains with the
+    resolved strategy and destroys the group. Raises torchgpu errors for bad input
+    before anything is written.
+    """
+    validate(config)
+    config = resolve(config)
+    from torchgpu.distributed import DistEnv, init_distributed
+
+    env = DistEnv.from_env()
+    device = build.choose_device(config, env)
+    choice = build.choose_strategy(config, env, device)
+    assert config.out is not None
+    out_dir = check_out_dir(config.out, resuming=config.resume is not None)
+    data = build.load_data(config)
+    with init_distributed(device=device) as session:
+        agree = session.is_distributed
+        model = build.build_model(config, data)
+        model, wrap_notes = build.wrap_model(model, choice, config, data, device)
+        notes = choice.notes + wrap_notes
+        return _run(config, env.rank, env.world_size, agree, device, choice.mode, data,
+                    model, out_dir if env.is_main else None, notes, stop or StopFlag())
+
+
+def _run(
+    config: TrainConfig,
+    rank: int,
+    world: int,
+    agree: bool,
+    device: torch.device,
+    mode: str,
+    data: Any,
+    model: nn.Module,
+    out_dir: Path | None,
+    notes: tuple[str, ...],
+    stop: StopFlag,
+) -> TrainResult:
+    from torchgpu.accumulate import GradAccumulator
+    from torchgpu.data import make_loader
+    from torchgpu.parallel.data import unwrap
+    from torchgpu.precision import Precision
+    from torchgpu.transfer import Prefetcher
+
+    assert config.batch_size is not None and config.epochs is not None and config.lr is not None
+    precision = Precision(config.precision, device)
+    optimizer = build.make_optimizer(model, config.lr)
+    acc = GradAccumulator(model, optimizer, config.accumulate, precision=precision,
+                          clip_norm=config.clip_norm)
+    train_loader = make_loader(data.train, config.batch_size, shuffle=True, seed=config.seed,
+                               dist=Shard(rank, world), device=device,
+                               num_workers=config.num_workers)
+    test_subset = data.test
+    test_loader = make_loader(test_subset, max(config.batch_size, 256), shuffle=False,
+                              device=device)
+    loss_fn = build.loss_function(data.task)
+    parts = LoopParts(model=model, loss_fn=loss_fn, accumulator=acc, precision=precision,
+                      device=device, accumulate=config.accumulate,
+                      move_batches=device.type not in ("cpu", "cuda"),
+                      on_nonfinite=config.on_nonfinite, rank=rank, agree=agree)
+    is_main = out_dir is not None
+    progress = (NullProgress() if config.json else
+                make_progress(config.progress, is_main=is_main, memory=_memory_reader(device)))
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for note in notes:
+            print(note, file=sys.stderr)
+    state = TrainState()
+    buffer = MetricsBuffer()
+    batches_per_epoch = len(train_loader)
+    eval_model = unwrap(model) if mode != "fsdp" else model
+    records: list[EpochRecord] = []
+    train_seconds = 0.0
+    started = time.perf_counter()
+    progress.start(config.epochs, batches_per_epoch, state.epoch)
+    try:
+        with stop.installed():
+            for epoch in range(state.epoch, config.epochs):
+                if state.batch_in_epoch == 0 or state.epoch != epoch:
+                    state.begin_epoch(epoch)
+                batches = start_epoch(train_loader, config.seed, epoch, state.batch_in_epoch)
+                if device.type == "cuda":  # copies overlap compute on a side stream
+                    batches = iter(Prefetcher(batches, device))
+                totals = run_epoch(parts, batches, state, batches_per_epoch=batches_per_epoch,
+                                   stop=stop, progress=progress, records=buffer.steps)
+                train_seconds += totals.seconds
+                if totals.stopped:
+                    break
+                result = evaluate(eval_model, test_loader, loss_fn, task=data.task,
+                                  device=device, precision=precision)
+                record = _epoch_record(state, result, totals.samples, totals.seconds, world)
+                records.append(record)
+                state.epoch_losses.append((record.train_loss, record.test_loss))
+                state.begin_epoch(epoch + 1)
+                if out_dir is not None:
+                    metrics.flush_epoch(out_dir, buffer, record)
+                progress.end_epoch(record, config.epochs)
+    finally:
+        progress.close()
+    final_state = _final_state(model, mode)
+    peaks = _gather((str(device), build.device_name(device), _peak_memory(device)), agree)
+    summary = _summary(config, data, mode, world, state, records, peaks, train_seconds,
+                       time.perf_counter() - started, stop, precision.mode)
+    if out_dir is not None:
+        if records:
+            metrics.plot_losses(out_dir / metrics.PLOT_FILE, records,
+                                f"{config.run_name}: {mode}, {world} process(es)")
+        _save_model(out_dir / metrics.MODEL_FILE, final_state)
+        summary["files"] = {
+            "metrics": str(out_dir / metrics.METRICS_FILE),
+            "summary": str(out_dir / metrics.SUMMARY_FILE),
+            "plot": str(out_dir / metrics.PLOT_FILE) if records else None,
+            "model": str(out_dir / metrics.MODEL_FILE),
+        }
+        metrics.write_json(out_dir / metrics.SUMMARY_FILE, summary)
+    return TrainResult(config, summary, state, tuple(records), unwrap(model), out_dir, notes)
+
+
+def _epoch_record(state: TrainState, result: EvalResult, samples: int, seconds: float,
+                  world: int) -> EpochRecord:
+    train_loss = state.epoch_loss_sum / state.epoch_loss_count if state.epoch_loss_count else (
+        math.nan)
+    return EpochRecord(
+        epoch=state.epoch, step=state.step, train_loss=train_loss, test_loss=result.loss,
+        test_r2=result.r2, test_accuracy=result.accuracy,
+        samples_per_s=samples * world / seconds if seconds > 0 else math.nan, seconds=seconds,
+    )
+
+
+def _summary(config: TrainConfig, data: Any, mode: str, world: int, state: TrainState,
+             records: list[EpochRecord], peaks: list[Any], train_seconds: float,
+             wall_seconds: float, stop: StopFlag, precision_mode: str) -> dict[str, Any]:
+    final = records[-1] if records else None
+    assert config.batch_size is not None
+    final_metrics: dict[str, Any] = {
+        "train_loss": final.train_loss if final else None,
+        "test_loss": final.test_loss if final else None,
+    }
+    if data.task == "regression":
+        final_metrics["test_r2"] = final.test_r2 if final else None
+    else:
+        final_metrics["test_accuracy"] = final.test_accuracy if final else None
+    samples_all = state.samples * world
+    return {
+        "run": config.run_name,
+        "task": data.task,
+        "strategy": mode,
+        "world_size": world,
+        "precision": precision_mode,
+        "accumulate": config.accumulate,
+        "activation_checkpointing": config.activation_checkpointing,
+        "epochs": len(records),
+        "steps": state.step,
+        "skipped_steps": state.skipped_steps,
+        "batch_size": config.batch_size,
+        "global_batch": config.batch_size * world * config.accumulate,
+        "lr": config.lr,
+        "seed": config.seed,
+        "final": final_metrics,
+        "throughput_samples_per_s": samples_all / train_seconds if train_seconds else None,
+        "train_seconds": train_seconds,
+        "wall_seconds": wall_seconds,
+        "stopped_early": stop.is_set(),
+        "stop_reason": stop.signal_name,
+        "devices": [{"rank": r, "device": d, "name": n, "peak_memory_bytes": b}
+                    for r, (d, n, b) in enumerate(peaks)],
+        "versions": metrics.versions(),
+        "config": {k: v for k, v in dataclasses.asdict(config).items()},
+    }

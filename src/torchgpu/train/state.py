@@ -1,0 +1,117 @@
+"""Where a run stands (``TrainState``) and the stop flag signals set.
+
+``TrainState`` is everything a resumed run needs besides the weights, optimizer and
+RNG: which epoch, how many optimizer steps, how many micro-batches of the current
+epoch were consumed, and the loss history. The data order of an epoch is a function
+of ``(seed, epoch)`` (see :func:`torchgpu.train.loop.epoch_seed`), so a resumed run
+re-creates the epoch's order and skips ``batch_in_epoch`` micro-batches.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+
+@dataclass
+class TrainState:
+    """The resumable position of a run (mutable; the loop advances it).
+
+    ``step``: optimizer steps taken. ``batch_in_epoch``: micro-batches of ``epoch``
+    already consumed (0 at an epoch start). ``step_losses``: mean loss of each optimizer
+    step, in order. ``epoch_losses``: (train, test) loss per finished epoch.
+    """
+
+    epoch: int = 0
+    step: int = 0
+    batch_in_epoch: int = 0
+    samples: int = 0  # training samples seen by this process
+    skipped_steps: int = 0  # optimizer steps dropped for a non-finite loss
+    epoch_start_step: int = 0  # value of ``step`` when ``epoch`` began
+    epoch_loss_sum: float = 0.0  # sum of this epoch's finite micro-batch losses so far
+    epoch_loss_count: int = 0
+    step_losses: list[float] = field(default_factory=list)
+    epoch_losses: list[tuple[float, float]] = field(default_factory=list)
+
+    def begin_epoch(self, epoch: int) -> None:
+        """Move to the start of ``epoch`` (fresh position and epoch-loss sums)."""
+        self.epoch = epoch
+        self.batch_in_epoch = 0
+        self.epoch_start_step = self.step
+        self.epoch_loss_sum = 0.0
+        self.epoch_loss_count = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values only (ints, floats, lists): safe for weights-only loading."""
+        return {
+            "epoch": self.epoch,
+            "step": self.step,
+            "batch_in_epoch": self.batch_in_epoch,
+            "samples": self.samples,
+            "skipped_steps": self.skipped_steps,
+            "epoch_start_step": self.epoch_start_step,
+            "epoch_loss_sum": self.epoch_loss_sum,
+            "epoch_loss_count": self.epoch_loss_count,
+            "step_losses": list(self.step_losses),
+            "epoch_losses": [list(pair) for pair in self.epoch_losses],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainState:
+        return cls(
+            epoch=int(data["epoch"]),
+            step=int(data["step"]),
+            batch_in_epoch=int(data["batch_in_epoch"]),
+            samples=int(data.get("samples", 0)),
+            skipped_steps=int(data.get("skipped_steps", 0)),
+            epoch_start_step=int(data.get("epoch_start_step", 0)),
+            epoch_loss_sum=float(data.get("epoch_loss_sum", 0.0)),
+            epoch_loss_count=int(data.get("epoch_loss_count", 0)),
+            step_losses=[float(v) for v in data.get("step_losses", [])],
+            epoch_losses=[(float(a), float(b)) for a, b in data.get("epoch_losses", [])],
+        )
+
+
+class StopFlag:
+    """Set by SIGTERM/SIGINT (or by code); the loop checks it at step boundaries.
+
+    The handler only sets the flag: the loop saves (when checkpointing) and returns at
+    the next optimizer-step boundary. A second SIGINT while the flag is already set
+    raises KeyboardInterrupt as usual, so a stuck run can still be interrupted.
+    """
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.signal_name: str | None = None
+
+    def set(self, reason: str = "request") -> None:
+        self.signal_name = self.signal_name or reason
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT and self.is_set():
+            raise KeyboardInterrupt
+        self.set(signal.Signals(signum).name)
+
+    @contextmanager
+    def installed(self) -> Iterator[StopFlag]:
+        """Route SIGTERM and SIGINT to this flag while the block runs (main thread only)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            for sig in previous:
+                signal.signal(sig, self._handle)
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

@@ -1,0 +1,250 @@
+"""Moving things between devices, and telling what is where.
+
+- :func:`to_device` moves tensors and modules inside any nesting of dict, list, tuple,
+  namedtuple, dataclass and set, keeping the container types.
+- :func:`pin` puts nested CPU tensors in page-locked memory (needed for truly async
+  host-to-GPU copies).
+- :class:`Prefetcher` copies the next batch to the GPU on a side stream while the current
+  one is being used.
+- :func:`check_devices` names every parameter, buffer and input that is on the wrong
+  device, instead of torch's "Expected all tensors to be on the same device".
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
+from typing import Any, Generic, Literal, TypeVar
+
+import torch
+from torch import nn
+
+from torchgpu.devices import get_device
+from torchgpu.errors import DeviceMismatchError
+
+T = TypeVar("T")
+DeviceLike = str | int | torch.device
+NonBlocking = bool | Literal["auto"]
+
+
+def _map(obj: Any, fn: Callable[[torch.Tensor], Any], on_module: Callable[[nn.Module], Any]) -> Any:
+    """Apply ``fn`` to every tensor (and ``on_module`` to every module) in ``obj``,
+    rebuilding containers with their own types; other objects pass through."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, nn.Module):
+        return on_module(obj)
+    if isinstance(obj, (str, bytes)):
+        return obj
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        new = copy.copy(obj)
+        for f in dataclasses.fields(obj):
+            # object.__setattr__ also works on frozen dataclasses; fields with init=False
+            # are kept too, which dataclasses.replace would drop.
+            object.__setattr__(new, f.name, _map(getattr(obj, f.name), fn, on_module))
+        return new
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
+        return type(obj)(*(_map(v, fn, on_module) for v in obj))
+    if isinstance(obj, defaultdict):
+        out: defaultdict[Any, Any] = type(obj)(obj.default_factory)
+        out.update((k, _map(v, fn, on_module)) for k, v in obj.items())
+        return out
+    if isinstance(obj, Mapping):
+        items = [(k, _map(v, fn, on_module)) for k, v in obj.items()]
+        mapping_type: Any = type(obj)
+        try:
+            return mapping_type(items)
+        except TypeError:
+            return dict(items)
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        values = [_map(v, fn, on_module) for v in obj]
+        try:
+            return type(obj)(values)
+        except TypeError:
+            return type(obj).__mro__[-2](values)  # the builtin base: list, tuple, set...
+    return obj
+
+
+def to_device(obj: T, device: DeviceLike, non_blocking: NonBlocking = "auto") -> T:
+    """``obj`` with every tensor moved to ``device`` and every module moved in place.
+
+    ``non_blocking="auto"`` copies asynchronously only where it is safe and useful: a
+    pinned CPU tensor going to CUDA. ``True`` asks for async copies everywhere; copies
+    to the CPU from a GPU are then synchronised before returning, so a returned CPU
+    tensor is never read before its data has arrived. ``False`` always blocks.
+    Device strings follow :func:`torchgpu.get_device`.
+    """
+    target = device if isinstance(device, torch.device) else get_device(device)
+    if target.type == "cuda" and target.index is None:
+        target = get_device("cuda")
+    pending_d2h: set[torch.device] = set()
+
+    def move(t: torch.Tensor) -> torch.Tensor:
+        if t.device == target:
+            return t
+        if non_blocking == "auto":
+            nb = t.device.type == "cpu" and target.type == "cuda" and t.is_pinned()
+        else:
+            nb = bool(non_blocking)
+        if nb and target.type == "cpu" and t.device.type == "cuda":
+            pending_d2h.add(t.device)
+        return t.to(target, non_blocking=nb)
+
+    def move_module(m: nn.Module) -> nn.Module:
+        return m.to(target)
+
+    result: T = _map(obj, move, move_module)
+    for source in pending_d2h:
+        # The async device-to-host copies were queued on the source's current stream.
+        torch.cuda.current_stream(source).synchronize()
+    return result
+
+
+def pin(obj: T) -> T:
+    """``obj`` with nested CPU tensors in pinned (page-locked) memory.
+
+    Already pinned or non-CPU tensors are returned as they are. A no-op where no CUDA
+    GPU is usable (pinning needs the driver), so code stays device-agnostic.
+    """
+    if torch.version.cuda is None or torch.cuda.device_count() == 0:
+        return obj
+
+    def pin_one(t: torch.Tensor) -> torch.Tensor:
+        if t.device.type != "cpu" or t.is_pinned():
+            return t
+        return t.pin_memory()
+
+    result: T = _map(obj, pin_one, lambda m: m)
+    return result
+
+
+class Prefetcher(Generic[T]):
+    """Iterate ``loader`` with each batch already on ``device``.
+
+    On CUDA, batch k+1 is pinned and copied with ``non_blocking=True`` on a side stream
+    while the caller computes on batch k; before a batch is handed out, the compute
+    stream waits for its copy (``wait_stream``) and each tensor is ``record_stream``-ed
+    on the compute stream so the caching allocator does not reuse its memory while
+    kernels still read it. Pinning happens in this thread; a DataLoader with
+    ``pin_memory=True`` does it in a helper thread instead (then pinning here is free).
+    On CPU and MPS it is a plain pass-through (batches moved with :func:`to_device`).
+    ``len()`` is the loader's.
+    """
+
+    def __init__(self, loader: Iterable[T], device: DeviceLike | None = None) -> None:
+        self.loader = loader
+        self.device = get_device("auto" if device is None else device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = get_device("cuda")
+
+    def __len__(self) -> int:
+        if not isinstance(self.loader, Sized):
+            raise TypeError(f"{type(self.loader).__name__} has no len()")
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[T]:
+        if self.device.type != "cuda":
+            for batch in self.loader:
+                yield to_device(batch, self.device)
+            return
+        yield from self._cuda_iter()
+
+    def _cuda_iter(self) -> Iterator[T]:
+        side = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
+        iterator = iter(self.loader)
+        sentinel = object()
+
+        def preload() -> Any:
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return sentinel
+            with torch.cuda.stream(side):
+                return to_device(pin(batch), self.device, non_blocking=True)
+
+        upcoming = preload()
+        while upcoming is not sentinel:
+            compute = torch.cuda.current_stream(self.device)
+            compute.wait_stream(side)
+            batch = upcoming
+            _record_stream(batch, compute)
+            upcoming = preload()  # queued now, so it overlaps the caller's compute
+            yield batch
+
+
+def _record_stream(batch: Any, stream: torch.cuda.Stream) -> None:
+    """Tell the caching allocator each tensor of ``batch`` is used on ``stream``."""
+
+    def record(t: torch.Tensor) -> torch.Tensor:
+        if t.is_cuda:
+            t.record_stream(stream)
+        return t
+
+    _map(batch, record, lambda m: m)
+
+
+# ---------------------------------------------------------------- check_devices
+def _same(actual: torch.device, expected: torch.device) -> bool:
+    if actual.type != expected.type:
+        return False
+    if expected.index is None or actual.index is None:
+        return True
+    return actual.index == expected.index
+
+
+def _input_tensors(obj: Any, path: str, out: list[tuple[str, torch.Tensor]]) -> None:
+    if isinstance(obj, torch.Tensor):
+        out.append((path, obj))
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            _input_tensors(getattr(obj, f.name), f"{path}.{f.name}", out)
+    elif isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        for name in obj._fields:
+            _input_tensors(getattr(obj, name), f"{path}.{name}", out)
+    elif isinstance(obj, Mapping):
+        for key, value in obj.items():
+            _input_tensors(value, f"{path}[{key!r}]", out)
+    elif isinstance(obj, (list, tuple)):
+        for i, value in enumerate(obj):
+            _input_tensors(value, f"{path}[{i}]", out)
+
+
+def check_devices(model: nn.Module, *inputs: Any, device: DeviceLike | None = None) -> torch.device:
+    """Check that every parameter, buffer and input tensor is on one device; return it.
+
+    ``device``: the expected device (default: that of the model's first parameter or
+    buffer, else of the first input). Raises DeviceMismatchError naming every offender,
+    e.g. ``layer2.0.weight on cpu, input[0] on cuda:0``, with the fix. Reads only
+    ``.device`` attributes: no copies, no CUDA initialisation. A model split over
+    several devices on purpose (model/pipeline parallel) should be checked per stage.
+    """
+    named: list[tuple[str, torch.Tensor]] = list(model.named_parameters())
+    named += list(model.named_buffers())
+    given: list[tuple[str, torch.Tensor]] = []
+    for i, value in enumerate(inputs):
+        _input_tensors(value, f"input[{i}]", given)
+    if device is not None:
+        expected = device if isinstance(device, torch.device) else get_device(device)
+    elif named or given:
+        expected = (named or given)[0][1].device
+    else:
+        return torch.device("cpu")
+    wrong = [(n, t.device) for n, t in named + given if not _same(t.device, expected)]
+    if not wrong:
+        return expected
+    shown = ", ".join(f"{n} on {d}" for n, d in wrong[:12])
+    more = f" and {len(wrong) - 12} more" if len(wrong) > 12 else ""
+    fix = f"move them with model.to({str(expected)!r}) and to_device(inputs, {str(expected)!r})"
+    if any(d.type == "meta" for _, d in wrong):
+        fix += (
+            "; tensors on 'meta' have no data (the module was built under "
+            "torch.device('meta')): materialise them with module.to_empty(device=...) and "
+            "then load or initialise the weights"
+        )
+    count = len(wrong)
+    raise DeviceMismatchError(
+        f"{count} tensor{'s are' if count != 1 else ' is'} not on {expected}: {shown}{more}. "
+        f"Fix: {fix}."
+    )

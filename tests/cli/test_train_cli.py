@@ -1,0 +1,107 @@
+"""`torchgpu train` on bad input: exit 2, one paragraph, no traceback, no --out; and the
+notes and report a person sees on good input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.procs import run_cli
+from torchgpu.cli.main import main
+
+BAD_INPUT = [
+    (["--example", "mnist"], "mnist"),
+    (["--strategy", "zero3"], "zero3"),
+    (["--precision", "fp8"], "fp8"),
+    (["--device", "cuda:7"], "cuda:7"),
+    (["--device", "tpu"], "tpu"),
+    (["--nproc", "0"], "--nproc 0"),
+    (["--precision", "fp16", "--device", "cpu"], "fp16"),
+    (["--strategy", "pipeline"], "pipeline"),
+    (["--strategy", "dp", "--nproc", "2"], "dp"),
+    (["--epochs", "0"], "--epochs 0"),
+    (["--batch-size", "x"], "--batch-size"),
+    (["--bogus"], "--bogus"),
+    (["--data", "missing.csv", "--target", "y"], "missing.csv"),
+]
+
+
+def _csv(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "table.csv"
+    path.write_text(body)
+    return str(path)
+
+
+@pytest.mark.parametrize(("args", "needle"), BAD_INPUT)
+def test_bad_input_exits_2_without_writing(
+    args: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exited:  # argparse errors exit; ours return
+        raise SystemExit(main(["train", *args, "--out", str(out)]))
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1  # one paragraph
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("body", [
+    "a,b,y\n1,2,3\n4,oops,6\n7,8,9\n",  # non-numeric cell
+    "a,b\n1,2\n3,4\n",  # no target column
+    "a,b,y\n1,2,nan\n3,4,5\n",  # NaN
+])
+def test_bad_csv_exits_2_without_writing(
+    body: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    code = main(["train", "--data", _csv(tmp_path, body), "--target", "y", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "table.csv" in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_out_holding_a_run_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "summary.json").write_text("{}")
+    assert main(["train", "--out", str(out), "--epochs", "1"]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["summary.json"]
+
+
+def test_dp_without_gpus_falls_back_with_a_note(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "dp"
+    code = main(["train", "--strategy", "dp", "--epochs", "1", "--data-size", "60",
+                 "--progress", "off", "--json", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0
+    assert "falling back to one device" in captured.err
+    summary = json.loads(captured.out)
+    assert summary["strategy"] == "dp" and summary["world_size"] == 1
+    assert (out / "model.safetensors").exists()
+
+
+def test_report_names_plot_metrics_and_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    assert main(["train", "--epochs", "2", "--data-size", "80", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "epoch 2/2" in text  # one plain line per epoch (stdout is not a TTY)
+    for name in ("loss.png", "metrics.jsonl", "model.safetensors"):
+        assert str(out / name) in text
+
+
+@pytest.mark.slow
+def test_subprocess_bad_input_has_no_traceback(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = run_cli(["train", "--device", "cuda:7", "--out", str(out)], timeout=60)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr and "cuda:7" in done.stderr
+    assert not out.exists()

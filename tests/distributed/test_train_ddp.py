@@ -1,0 +1,44 @@
+"""`torchgpu train --nproc 2 --strategy ddp` on CPU: two gloo processes train the same
+weights as one process with the same global batch, and only rank 0 writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.procs import run_cli
+
+COMMON = ["--example", "housing", "--data-size", "120", "--epochs", "2", "--progress", "plain",
+          "--device", "cpu"]
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_match_one_process_with_the_global_batch(tmp_path: Path) -> None:
+    ddp_out, one_out = tmp_path / "ddp", tmp_path / "one"
+    ddp = run_cli(["train", *COMMON, "--nproc", "2", "--strategy", "ddp", "--batch-size", "8",
+                   "--out", str(ddp_out)], timeout=120)
+    assert ddp.returncode == 0, ddp.stderr[-2000:]
+    one = run_cli(["train", *COMMON, "--batch-size", "16", "--out", str(one_out)], timeout=60)
+    assert one.returncode == 0, one.stderr[-2000:]
+    assert ddp.stdout.count("trained housing (ddp, 2 process(es)") == 1  # rank 0 only
+    a = load_file(ddp_out / "model.safetensors")
+    b = load_file(one_out / "model.safetensors")
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-5)
+    summary = json.loads((ddp_out / "summary.json").read_text())
+    assert summary["strategy"] == "ddp" and summary["world_size"] == 2
+    assert summary["global_batch"] == 16 and len(summary["devices"]) == 2
+    # The logged loss is the global batch's (mean over ranks), as in the one-process run.
+    ddp_steps = [json.loads(x) for x in (ddp_out / "metrics.jsonl").read_text().splitlines()]
+    one_steps = [json.loads(x) for x in (one_out / "metrics.jsonl").read_text().splitlines()]
+    assert [x["kind"] for x in ddp_steps] == [x["kind"] for x in one_steps]
+    for x, y in zip(ddp_steps, one_steps, strict=True):
+        if x["kind"] == "step":
+            assert x["loss"] == pytest.approx(y["loss"], rel=1e-4)
+    assert sorted(p.name for p in ddp_out.iterdir()) == [
+        "loss.png", "metrics.jsonl", "model.safetensors", "summary.json"]
