@@ -19,8 +19,13 @@ from torchgpu.cli.main import main
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("TORCHGPU_UPDATE_GOLDEN") == "1"
 FAKE_CPU = devices.DeviceInfo(
-    kind="cpu", index=None, name="Fake CPU", total_bytes=64 << 30, free_bytes=48 << 30,
-    used_bytes=16 << 30, cores=16,
+    kind="cpu",
+    index=None,
+    name="Fake CPU",
+    total_bytes=64 << 30,
+    free_bytes=48 << 30,
+    used_bytes=16 << 30,
+    cores=16,
 )
 
 

@@ -21,16 +21,33 @@ from torchgpu.cli.main import main
 from torchgpu.errors import UsageError
 
 GIB = 1 << 30
-A100 = nvml.NvmlGpu(0, uuid="GPU-a", name="A100", total_bytes=80 * GIB, used_bytes=GIB,
-                    compute_capability=(8, 0), processes=())
+A100 = nvml.NvmlGpu(
+    0,
+    uuid="GPU-a",
+    name="A100",
+    total_bytes=80 * GIB,
+    used_bytes=GIB,
+    compute_capability=(8, 0),
+    processes=(),
+)
 A100_2 = dataclasses.replace(A100, nvml_index=1, uuid="GPU-b")
-T4 = nvml.NvmlGpu(1, uuid="GPU-t", name="T4", total_bytes=16 * GIB, used_bytes=GIB,
-                  compute_capability=(7, 5), processes=())
-CLEAN = doctor.EnvSnapshot(torch_version="2.13.0", torch_cuda="12.4", nccl_available=True,
-                           torch_device_count=2,
-                           inventory=nvml.NvmlInventory(gpus=(A100, A100_2),
-                                                        cuda_driver_version="12.4"),
-                           driver_evidence="NVML")
+T4 = nvml.NvmlGpu(
+    1,
+    uuid="GPU-t",
+    name="T4",
+    total_bytes=16 * GIB,
+    used_bytes=GIB,
+    compute_capability=(7, 5),
+    processes=(),
+)
+CLEAN = doctor.EnvSnapshot(
+    torch_version="2.13.0",
+    torch_cuda="12.4",
+    nccl_available=True,
+    torch_device_count=2,
+    inventory=nvml.NvmlInventory(gpus=(A100, A100_2), cuda_driver_version="12.4"),
+    driver_evidence="NVML",
+)
 
 
 def snap(**changes):
@@ -58,24 +75,69 @@ def inv(*gpus, **kw):
         (snap(inventory=inv(A100, T4)), ["device-order"], "CUDA_DEVICE_ORDER=PCI_BUS_ID"),
         (snap(inventory=inv(A100, T4), cuda_device_order="PCI_BUS_ID"), [], ""),
         (snap(torch_cuda=None, nccl_available=None), ["cpu-only-torch"], "CPU-only build"),
-        (snap(torch_cuda=None, nccl_available=None, driver_evidence=None,
-              inventory=inv()), [], ""),
+        (snap(torch_cuda=None, nccl_available=None, driver_evidence=None, inventory=inv()), [], ""),
         (snap(nccl_available=False), ["nccl-missing"], "without NCCL"),
-        (snap(torch_cuda="12.4", torch_device_count=0,
-              inventory=inv(A100, cuda_driver_version="11.8")), ["driver-too-old"], "11.8"),
-        (snap(inventory=inv(dataclasses.replace(A100, used_bytes=75 * GIB))), ["gpu-full"],
-         "75.0 GiB of 80.0 GiB"),
-        (snap(inventory=inv(dataclasses.replace(A100, used_bytes=75 * GIB)),
-              cuda_visible_devices="GPU-zz-other"), ["visible-devices"], ""),
-        (snap(inventory=inv(dataclasses.replace(
-            A100, processes=(nvml.GpuProcess(77, "python", "bob", GIB),)))),
-         ["gpu-busy"], "pid 77 python (bob"),
-        (snap(own_pids=frozenset({77}), inventory=inv(dataclasses.replace(
-            A100, processes=(nvml.GpuProcess(77, "python", "bob", GIB),)))), [], ""),
-        (snap(inventory=inv(dataclasses.replace(A100, mig_enabled=True, mig_devices=(
-            nvml.NvmlGpu(0, uuid="MIG-123"),)))), ["mig"], "CUDA_VISIBLE_DEVICES=MIG-123"),
-        (snap(inventory=inv(A100, nvml.NvmlGpu(1, error="GPU is lost"))),
-         ["gpu-unreadable"], "GPU is lost"),
+        (
+            snap(
+                torch_cuda="12.4",
+                torch_device_count=0,
+                inventory=inv(A100, cuda_driver_version="11.8"),
+            ),
+            ["driver-too-old"],
+            "11.8",
+        ),
+        (
+            snap(inventory=inv(dataclasses.replace(A100, used_bytes=75 * GIB))),
+            ["gpu-full"],
+            "75.0 GiB of 80.0 GiB",
+        ),
+        (
+            snap(
+                inventory=inv(dataclasses.replace(A100, used_bytes=75 * GIB)),
+                cuda_visible_devices="GPU-zz-other",
+            ),
+            ["visible-devices"],
+            "",
+        ),
+        (
+            snap(
+                inventory=inv(
+                    dataclasses.replace(
+                        A100, processes=(nvml.GpuProcess(77, "python", "bob", GIB),)
+                    )
+                )
+            ),
+            ["gpu-busy"],
+            "pid 77 python (bob",
+        ),
+        (
+            snap(
+                own_pids=frozenset({77}),
+                inventory=inv(
+                    dataclasses.replace(
+                        A100, processes=(nvml.GpuProcess(77, "python", "bob", GIB),)
+                    )
+                ),
+            ),
+            [],
+            "",
+        ),
+        (
+            snap(
+                inventory=inv(
+                    dataclasses.replace(
+                        A100, mig_enabled=True, mig_devices=(nvml.NvmlGpu(0, uuid="MIG-123"),)
+                    )
+                )
+            ),
+            ["mig"],
+            "CUDA_VISIBLE_DEVICES=MIG-123",
+        ),
+        (
+            snap(inventory=inv(A100, nvml.NvmlGpu(1, error="GPU is lost"))),
+            ["gpu-unreadable"],
+            "GPU is lost",
+        ),
     ],
 )
 def test_find_problems(snapshot, codes, text):
@@ -116,9 +178,22 @@ def test_env_report(monkeypatch, capsys):
         assert main(["env"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("```\n") and out.rstrip().endswith("```")
-    for needle in ("python:", f"torch:", "cuDNN:", "NCCL:", "driver:", "550.54.15", "NVML:",
-                   "CUDA_VISIBLE_DEVICES=1,2", "RANK=(unset)", "NCCL_DEBUG=INFO",
-                   "TORCH_LOGS=+dynamo", "MASTER_PORT=(unset)", "GPUs (NVML):", "2: NVIDIA A100"):
+    for needle in (
+        "python:",
+        "torch:",
+        "cuDNN:",
+        "NCCL:",
+        "driver:",
+        "550.54.15",
+        "NVML:",
+        "CUDA_VISIBLE_DEVICES=1,2",
+        "RANK=(unset)",
+        "NCCL_DEBUG=INFO",
+        "TORCH_LOGS=+dynamo",
+        "MASTER_PORT=(unset)",
+        "GPUs (NVML):",
+        "2: NVIDIA A100",
+    ):
         assert needle in out, needle
     assert str(torch.__version__) in out
 
@@ -129,11 +204,14 @@ def test_env_json_and_variables(capsys):
 
     data = json.loads(capsys.readouterr().out)
     assert set(data) == {"versions", "gpus", "torch_device_count", "variables"}
-    got = variables({"NCCL_X": "1", "HOME": "/h", "PYTORCH_CUDA_ALLOC_CONF": "a", "LOCAL_RANK": "0"})
+    got = variables(
+        {"NCCL_X": "1", "HOME": "/h", "PYTORCH_CUDA_ALLOC_CONF": "a", "LOCAL_RANK": "0"}
+    )
     assert got["LOCAL_RANK"] == "0" and got["NCCL_X"] == "1" and "HOME" not in got
     assert list(got)[-2:] == ["NCCL_X", "PYTORCH_CUDA_ALLOC_CONF"]
-    assert "WORLD_SIZE=(unset)" in format_report({"versions": {"a": "b"}, "gpus": [],
-                                                  "torch_device_count": 0, "variables": got})
+    assert "WORLD_SIZE=(unset)" in format_report(
+        {"versions": {"a": "b"}, "gpus": [], "torch_device_count": 0, "variables": got}
+    )
 
 
 # ------------------------------------------------------------------- --model
@@ -191,8 +269,17 @@ def test_doctor_model_hands_off_to_placement(monkeypatch, capsys, ok):
     fake = types.ModuleType("torchgpu.placement")
     fake.check_placement = lambda f, shape, devs: calls.append((f, shape, devs)) or FakeReport(ok)
     monkeypatch.setitem(sys.modules, "torchgpu.placement", fake)
-    code = main(["doctor", "--model", "torch.nn:Identity", "--input-shape", "2,3,8,8",
-                 "--devices", "cuda:0,cuda:1"])
+    code = main(
+        [
+            "doctor",
+            "--model",
+            "torch.nn:Identity",
+            "--input-shape",
+            "2,3,8,8",
+            "--devices",
+            "cuda:0,cuda:1",
+        ]
+    )
     assert code == (0 if ok else 1)
     assert calls == [(nn.Identity, (2, 3, 8, 8), ["cuda:0", "cuda:1"])]
     assert capsys.readouterr().out.strip() == FakeReport(ok).format()
@@ -204,8 +291,10 @@ def test_doctor_model_hands_off_to_placement(monkeypatch, capsys, ok):
         (["--model", "torch.nn:Identity"], "--model needs --input-shape"),
         (["--model", "torch.nn:Identity", "--input-shape", "2,x"], "is not a shape"),
         (["--model", "torch.nn:Identity", "--input-shape", "0,3"], "is not a shape"),
-        (["--model", "torch.nn:Identity", "--input-shape", "2", "--devices", "cuda:0,"],
-         "empty entry"),
+        (
+            ["--model", "torch.nn:Identity", "--input-shape", "2", "--devices", "cuda:0,"],
+            "empty entry",
+        ),
         (["--model", "nope", "--input-shape", "2"], "is not understood"),
         (["--input-shape", "2"], "go with --model"),
     ],

@@ -44,9 +44,25 @@ def cuda_build(monkeypatch, count):
 
 
 # (ids avoid the word "gpu": the gpu-marker skip in conftest matches keywords)
-@pytest.mark.parametrize("spec", ["gpu", "CUDA:0", "", "cuda: 0", "cuda:-1", "tpu", " cpu",
-                                  "cuda:01", "Cuda", "cuda:0:1", "-1", "1.0", "cpu:0"],
-                         ids=lambda s: f"spec-{s!r}".replace("gpu", "g-p-u"))
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "gpu",
+        "CUDA:0",
+        "",
+        "cuda: 0",
+        "cuda:-1",
+        "tpu",
+        " cpu",
+        "cuda:01",
+        "Cuda",
+        "cuda:0:1",
+        "-1",
+        "1.0",
+        "cpu:0",
+    ],
+    ids=lambda s: f"spec-{s!r}".replace("gpu", "g-p-u"),
+)
 def test_bad_specs_list_accepted_forms(spec):
     with pytest.raises(DeviceSpecError) as info:
         devices.get_device(spec)
@@ -83,8 +99,15 @@ def test_cuda_on_cpu_build_says_why(spec):
 
 @pytest.mark.parametrize(
     ("spec", "expected"),
-    [("cuda", "cuda:0"), ("cuda:1", "cuda:1"), ("1", "cuda:1"), (1, "cuda:1"),
-     (torch.device("cuda", 1), "cuda:1"), (torch.device("cuda"), "cuda:0"), ("auto", "cuda:0")],
+    [
+        ("cuda", "cuda:0"),
+        ("cuda:1", "cuda:1"),
+        ("1", "cuda:1"),
+        (1, "cuda:1"),
+        (torch.device("cuda", 1), "cuda:1"),
+        (torch.device("cuda"), "cuda:0"),
+        ("auto", "cuda:0"),
+    ],
 )
 def test_cuda_specs_with_two_gpus(monkeypatch, spec, expected):
     cuda_build(monkeypatch, 2)
@@ -295,9 +318,20 @@ def test_default_device_validates():
 # ------------------------------------------------------------------------- sizes
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("1024", 1024), ("0", 0), ("8GiB", 8 << 30), ("8G", 8 << 30), ("8gib", 8 << 30),
-     ("500MB", 500_000_000), ("500mb", 500_000_000), ("1.5KiB", 1536), ("2 TB", 2 * 10**12),
-     ("12B", 12), ("3Ki", 3072), (" 1MiB ", 1 << 20)],
+    [
+        ("1024", 1024),
+        ("0", 0),
+        ("8GiB", 8 << 30),
+        ("8G", 8 << 30),
+        ("8gib", 8 << 30),
+        ("500MB", 500_000_000),
+        ("500mb", 500_000_000),
+        ("1.5KiB", 1536),
+        ("2 TB", 2 * 10**12),
+        ("12B", 12),
+        ("3Ki", 3072),
+        (" 1MiB ", 1 << 20),
+    ],
 )
 def test_parse_size(text, expected):
     assert devices.parse_size(text) == expected
@@ -311,7 +345,8 @@ def test_parse_size_refuses(text):
 
 
 @pytest.mark.parametrize(
-    ("n", "text"), [(None, "-"), (0, "0 B"), (1023, "1023 B"), (1536, "1.5 KiB"), (80 * GIB, "80.0 GiB")]
+    ("n", "text"),
+    [(None, "-"), (0, "0 B"), (1023, "1023 B"), (1536, "1.5 KiB"), (80 * GIB, "80.0 GiB")],
 )
 def test_format_bytes(n, text):
     assert devices.format_bytes(n) == text

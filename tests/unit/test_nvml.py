@@ -85,7 +85,7 @@ def test_backend_swap_and_broken_backend():
 def test_process_identity_of_self():
     import os
 
-    name, user = nvml.process_identity(os.getpid())
+    name, _user = nvml.process_identity(os.getpid())
     assert name  # /proc/self/comm exists on Linux
     assert nvml.process_identity(2**22 + 12345) == (None, None)
 
@@ -93,7 +93,9 @@ def test_process_identity_of_self():
 def test_mig_devices_read():
     gpus = [
         {
-            "uuid": "GPU-m", "name": "NVIDIA A100", "mig": (1, 1),
+            "uuid": "GPU-m",
+            "name": "NVIDIA A100",
+            "mig": (1, 1),
             "memory": type("M", (), {"total": 40, "free": 30, "used": 10})(),
         }
     ]
@@ -108,11 +110,15 @@ def test_mig_devices_read():
 
     module.nvmlDeviceGetMigDeviceHandleByIndex = mig_handle
     real_uuid, real_name, real_mem = (
-        module.nvmlDeviceGetUUID, module.nvmlDeviceGetName, module.nvmlDeviceGetMemoryInfo
+        module.nvmlDeviceGetUUID,
+        module.nvmlDeviceGetName,
+        module.nvmlDeviceGetMemoryInfo,
     )
     module.nvmlDeviceGetUUID = lambda h: "MIG-abc" if isinstance(h, tuple) else real_uuid(h)
     module.nvmlDeviceGetName = lambda h: "1g.10gb" if isinstance(h, tuple) else real_name(h)
     module.nvmlDeviceGetMemoryInfo = lambda h: mig_memory if isinstance(h, tuple) else real_mem(h)
     gpu = nvml.PynvmlBackend(module=module).read().gpus[0]
     assert gpu.mig_enabled is True
-    assert [(m.uuid, m.name, m.total_bytes) for m in gpu.mig_devices] == [("MIG-abc", "1g.10gb", 10)]
+    assert [(m.uuid, m.name, m.total_bytes) for m in gpu.mig_devices] == [
+        ("MIG-abc", "1g.10gb", 10)
+    ]

@@ -113,9 +113,7 @@ def test_device_string_validated():
 def test_non_blocking_only_where_safe(monkeypatch, pinned, non_blocking, expected):
     calls = []
     monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self, *a: pinned)
-    monkeypatch.setattr(
-        torch.Tensor, "to", lambda self, *a, **k: calls.append((a, k)) or self
-    )
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: calls.append((a, k)) or self)
     to_device(torch.ones(1), torch.device("cuda", 0), non_blocking=non_blocking)
     assert calls == [((torch.device("cuda", 0),), {"non_blocking": expected})]
 
@@ -135,7 +133,7 @@ def test_prefetcher_on_cpu_is_pass_through():
     batches = list(pre)
     assert [b[0].tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     assert all(b[0].device.type == "cpu" for b in batches)
-    assert list(pre)[0][1].tolist() == [0, 1, 2, 3]  # iterable again
+    assert next(iter(pre))[1].tolist() == [0, 1, 2, 3]  # iterable again
 
 
 def test_prefetcher_len_of_unsized():

@@ -160,8 +160,10 @@ def _targets(value, specs, order=None, count=None, mig=()):
     if mig:
         gpus[0] = PhysicalGpu(**{**gpus[0].__dict__, "mig_uuids": tuple(mig)})
     visible = parse_visible_devices(value, device_count=count)
-    return [(t.torch_index, t.nvml_index, t.cuda_ordinal, t.mig_uuid)
-            for t in map_visible(visible, gpus, order)]
+    return [
+        (t.torch_index, t.nvml_index, t.cuda_ordinal, t.mig_uuid)
+        for t in map_visible(visible, gpus, order)
+    ]
 
 
 @pytest.mark.parametrize(

@@ -100,7 +100,9 @@ def load_results(path: Path) -> dict[str, Any]:
 
 
 def format_value(value: float, unit: str) -> str:
-    """Readable number with its unit: seconds become ms/µs when small."""
+    """Readable number with its unit: seconds become ms/µs when small, bytes KiB..GiB."""
+    if unit == "bytes":
+        return format_bytes(value)
     if unit == "s":
         if value == 0 or abs(value) >= 1:
             return f"{value:.3f} s"
@@ -120,7 +122,7 @@ def format_bytes(value: float) -> str:
 
 
 def _spread(m: Measurement) -> str:
-    if m.unit == "s":
+    if m.unit in ("s", "bytes"):
         return f"[{format_value(m.min, m.unit)} .. {format_value(m.max, m.unit)}]"
     return f"[{m.min:.3g} .. {m.max:.3g}]"
 
