@@ -1,4 +1,6 @@
-"""``torchgpu ckpt inspect|convert|verify`` end to end, in child processes."""
+"""``torchgpu ckpt inspect|convert|verify``: in-process through the real dispatcher
+(``torchgpu.cli.main.main``) for speed, and in child processes where the exit code,
+stderr and environment variables of a real run are the point."""
 
 from __future__ import annotations
 
@@ -12,6 +14,17 @@ from torch import nn
 
 from tests.procs import run_cli
 from torchgpu.checkpoint import save_checkpoint
+from torchgpu.cli.main import main
+
+
+def cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """Run ``torchgpu ARGS`` in-process; returns (exit code, stdout, stderr)."""
+    try:
+        code = main(args)
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 class Payload:
@@ -27,22 +40,25 @@ def _net() -> nn.Module:
     return nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.Linear(5, 2))
 
 
-def test_inspect_our_checkpoint_json_and_text(tmp_path: Path) -> None:
+def test_inspect_our_checkpoint_json_and_text(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     save_checkpoint(tmp_path / "ck" / "step-4", model=_net(), step=4, epoch=1,
                     meta={"config": {"lr": 0.5}})
-    done = run_cli(["ckpt", "inspect", str(tmp_path / "ck"), "--json"], timeout=120)
-    assert done.returncode == 0, done.stderr
-    info = json.loads(done.stdout)
+    code, out, err = cli(["ckpt", "inspect", str(tmp_path / "ck"), "--json"], capsys)
+    assert code == 0, err
+    info = json.loads(out)
     assert info["format"] == "torchgpu-dir" and info["step"] == 4 and info["epoch"] == 1
     assert info["meta"]["config"] == {"lr": 0.5} and info["complete"] is True
     assert info["num_tensors"] == 4 and info["total_bytes"] == (15 + 5 + 10 + 2) * 4
     assert set(info["groups"]) == {"0", "2"}
-    text = run_cli(["ckpt", "inspect", str(tmp_path / "ck" / "step-4")], timeout=120)
-    assert text.returncode == 0, text.stderr
-    assert "step:    4" in text.stdout and "0.weight" in text.stdout
-    assert "wrapper prefixes: none" in text.stdout
+    code, out, err = cli(["ckpt", "inspect", str(tmp_path / "ck" / "step-4")], capsys)
+    assert code == 0, err
+    assert "step:    4" in out and "0.weight" in out and "config:  {\"lr\": 0.5}" in out
+    assert "wrapper prefixes: none" in out
 
 
+@pytest.mark.slow
 def test_inspect_pickle_lists_unsafe_globals_without_running_them(tmp_path: Path) -> None:
     marker = tmp_path / "PWNED"
     torch.save({"w": torch.ones(1), "x": Payload(marker)}, tmp_path / "evil.pt")
@@ -58,42 +74,57 @@ def test_inspect_pickle_lists_unsafe_globals_without_running_them(tmp_path: Path
     assert not marker.exists() and not (tmp_path / "o.pt").exists()
 
 
-def test_convert_dp_layout_and_back(tmp_path: Path) -> None:
+def test_convert_dp_layout_and_back(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model = _net()
-    save_checkpoint(tmp_path / "ck", model=torch.compile(model))
-    done = run_cli(["ckpt", "convert", str(tmp_path / "ck"), str(tmp_path / "dp.pt"),
-                    "--to", "dp"], timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert "added prefix 'module.'" in done.stdout
+    save_checkpoint(tmp_path / "ck", model=model)
+    code, out, err = cli(["ckpt", "convert", str(tmp_path / "ck"), str(tmp_path / "dp.pt"),
+                          "--to", "dp"], capsys)
+    assert code == 0, err
+    assert "added prefix 'module.'" in out
     state = torch.load(tmp_path / "dp.pt", weights_only=True)
     dp = nn.DataParallel(nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.Linear(5, 2)))
     dp.load_state_dict(state)
     assert all(torch.equal(a, b) for a, b in zip(dp.module.state_dict().values(),
                                                   model.state_dict().values(), strict=True))
-    back = run_cli(["ckpt", "convert", str(tmp_path / "dp.pt"), str(tmp_path / "p.bin"),
-                    "--format", "safetensors"], timeout=120)
-    assert back.returncode == 0, back.stderr
-    again = run_cli(["ckpt", "convert", str(tmp_path / "dp.pt"), str(tmp_path / "p.bin")],
-                    timeout=120)
-    assert again.returncode == 2 and "already exists" in again.stderr
+    code, out, err = cli(["ckpt", "convert", str(tmp_path / "dp.pt"), str(tmp_path / "p.bin"),
+                          "--format", "safetensors"], capsys)
+    assert code == 0 and "removed prefix 'module.'" in out, err
+    assert (tmp_path / "p.bin").read_bytes()[8:9] == b"{"  # safetensors despite the suffix
+    code, out, err = cli(["ckpt", "convert", str(tmp_path / "dp.pt"), str(tmp_path / "p.bin")],
+                         capsys)
+    assert code == 2 and "already exists" in err and "Traceback" not in err
 
 
-def test_verify_good_corrupt_and_missing(tmp_path: Path) -> None:
+def test_inspect_missing_or_malformed_file_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint at all")
+    for path in (tmp_path / "junk.pt", tmp_path / "absent.pt"):
+        code, out, err = cli(["ckpt", "inspect", str(path)], capsys)
+        assert code == 2 and path.name in err and out == ""
+        assert err.count("\n") == 1
+
+
+def test_verify_good_corrupt_and_missing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     ckpt = save_checkpoint(tmp_path / "ck" / "step-1", model=_net(), step=1)
-    good = run_cli(["ckpt", "verify", str(tmp_path / "ck")], timeout=120)
-    assert good.returncode == 0 and good.stdout.startswith("ok:"), good.stderr
+    code, out, err = cli(["ckpt", "verify", str(tmp_path / "ck")], capsys)
+    assert code == 0 and out.startswith("ok:") and "step-1" in out, err
+    code, out, err = cli(["ckpt", "verify", str(tmp_path / "nope")], capsys)
+    assert code == 2 and "no such file" in err
     data = (ckpt / "model.safetensors").read_bytes()
     (ckpt / "model.safetensors").write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
-    bad = run_cli(["ckpt", "verify", str(ckpt)], timeout=120)
+    bad = run_cli(["ckpt", "verify", str(ckpt)], timeout=120)  # the real exit status
     assert bad.returncode == 1
     assert "model.safetensors" in bad.stderr and "sha256" in bad.stderr
-    assert "Traceback" not in bad.stderr
-    missing = run_cli(["ckpt", "verify", str(tmp_path / "nope")], timeout=120)
-    assert missing.returncode == 2 and "no such file" in missing.stderr
+    assert "Traceback" not in bad.stderr and bad.stdout == ""
 
 
 @pytest.mark.parametrize("args", [["inspect"], ["frobnicate", "x"], ["convert", "a"]])
-def test_bad_usage_exits_2_with_one_paragraph(args: list[str]) -> None:
-    done = run_cli(["ckpt", *args], timeout=60)
-    assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert done.stderr.strip().count("\n") <= 2
+def test_bad_usage_exits_2_with_one_paragraph(
+    args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = cli(["ckpt", *args], capsys)
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().count("\n") <= 2

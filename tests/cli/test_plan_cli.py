@@ -40,10 +40,11 @@ def test_json_schema_for_a_hypothetical_machine(capsys: pytest.CaptureFixture[st
     assert {"single", "ddp", "fsdp", "pipeline", "model (split)", "single + checkpointing"} <= set(
         labels
     )
-    # LeNet: 61,706 fp32 parameters -> exact state arithmetic (Adam keeps two copies)
+    # LeNet's fp32 parameters; Adam keeps two state tensors per parameter
     params = sum(p.numel() for p in build_model("lenet").parameters())
-    assert doc["footprint"]["param_bytes"] == 4 * params
-    assert doc["footprint"]["optimizer_bytes"] == 8 * params
+    assert 4 * params <= doc["footprint"]["param_bytes"] <= 4 * params * 1.02  # 512-byte blocks
+    assert doc["footprint"]["optimizer_bytes"] == 2 * doc["footprint"]["grad_bytes"]
+    assert doc["footprint"]["batch_size"] == 64
     plan = doc["plan"]
     assert plan["strategy"] == "single"  # LeNet is small: one device
     assert plan["command"] == "torchgpu train --example lenet --strategy single --batch-size 64"

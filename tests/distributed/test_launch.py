@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import free_port, run_cli, test_env
+from tests import procs
+from tests.procs import free_port, run_cli
 
 SCRIPT = """
 import torch, torch.distributed as dist
@@ -42,7 +43,7 @@ def test_two_node_agents_rendezvous_on_loopback(tmp_path: Path) -> None:
         subprocess.Popen(
             [sys.executable, "-m", "torchgpu", "launch", "--nnodes", "2", "--node-rank",
              str(rank), "--rdzv-endpoint", endpoint, "--nproc", "1", str(script)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=test_env(),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=procs.test_env(),
         )
         for rank in (0, 1)
     ]

@@ -17,6 +17,10 @@ def identity(value: int) -> int:
     return value
 
 
+def nothing() -> None:
+    """No garbage collection between probes: nothing real was allocated."""
+
+
 def limited(
     limit_bytes: int, bytes_per_sample: int, calls: list[int] | None = None
 ) -> Callable[[int], None]:
@@ -53,6 +57,7 @@ def test_finds_exact_largest_size(
         start=start,
         max_size=max_size,
         agree=identity,
+        release=nothing,
     )
     expected = min(limit_bytes // bytes_per_sample, max_size)
     assert result.size == expected
@@ -67,7 +72,7 @@ def test_finds_exact_largest_size(
 
 
 def test_probe_sequence_is_grow_then_bisect() -> None:
-    result = find_batch_size(limited(100, 1), start=16, agree=identity)
+    result = find_batch_size(limited(100, 1), start=16, agree=identity, release=nothing)
     assert [(p.size, p.fits) for p in result.probes] == [
         (16, True),
         (32, True),
@@ -119,7 +124,7 @@ def test_other_rank_failure_counts_as_failure() -> None:
         other_fits = sizes[-1] <= 40
         return min(fit_flag, int(other_fits))
 
-    result = find_batch_size(try_step, agree=agree)
+    result = find_batch_size(try_step, agree=agree, release=nothing)
     assert result.size == 40
 
 
@@ -131,18 +136,18 @@ def test_non_oom_error_reraised_untouched() -> None:
             raise error
 
     with pytest.raises(ValueError) as info:
-        find_batch_size(try_step, agree=identity)
+        find_batch_size(try_step, agree=identity, release=nothing)
     assert info.value is error
 
 
 def test_nothing_fits() -> None:
     with pytest.raises(OutOfMemoryBackoffError, match="micro-batch 1"):
-        find_batch_size(limited(5, 10), start=4, agree=identity)
+        find_batch_size(limited(5, 10), start=4, agree=identity, release=nothing)
 
 
 def test_bad_bounds() -> None:
     with pytest.raises(ConfigError, match="start=10, max_size=5"):
-        find_batch_size(limited(5, 1), start=10, max_size=5, agree=identity)
+        find_batch_size(limited(5, 1), start=10, max_size=5, agree=identity, release=nothing)
 
 
 @pytest.mark.parametrize(

@@ -175,7 +175,7 @@ def test_damaged_file_raises_corrupt_error_naming_it(
 def test_missing_manifest_is_incomplete(tmp_path: Path) -> None:
     ckpt = save_checkpoint(tmp_path / "c", model=_model(0))
     (ckpt / "manifest.json").unlink()
-    with pytest.raises(CheckpointCorruptError, match="manifest.json is missing"):
+    with pytest.raises(CheckpointCorruptError, match=r"manifest\.json is missing"):
         verify_checkpoint(ckpt)
     assert find_checkpoint(tmp_path) is None
 

@@ -152,7 +152,9 @@ def _train(model: nn.Module, opt: torch.optim.Optimizer, steps: int, seed: int) 
 
 @pytest.mark.parametrize("kind", ["sgd", "adam"])
 def test_optimizer_and_scheduler_round_trip_exactly(tmp_path: Path, kind: str) -> None:
-    def build(seed: int) -> tuple[nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.StepLR]:
+    Built = tuple[nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.StepLR]
+
+    def build(seed: int) -> Built:
         model = _net(seed)
         opt: torch.optim.Optimizer = (
             torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9) if kind == "sgd"

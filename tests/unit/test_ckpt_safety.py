@@ -92,7 +92,7 @@ def test_payload_in_state_pt_of_a_checkpoint_is_refused(
     names = ["model.safetensors", "state.pt", "meta.json"]
     (ckpt / "manifest.json").write_bytes(manifest_bytes({n: (ckpt / n).read_bytes()
                                                          for n in names}))
-    with pytest.raises(CheckpointFormatError, match="state.pt"):
+    with pytest.raises(CheckpointFormatError, match=r"state\.pt"):
         load_checkpoint(ckpt, model=model)
     assert not marker.exists()
 
@@ -118,7 +118,7 @@ def test_truncated_safetensors(tmp_path: Path) -> None:
     for cut in (len(data) - 10, 20, 5):
         bad = tmp_path / f"cut{cut}.safetensors"
         bad.write_bytes(data[:cut])
-        with pytest.raises(CheckpointFormatError, match="truncated|shorter|too short"):
+        with pytest.raises(CheckpointFormatError, match=r"truncated|shorter|too short"):
             load_state_dict(nn.Linear(2, 2), bad)
 
 

@@ -282,18 +282,20 @@ def test_measured_footprint_matches_saved_tensor_bytes() -> None:
     before = {k: v.clone() for k, v in model.state_dict().items()}
     sample = torch.randn(4, 1, 28, 28)
     fp = measure_footprint(model, sample)
-    assert fp.activation_bytes == saved_tensor_bytes(lambda: model(sample))
+    # the estimator rounds each storage up to CUDA's 512-byte blocks
+    measured = saved_tensor_bytes(lambda: model(sample))
+    assert measured <= fp.activation_bytes <= measured * 1.02
     assert sum(layer.activation_bytes for layer in fp.layers) == fp.activation_bytes
     params = sum(p.numel() for p in model.parameters())
-    assert (fp.param_bytes, fp.grad_bytes, fp.optimizer_bytes) == (
-        4 * params,
-        4 * params,
-        8 * params,
-    )
+    assert 4 * params <= fp.param_bytes <= 4 * params * 1.02
+    assert fp.grad_bytes <= fp.param_bytes and fp.optimizer_bytes == 2 * fp.grad_bytes
+    assert fp.step_workspace_bytes == fp.grad_bytes  # Adam's foreach temporary
     assert 0 < fp.checkpointed_activation_bytes < fp.activation_bytes
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     sgd = measure_footprint(model, sample, optimizer="sgd")
     assert sgd.optimizer_bytes == 0
+    meta = measure_footprint(model, torch.empty(4, 1, 28, 28, device="meta"))
+    assert meta.activation_bytes == fp.activation_bytes
 
 
 def test_plan_for_training_end_to_end() -> None:

@@ -278,3 +278,17 @@ def print_table(doc: dict[str, Any], out: Path | None = None) -> None:
         )
     if out is not None:
         console.print(f"  written to {out}/ (results.json, report.md, plots)", highlight=False)
+
+
+def machine_tag() -> str:
+    """A directory-safe name for this machine's results: ``<N>x-<gpu name>`` or
+    ``cpu-<N>c-<cpu model>`` (e.g. ``1x-nvidia-h100-80gb-hbm3``, ``cpu-2c-amd-epyc``)."""
+    import re
+
+    def slug(text: str) -> str:
+        return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:40]
+
+    if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        return f"{count}x-{slug(torch.cuda.get_device_name(0))}"
+    return f"cpu-{os.cpu_count() or 1}c-{slug(cpu_model_name())}"

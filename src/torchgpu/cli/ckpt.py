@@ -115,7 +115,8 @@ def main(argv: list[str]) -> int:
     path: Path = args.path
     if not path.exists():
         return fail(f"{path}: no such file or directory. Check the path", EXIT_USAGE)
-    ours = any((path / name).exists() for name in ("manifest.json", "model.safetensors", "state.pt"))
+    ours = any((path / name).exists()
+               for name in ("manifest.json", "model.safetensors", "state.pt"))
     directory = path if ours else find_checkpoint(path)
     if directory is None:
         return fail(f"{path} holds no torchgpu checkpoint (no manifest.json, no 'latest', no "

@@ -42,7 +42,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -52,7 +51,7 @@ from rich.console import Console
 from rich.table import Table
 
 from torchgpu import nvml
-from torchgpu.cli.common import ArgumentParser, fail
+from torchgpu.cli.common import ArgumentParser, fail, make_console
 from torchgpu.devices import DeviceInfo, cuda_unavailable_reason, format_bytes, list_devices
 
 SCHEMA_VERSION = 1
@@ -220,7 +219,7 @@ def run(
     collect: Callable[[], dict[str, Any]] = snapshot,
 ) -> int:
     """The verb's body. ``iterations`` bounds ``--watch`` (for tests); None = until Ctrl-C."""
-    console = Console(file=sys.stdout, highlight=False)
+    console = make_console()
     done = 0
     try:
         while True:
@@ -240,10 +239,6 @@ def run(
             sleep(watch_s)
     except KeyboardInterrupt:
         return 0  # the normal way to leave --watch
-    except BrokenPipeError:
-        # `torchgpu devices --json | head`: the reader left; stay quiet at exit too.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
 
 
 def main(argv: list[str]) -> int:

@@ -40,7 +40,6 @@ EXAMPLE_INPUT_SHAPES: dict[str, tuple[int, ...]] = {
 }
 #: Default batch per optimizer step, as ``torchgpu train`` uses for each example.
 EXAMPLE_BATCH_SIZES = {"housing": 16, "lenet": 64, "resnet50": 8}
-SAMPLE_ROWS = 2  # rows actually measured; figures scale to --batch-size (BatchNorm needs 2)
 
 
 def build_parser() -> ArgumentParser:
@@ -106,15 +105,15 @@ def main(argv: list[str]) -> int:
             raise UsageError(
                 f"--model {args.model} returned {type(model).__name__}, not an nn.Module"
             )
-        sample = torch.randn(shape)
         batch = args.batch_size or shape[0]
+        sample = torch.empty(batch, *shape[1:], device="meta")  # shapes only: nothing allocated
     else:
         from torchgpu.models import build_model
 
         assert example is not None
         model = build_model(example)
-        sample = torch.randn(SAMPLE_ROWS, *EXAMPLE_INPUT_SHAPES[example])
         batch = args.batch_size or EXAMPLE_BATCH_SIZES[example]
+        sample = torch.empty(batch, *EXAMPLE_INPUT_SHAPES[example], device="meta")
     from torchgpu.planning.measure import measure_footprint
 
     footprint = measure_footprint(model, sample, optimizer=args.optimizer, precision=args.precision)

@@ -148,6 +148,22 @@ def union_bytes(sizes: Mapping[int, int], *key_sets: Iterable[int]) -> int:
     return sum(sizes[k] for k in keys)
 
 
+def retained_bytes(
+    sizes: Mapping[int, int],
+    layer_saved: Sequence[frozenset[int]],
+    layer_inputs: Sequence[frozenset[int]],
+    bounds: Sequence[tuple[int, int]],
+) -> int:
+    """Saved bytes alive at the end of the forward when the layers run in ``bounds``
+    segments, all but the last checkpointed: each checkpointed segment's input plus
+    everything the last segment saves (see :func:`checkpointed_bytes`)."""
+    if not bounds:
+        return 0
+    inputs = [layer_inputs[start] for start, _ in bounds[:-1]]
+    last_start, last_end = bounds[-1]
+    return union_bytes(sizes, *inputs, *layer_saved[last_start:last_end])
+
+
 def checkpointed_bytes(
     sizes: Mapping[int, int],
     layer_saved: Sequence[frozenset[int]],
@@ -158,19 +174,14 @@ def checkpointed_bytes(
     checkpointed (recomputed in backward), as ``apply_activation_checkpointing`` does.
 
     ``sizes`` maps storage keys to bytes; ``layer_saved[i]`` are the storages layer ``i``
-    saves for backward, ``layer_inputs[i]`` its input storages. Kept through the forward:
-    each checkpointed segment's input, plus everything the last segment saves. While
-    backward recomputes segment j, the inputs of segments 0..j and segment j's saved
-    tensors are alive. The result is the larger of the two moments.
+    saves for backward, ``layer_inputs[i]`` its input storages. At the end of the forward
+    :func:`retained_bytes` are alive. While backward recomputes segment j, the inputs of
+    segments 0..j and segment j's saved tensors are alive. The result is the larger.
     """
-    if not bounds:
-        return 0
-    ckpt, (last_start, last_end) = bounds[:-1], bounds[-1]
-    inputs = [layer_inputs[start] for start, _ in ckpt]
-    last = [layer_saved[i] for i in range(last_start, last_end)]
-    peak = union_bytes(sizes, *inputs, *last)
-    for j, (start, end) in enumerate(ckpt):
-        internals = [layer_saved[i] for i in range(start, end)]
+    peak = retained_bytes(sizes, layer_saved, layer_inputs, bounds)
+    inputs = [layer_inputs[start] for start, _ in bounds[:-1]]
+    for j, (start, end) in enumerate(bounds[:-1]):
+        internals = layer_saved[start:end]
         peak = max(peak, union_bytes(sizes, *inputs[: j + 1], *internals))
     return peak
 

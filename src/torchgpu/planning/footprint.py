@@ -46,6 +46,9 @@ class Footprint:
       (temporaries, the loss, workspace), also scaling with the batch.
     - ``layers``: the top-level layers for split/pipeline plans (empty: not splittable).
     - ``source``: how the activation numbers were obtained (for the table's footnote).
+    - ``step_workspace_bytes``: temporaries of the optimizer step (Adam's foreach
+      buffers); the step runs after backward has freed the activations, so the peak is
+      ``states + max(activations + transient, step workspace)``.
     """
 
     batch_size: int
@@ -57,6 +60,7 @@ class Footprint:
     transient_bytes: int = 0
     layers: tuple[LayerFootprint, ...] = field(default=())
     source: str = "given"
+    step_workspace_bytes: int = 0
 
     @property
     def state_bytes(self) -> int:
@@ -78,7 +82,13 @@ class Footprint:
 
     def single_bytes(self, batch: int, checkpointing: bool = False) -> int:
         """Peak bytes of one training step at ``batch`` samples on one device."""
-        return self.state_bytes + self.activations(batch, checkpointing) + self.transient(batch)
+        return self.state_bytes + self.working(batch, checkpointing, self.step_workspace_bytes)
+
+    def working(self, batch: int, checkpointing: bool, step_workspace_bytes: int) -> int:
+        """Bytes on top of the model states at the step's high-water mark: backward's
+        activations and temporaries, or the optimizer step's workspace if larger."""
+        backward = self.activations(batch, checkpointing) + self.transient(batch)
+        return max(backward, step_workspace_bytes)
 
     def largest_layer(self) -> LayerFootprint | None:
         """The layer with the most parameters (FSDP gathers one such unit at a time)."""

@@ -142,7 +142,8 @@ def data_parallel_candidates(
 
 
 def _need(fp: Footprint, mode: str, n: int, micro: int, checkpointing: bool) -> int:
-    act = fp.activations(micro, checkpointing) + fp.transient(micro)
+    step_ws = fp.step_workspace_bytes if mode != "fsdp" else math.ceil(fp.step_workspace_bytes / n)
+    act = fp.working(micro, checkpointing, step_ws)
     if mode == "single":
         return fp.state_bytes + act
     if mode == "ddp":
@@ -303,7 +304,9 @@ def split_candidates(
                 need += fp.transient(math.ceil(batch / m))
             else:
                 need += fp.transient(batch)
-            needs.append(need)
+            grads = sum(layer.grad_bytes for layer in stage)
+            step_ws = math.ceil(fp.step_workspace_bytes * grads / max(fp.grad_bytes, 1))
+            needs.append(max(need, sum(layer.state_bytes for layer in stage) + step_ws))
         if strategy == "pipeline":
             bubble = (m + n - 1) / (m * n)
             recompute = 1.0 + (costs.checkpointing - 1.0) * (m - 1) / m

@@ -137,8 +137,8 @@ def run(quick: bool, devices: Sequence[torch.device], out: Path) -> SuiteResult:
     """One interleaved run per model size; ratios against the raw loop."""
     plan = rounds_for(quick)
     device = devices[0]
-    count = 20 if quick else 200
-    sizes = {"tiny": 32, "medium": 256}
+    count = 10 if quick else 200
+    sizes = {"tiny": 32, "medium": 64 if quick else 256}
     loops: dict[str, Callable[[str, Batches, torch.device], Callable[[], None]]] = {
         RAW: raw_loop, OURS: torchgpu_loop}
     notes = []

@@ -1,0 +1,382 @@
+"""estimate_memory: per-device training memory for a model, batch and strategy.
+
+Parameters, gradients and optimizer state are exact arithmetic
+(:mod:`torchgpu.estimate.arithmetic`); activations are measured on fake tensors
+(:mod:`torchgpu.estimate.activations`); nothing is allocated at the model's size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchgpu.errors import ConfigError
+from torchgpu.estimate.activations import (
+    ActivationProfile,
+    as_inputs,
+    measure_activations,
+    sequential_layers,
+)
+from torchgpu.estimate.arithmetic import (
+    CUDA_BLOCK_BYTES,
+    StateBytes,
+    checkpointed_bytes,
+    module_tensors,
+    optimizer_kind,
+    state_bytes,
+    training_peak_bytes,
+    union_bytes,
+)
+
+STRATEGIES = ("single", "ddp", "fsdp", "split", "pipeline")
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """Bytes one device (a rank, or a pipeline stage) needs for training.
+
+    ``extra_bytes``: DDP gradient buckets, or FSDP's gathered (unsharded) weights of the
+    two largest units. ``total_bytes`` is the sum of the five categories; ``peak_bytes``
+    is the predicted high-water mark (it adds backward/step temporaries, see
+    :func:`~torchgpu.estimate.arithmetic.training_peak_bytes`) and is the number to
+    compare with a device's memory. CUDA context (~0.3-0.5 GiB) is not included.
+    ``layers`` is the ``[start, end)`` range of sequential layers a stage holds.
+    """
+
+    device: str
+    parameters_bytes: int
+    gradients_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    extra_bytes: int
+    peak_bytes: int
+    total_bytes: int
+    layers: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """The estimate for every device of a strategy (see :func:`estimate_memory`)."""
+
+    strategy: str
+    optimizer: str
+    precision: str
+    batch_size: int
+    micro_batch_size: int
+    chunks: int
+    activation_checkpointing: bool
+    balance: tuple[int, ...] | None
+    devices: tuple[DeviceMemory, ...]
+
+    @property
+    def peak_bytes(self) -> int:
+        """The largest per-device peak: what the busiest device must hold."""
+        return max(d.peak_bytes for d in self.devices)
+
+    @property
+    def total_bytes(self) -> int:
+        """Summed over devices."""
+        return sum(d.total_bytes for d in self.devices)
+
+    def fits(self, capacity_bytes: int | Sequence[int]) -> bool:
+        """Whether every device's peak fits its capacity (one number for all, or one each)."""
+        caps = (
+            [capacity_bytes] * len(self.devices)
+            if isinstance(capacity_bytes, int)
+            else list(capacity_bytes)
+        )
+        if len(caps) != len(self.devices):
+            raise ConfigError(
+                f"{len(caps)} capacities given for {len(self.devices)} devices: give one "
+                "capacity, or one per device"
+            )
+        return all(d.peak_bytes <= c for d, c in zip(self.devices, caps, strict=True))
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data for JSON output."""
+        out = asdict(self)
+        out["peak_bytes"] = self.peak_bytes
+        out["total_bytes"] = self.total_bytes
+        return out
+
+    def format(self) -> str:
+        """A fixed-width table in GiB, one row per device."""
+        head = (
+            f"{self.strategy}, batch {self.batch_size}"
+            + (f" in {self.chunks} chunks" if self.chunks > 1 else "")
+            + f", {self.precision}, {self.optimizer}"
+            + (", activation checkpointing" if self.activation_checkpointing else "")
+        )
+        cols = ("device", "params", "grads", "optim", "activ", "extra", "peak")
+        lines = [head, "  ".join(f"{c:>9}" for c in cols)]
+        for d in self.devices:
+            values = (
+                d.parameters_bytes, d.gradients_bytes, d.optimizer_bytes,
+                d.activations_bytes, d.extra_bytes, d.peak_bytes,
+            )  # fmt: skip
+            lines.append("  ".join([f"{d.device:>9}", *(f"{v / GIB:9.3f}" for v in values)]))
+        return "\n".join(lines)
+
+
+def _device_names(n: int, devices: Sequence[str] | None) -> list[str]:
+    if devices is None:
+        return [f"cuda:{i}" for i in range(n)]
+    return [str(d) for d in devices]
+
+
+def _ckpt_bounds(n_layers: int) -> list[tuple[int, int]]:
+    # The same cut as apply_activation_checkpointing(segments="sqrt").
+    from torchgpu.memory import segment_bounds, sqrt_segments
+
+    return segment_bounds(n_layers, sqrt_segments(n_layers)) if n_layers else []
+
+
+def _stage_activations(
+    profile: ActivationProfile, start: int, end: int, checkpointing: bool, block_bytes: int
+) -> int:
+    sizes = profile.rounded(block_bytes)
+    saved = profile.layer_saved[start:end]
+    if not checkpointing:
+        return union_bytes(sizes, *saved)
+    bounds = [(a + start, b + start) for a, b in _ckpt_bounds(end - start)]
+    return checkpointed_bytes(sizes, profile.layer_saved, profile.layer_inputs, bounds)
+
+
+def _device(
+    name: str,
+    state: StateBytes,
+    activations: int,
+    workspace: int,
+    extra: int,
+    layers: tuple[int, int] | None = None,
+) -> DeviceMemory:
+    peak = training_peak_bytes(
+        parameters_bytes=state.parameters_bytes,
+        gradients_bytes=state.gradients_bytes,
+        optimizer_bytes=state.optimizer_bytes,
+        activations_bytes=activations,
+        backward_workspace_bytes=workspace,
+        step_workspace_bytes=state.step_workspace_bytes,
+        extra_bytes=extra,
+    )
+    total = (
+        state.parameters_bytes + state.gradients_bytes + state.optimizer_bytes + activations + extra
+    )
+    return DeviceMemory(
+        device=name,
+        parameters_bytes=state.parameters_bytes,
+        gradients_bytes=state.gradients_bytes,
+        optimizer_bytes=state.optimizer_bytes,
+        activations_bytes=activations,
+        extra_bytes=extra,
+        peak_bytes=peak,
+        total_bytes=total,
+        layers=layers,
+    )
+
+
+def _shard_units(model: nn.Module, view: nn.Sequential | None) -> list[nn.Module]:
+    # The units wrap_data_parallel(mode="fsdp") shards one by one.
+    children = list(view.children()) if view is not None else list(model.children())
+    members = {id(m) for m in model.modules()}
+    return [c for c in children if id(c) in members and any(True for _ in c.parameters())]
+
+
+def _sample_slice(inputs: tuple[torch.Tensor, ...], rows: int) -> tuple[torch.Tensor, ...]:
+    return tuple(torch.empty(rows, *t.shape[1:], dtype=t.dtype, device="meta") for t in inputs)
+
+
+def _resolve_balance(
+    balance: Sequence[int] | str | None,
+    n_layers: int,
+    stages: int,
+    layer_costs: Callable[[], list[float]],
+) -> list[int]:
+    from torchgpu.parallel.balance import even_balance, solve_partition, validate_balance
+
+    if balance is None:
+        return even_balance(n_layers, stages)
+    if balance == "memory":
+        return solve_partition(layer_costs(), stages)
+    if isinstance(balance, str):
+        raise ConfigError(
+            f"balance={balance!r} is not allowed: use None (even), 'memory', or a list of "
+            "layer counts per stage"
+        )
+    return validate_balance(list(balance), n_layers, stages)
+
+
+def estimate_memory(
+    model: nn.Module,
+    sample_batch: Any,
+    optimizer: str | torch.optim.Optimizer | type = "adam",
+    precision: str = "fp32",
+    strategy: str = "single",
+    world_size: int = 1,
+    devices: Sequence[str] | None = None,
+    balance: Sequence[int] | str | None = None,
+    chunks: int = 1,
+    activation_checkpointing: bool = False,
+    *,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    block_bytes: int = CUDA_BLOCK_BYTES,
+    profile: ActivationProfile | None = None,
+) -> MemoryEstimate:
+    """Estimate the memory of training ``model`` on ``sample_batch``, per device.
+
+    - ``sample_batch``: the model's input for one step on one device (per rank for
+      ddp/fsdp; the whole batch for split/pipeline), a tensor or tuple of tensors; only
+      shapes and dtypes are read, so ``torch.empty(..., device="meta")`` is enough.
+    - ``optimizer``: a name in :data:`~torchgpu.estimate.arithmetic.OPTIMIZERS`
+      ("adam", "adamw", "sgd", "sgd_momentum", ...), an optimizer class or instance.
+    - ``precision``: "fp32", or "bf16"/"fp16" autocast (fp32 master weights, gradients
+      and optimizer state; activations measured under autocast).
+    - ``strategy``: "single"; "ddp" (a full replica per rank plus gradient buckets);
+      "fsdp" (parameters, gradients, optimizer state sharded over ranks, plus two
+      gathered units); "split" (the sequential layers over stages); "pipeline" (split,
+      with the batch in ``chunks`` micro-batches, fill-drain schedule).
+    - ``world_size`` / ``devices``: ranks or stages (``devices`` names them; default
+      ``cuda:0..``). ``balance``: layer counts per stage, None for even counts (as
+      ``split_model``), or "memory" to minimise the largest stage.
+    - ``activation_checkpointing``: the sequential layers cut into ceil(√n) segments,
+      all but the last recomputed in backward (as ``apply_activation_checkpointing``);
+      for a pipeline, each micro-batch but the last keeps only its stage input (as
+      ``Pipeline(checkpoint="except_last")``).
+    - ``block_bytes``: allocation rounding (512 on CUDA; 1 for exact tensor bytes).
+    - ``profile``: a :func:`measure_activations` result to reuse (same model and
+      precision; used when its batch size is the one needed).
+
+    Split, pipeline and checkpointing need the model as layers: an ``nn.Sequential`` or
+    a model with ``as_sequential()``. Raises :class:`ConfigError` (or BalanceError).
+    """
+    if strategy not in STRATEGIES:
+        raise ConfigError(
+            f"strategy={strategy!r} is not allowed: use one of {', '.join(STRATEGIES)}"
+        )
+    kind = optimizer_kind(optimizer)
+    inputs = as_inputs(sample_batch)
+    batch = int(inputs[0].shape[0])
+    if chunks < 1 or chunks > batch:
+        raise ConfigError(
+            f"chunks={chunks} is not allowed for a batch of {batch}: use 1..{batch} micro-batches"
+        )
+    if chunks > 1 and strategy != "pipeline":
+        raise ConfigError(
+            f"chunks={chunks} only applies to strategy='pipeline' (got {strategy!r}); for "
+            "smaller micro-batches on one device estimate the micro-batch itself"
+        )
+    if strategy == "single":
+        n = 1
+    elif devices:
+        n = len(devices)
+    elif strategy in ("split", "pipeline") and balance is not None and not isinstance(balance, str):
+        n = len(balance)
+    else:
+        n = world_size
+    if n < 1 or (devices is not None and strategy != "single" and world_size not in (1, n)):
+        raise ConfigError(
+            f"world_size={world_size} with devices={list(devices or [])} is inconsistent: "
+            "give the number of ranks/stages (world_size) or name the devices, not both"
+        )
+    names = _device_names(n, devices)
+    view = sequential_layers(model)
+    if view is None and (strategy in ("split", "pipeline") or activation_checkpointing):
+        raise ConfigError(
+            f"{type(model).__name__} has no sequential view, so {strategy!r}"
+            + (" with activation checkpointing" if activation_checkpointing else "")
+            + " cannot be estimated: pass an nn.Sequential or give the model an "
+            "as_sequential() method returning its layers in order"
+        )
+
+    micro = -(-batch // chunks)
+
+    def get_profile(rows: int) -> ActivationProfile:
+        if profile is not None and profile.batch_size == rows and profile.precision == precision:
+            return profile
+        sample = inputs if rows == batch else _sample_slice(inputs, rows)
+        return measure_activations(model, sample, precision, loss_fn)
+
+    prof = get_profile(micro)
+    workspace = 2 * -(-prof.largest_bytes // block_bytes) * block_bytes
+
+    def common(acts: int, state: StateBytes, extra: int) -> tuple[DeviceMemory, ...]:
+        return tuple(_device(name, state, acts, workspace, extra) for name in names)
+
+    if strategy in ("single", "ddp", "fsdp"):
+        if activation_checkpointing:
+            assert view is not None
+            acts = _stage_activations(prof, 0, len(view), True, block_bytes)
+        else:
+            acts = union_bytes(prof.rounded(block_bytes), prof.saved)
+        tensors = module_tensors(model)
+        if strategy == "fsdp":
+            state = state_bytes(tensors, kind, block_bytes, shards=n)
+            units = sorted(
+                (state_bytes(module_tensors(u), kind, block_bytes).parameters_bytes
+                 for u in _shard_units(model, view)),
+                reverse=True,
+            )  # fmt: skip
+            extra = sum(units[:2]) if n > 1 else 0
+        else:
+            state = state_bytes(tensors, kind, block_bytes)
+            extra = state.gradients_bytes if strategy == "ddp" and n > 1 else 0
+        devs = common(acts, state, extra)
+        used_balance = None
+    else:
+        assert view is not None
+        layers = list(view.children())
+
+        def layer_costs() -> list[float]:
+            sizes = prof.rounded(block_bytes)
+            costs = []
+            for i, layer in enumerate(layers):
+                s = state_bytes(module_tensors(layer), kind, block_bytes)
+                acts = union_bytes(sizes, prof.layer_saved[i]) * chunks
+                costs.append(
+                    float(s.parameters_bytes + s.gradients_bytes + s.optimizer_bytes + acts)
+                )
+            return costs
+
+        used = _resolve_balance(balance, len(layers), n, layer_costs)
+        devs_list = []
+        start = 0
+        for name, count in zip(names, used, strict=True):
+            end = start + count
+            stage = nn.Sequential(*layers[start:end])
+            state = state_bytes(module_tensors(stage), kind, block_bytes)
+            sizes = prof.rounded(block_bytes)
+            internal = union_bytes(sizes, *prof.layer_saved[start:end])
+            if strategy == "split" or chunks == 1:
+                acts = _stage_activations(prof, start, end, activation_checkpointing, block_bytes)
+            elif activation_checkpointing:
+                acts = (chunks - 1) * union_bytes(sizes, prof.layer_inputs[start]) + internal
+            else:
+                acts = chunks * internal
+            devs_list.append(_device(name, state, acts, workspace, 0, (start, end)))
+            start = end
+        devs = tuple(devs_list)
+        used_balance = tuple(used)
+    return MemoryEstimate(
+        strategy=strategy,
+        optimizer=kind,
+        precision=precision,
+        batch_size=batch,
+        micro_batch_size=micro,
+        chunks=chunks,
+        activation_checkpointing=activation_checkpointing,
+        balance=used_balance,
+        devices=devs,
+    )
+
+
+def bytes_per_sample(estimate: MemoryEstimate) -> float:
+    """Activation bytes per sample on the busiest device (for batch-size arithmetic)."""
+    return max(d.activations_bytes for d in estimate.devices) / max(estimate.batch_size, 1)
+
+
+__all__ = ["DeviceMemory", "MemoryEstimate", "bytes_per_sample", "estimate_memory"]
