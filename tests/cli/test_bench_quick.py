@@ -179,3 +179,16 @@ def test_cli_smoke_json(tmp_path: Path) -> None:
     printed = json.loads(proc.stdout)
     assert printed == json.loads((out / "results.json").read_text())
     assert printed["suite"] == "matmul"
+
+
+@pytest.mark.gpu
+def test_gpu_rows_quick(tmp_path: Path) -> None:
+    gpu = [torch.device("cuda", 0)]
+    _, matmul = run_suite("matmul", quick=True, out=tmp_path / "m", devices=gpu)
+    names = {m["name"] for m in matmul["measurements"]}
+    assert "cuda:0 n=1024 float32" in names and "cpu n=64 float32" in names
+    _, transfer = run_suite("transfer", quick=True, out=tmp_path / "t", devices=gpu)
+    found = rows(transfer)
+    assert "H2D pinned cuda:0 4 MiB" in found and "copy hidden by Prefetcher" in found
+    assert 0.0 <= found["copy hidden by Prefetcher"]["median"] <= 1.0
+    assert any(r["name"].startswith("H2D pinned") for r in transfer["ratios"])

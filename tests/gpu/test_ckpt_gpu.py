@@ -77,8 +77,8 @@ def test_cuda_checkpoint_loads_back_onto_the_gpu(tmp_path: Path) -> None:
     load_checkpoint(tmp_path / "ck", model=fresh, optimizer=fresh_opt, map_location="cuda:0")
     for a, b in zip(model.state_dict().values(), fresh.state_dict().values(), strict=True):
         assert b.is_cuda and torch.equal(a, b)
-    assert all(v.is_cuda for s in fresh_opt.state.values() for k, v in s.items() if k != "step"
-               or v.is_cuda)
+    # Adam keeps its "step" counter on the CPU unless capturable; the moments follow the params
+    assert all(v.is_cuda for s in fresh_opt.state.values() for k, v in s.items() if k != "step")
 
 
 def test_cuda_rng_round_trip() -> None:

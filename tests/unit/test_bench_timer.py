@@ -246,3 +246,22 @@ def test_write_report_files_and_schema(tmp_path: Path) -> None:
     assert loaded["ratios"][0]["samples"] == [2.0, 2.5 / 1.5]
     md = (tmp_path / "report.md").read_text()
     assert "| v1/v0 | 1.833 |" in md and "a note" in md and "x_bytes=1.00 MiB" in md
+
+
+@pytest.mark.gpu
+def test_cuda_event_clock_and_sync_time_gpu_work() -> None:
+    import torch
+
+    from torchgpu.bench.timer import cuda_event_clock, cuda_sync
+
+    device = torch.device("cuda", 0)
+    a = torch.randn(2048, 2048, device=device)
+
+    def product() -> None:
+        torch.mm(a, a)
+
+    seconds = cuda_event_clock(device)(product)
+    assert seconds > 0
+    m = measure_interleaved({"mm": product}, rounds=3,
+                            warmup=1, sync=cuda_sync([device]))
+    assert m["mm"].n == 3 and m["mm"].min > 0

@@ -5,9 +5,9 @@ gradients and optimizer state; activations measured once on fake tensors (so the
 sample batch may be a ``device="meta"`` tensor of the real batch size: nothing of the
 model's size is allocated); backward's temporaries (twice the largest saved tensor,
 scaling with the batch) and the optimizer step's workspace (fixed), as the estimator
-computes its peak; and the activations with checkpointing (ceil(sqrt(n)) segments). Per-layer figures for the
-split/pipeline rows come from the same activation profile: each storage counted once,
-on the first layer that saved it.
+computes its peak; and the activations with checkpointing (ceil(sqrt(n)) segments).
+Per-layer figures for the split/pipeline rows come from the same activation profile:
+each storage counted once, on the first layer that saved it.
 """
 
 from __future__ import annotations

@@ -1,0 +1,317 @@
+"""Check a model-parallel placement on fake GPUs, on a machine without any GPU.
+
+:func:`check_placement` builds the model and runs one forward pass under PyTorch's
+``FakeTensorMode``: tensors on ``cuda:N`` exist only as shapes, dtypes and devices, so
+no GPU (and no memory at the model's size) is needed. Forward pre-hooks compare every
+module's own parameters and buffers with the devices of its inputs, so a broken split
+is reported by module name::
+
+    layer3.0.conv1: weight on cuda:0 but input on cuda:1
+
+and an error raised when an operation mixes devices is attributed to the innermost
+module running at the time. Use it in a test suite::
+
+    from torchgpu.placement import check_placement
+
+    def test_two_gpu_split_is_consistent():
+        report = check_placement(MyModelParallelNet, (2, 3, 128, 128),
+                                 devices=["cuda:0", "cuda:1"])
+        assert report.ok, report.format()
+
+How fake CUDA works on a CPU-only PyTorch build, and what had to be worked around
+(each workaround is active only inside the check):
+
+- ``module.to("cuda:N")`` on fake parameters swaps tensors, which PyTorch refuses while
+  the fake mode's memo holds a weak reference to them; the memo entries of the two
+  tensors are dropped just before the swap.
+- Random initialisation directly on a fake CUDA tensor (``nn.Linear(..., device=
+  "cuda:0")``) needs a CUDA generator; on fake CUDA tensors it is skipped (values do
+  not matter for placement).
+- ``.cuda()`` / ``.to("cuda")`` without an index would ask CUDA for the current device;
+  it means ``cuda:0``.
+- Batch-norm in training mode updates its running statistics with a copy a CPU build
+  cannot do on fake CUDA; the check runs batch-norm without updating them.
+- The pass runs under ``torch.no_grad()``: backward on fake CUDA aborts the process on
+  a CPU-only build. Placement of the backward follows the forward's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from torchgpu.errors import DeviceSpecError
+
+_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+
+_RANDOM_FILLS = {
+    torch.ops.aten.uniform_.default,
+    torch.ops.aten.normal_.default,
+    torch.ops.aten.random_.default,
+    torch.ops.aten.random_.to,
+    getattr(torch.ops.aten.random_, "from"),
+    torch.ops.aten.bernoulli_.float,
+    torch.ops.aten.exponential_.default,
+    torch.ops.aten.cauchy_.default,
+    torch.ops.aten.log_normal_.default,
+    torch.ops.aten.geometric_.default,
+}
+
+
+@dataclass(frozen=True)
+class PlacementReport:
+    """The outcome of :func:`check_placement`.
+
+    ``ok`` is True when no problem was found. ``problems`` are one line each, naming the
+    module. ``parameter_devices`` maps each device to the number of parameters and
+    buffers on it; ``output_device`` is where the output ended up (None if the forward
+    failed).
+    """
+
+    ok: bool
+    problems: list[str] = field(default_factory=list)
+    parameter_devices: dict[str, int] = field(default_factory=dict)
+    input_device: str = "cuda:0"
+    output_device: str | None = None
+
+    def format(self) -> str:
+        """A short human-readable summary."""
+        where = ", ".join(f"{d}: {n}" for d, n in sorted(self.parameter_devices.items()))
+        head = f"placement {'OK' if self.ok else 'BROKEN'} (tensors per device: {where}; "
+        head += f"input on {self.input_device}, output on {self.output_device or '-'})"
+        return "\n".join([head, *(f"  - {p}" for p in self.problems)])
+
+
+def _normal_device(device: Any) -> Any:
+    """``cuda`` without an index means cuda:0 (asking CUDA would fail without a GPU)."""
+    if isinstance(device, str) and device == "cuda":
+        return "cuda:0"
+    if isinstance(device, torch.device) and device.type == "cuda" and device.index is None:
+        return torch.device("cuda", 0)
+    return device
+
+
+class _FakeCudaFunctions(TorchFunctionMode):
+    """Rewrites the calls a CPU-only build cannot run on fake CUDA (see module docs)."""
+
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.cuda:
+            wanted = args[1] if len(args) > 1 else kwargs.get("device")
+            if wanted is None or isinstance(wanted, int):
+                device = torch.device("cuda", wanted or 0)
+            else:
+                device = _normal_device(torch.device(wanted))
+            return args[0].to(device)
+        if func is torch.Tensor.to:
+            args = tuple(_normal_device(a) for a in args)
+            if "device" in kwargs:
+                kwargs["device"] = _normal_device(kwargs["device"])
+        if func is F.batch_norm:
+            bound = _batch_norm_args(*args, **kwargs)
+            if bound["training"]:
+                bound["running_mean"] = bound["running_var"] = None
+            return func(**bound)
+        return func(*args, **kwargs)
+
+
+def _batch_norm_args(
+    input: torch.Tensor,
+    running_mean: torch.Tensor | None,
+    running_var: torch.Tensor | None,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+) -> dict[str, Any]:
+    return {
+        "input": input, "running_mean": running_mean, "running_var": running_var,
+        "weight": weight, "bias": bias, "training": training, "momentum": momentum, "eps": eps,
+    }  # fmt: skip
+
+
+class _SkipRandomFillOnFakeCuda(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """In-place random fills of fake CUDA tensors are skipped (no CUDA generator exists)."""
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        if func in _RANDOM_FILLS and args and args[0].device.type == "cuda":
+            return args[0]
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def _fake_cuda() -> Iterator[FakeTensorMode]:
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    memo = mode.fake_tensor_converter.tensor_memo
+    original_swap = torch.utils.swap_tensors
+
+    def swap(t1: torch.Tensor, t2: torch.Tensor) -> None:
+        # Module._apply swaps fake parameters; the memo's weak references block it.
+        for key in [k for k, v in list(memo.items()) if v is t1 or v is t2]:
+            del memo[key]
+        original_swap(t1, t2)  # type: ignore[no-untyped-call]
+
+    torch.utils.swap_tensors = swap
+    try:
+        with mode, _SkipRandomFillOnFakeCuda(), _FakeCudaFunctions():  # type: ignore[no-untyped-call]
+            yield mode
+    finally:
+        torch.utils.swap_tensors = original_swap
+
+
+def _check_devices(devices: Sequence[str] | None) -> list[str] | None:
+    if devices is None:
+        return None
+    out = []
+    for d in devices:
+        text = str(d).strip()
+        if not _DEVICE.match(text):
+            raise DeviceSpecError(
+                f"device {text!r} cannot be faked: use cpu, cuda or cuda:N (e.g. "
+                "devices=['cuda:0', 'cuda:1'])"
+            )
+        out.append("cuda:0" if text == "cuda" else text)
+    if not out:
+        raise DeviceSpecError("devices=[] names no device: give at least one, e.g. ['cuda:0']")
+    return out
+
+
+def _own_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    return [
+        *module.named_parameters(recurse=False),
+        *((n, b) for n, b in module.named_buffers(recurse=False) if b is not None),
+    ]
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"
+
+
+def check_placement(
+    model_factory: Callable[[], nn.Module],
+    input_shape: Sequence[int],
+    devices: Sequence[str] | None = None,
+    *,
+    input_dtype: torch.dtype = torch.float32,
+) -> PlacementReport:
+    """Build ``model_factory()`` and run one forward on fake devices; report mismatches.
+
+    ``model_factory`` must build the model and place it (``.to("cuda:1")`` etc.) itself:
+    it runs under ``FakeTensorMode``, so nothing is allocated and no GPU is needed.
+    The input, of ``input_shape`` and ``input_dtype``, is put on ``devices[0]`` (default:
+    the device of the model's first parameter). A parameter or buffer on a device not
+    in ``devices`` is a problem too. Raises :class:`DeviceSpecError` for a device that
+    cannot be faked; problems in the model are reported, not raised.
+    """
+    allowed = _check_devices(devices)
+    problems: list[str] = []
+    running: list[str] = []
+    flagged: set[str] = set()
+    handles: list[Any] = []
+    counts: dict[str, int] = {}
+    output_device: str | None = None
+    input_device = allowed[0] if allowed else "cuda:0"
+
+    def note(module_name: str, text: str) -> None:
+        if module_name not in flagged:
+            flagged.add(module_name)
+            problems.append(text)
+
+    def pre_hook(name: str) -> Callable[[nn.Module, Any, Any], None]:
+        def hook(module: nn.Module, args: Any, kwargs: Any) -> None:
+            running.append(name)
+            label = name or type(module).__name__
+            inputs = {
+                str(t.device) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)
+            }
+            own = _own_tensors(module)
+            own_devices = {str(t.device) for _, t in own}
+            if len(own_devices) > 1:
+                where = ", ".join(f"{n} on {t.device}" for n, t in own)
+                note(name, f"{label}: its own tensors are on different devices ({where})")
+            elif len(inputs) > 1:
+                note(name, f"{label}: inputs on different devices ({', '.join(sorted(inputs))})")
+            elif inputs and own_devices and inputs != own_devices:
+                pname, tensor = own[0]
+                note(
+                    name,
+                    f"{label}: {pname} on {tensor.device} but input on {next(iter(inputs))}",
+                )
+
+        return hook
+
+    def post_hook(_module: nn.Module, _args: Any, _out: Any) -> None:
+        if running:
+            running.pop()
+
+    try:
+        with _fake_cuda():
+            try:
+                model = model_factory()
+            except Exception as error:
+                return PlacementReport(
+                    ok=False,
+                    problems=[f"model_factory() failed: {_first_line(error)}"],
+                    input_device=input_device,
+                )
+            for name, module in model.named_modules():
+                handles.append(module.register_forward_pre_hook(pre_hook(name), with_kwargs=True))
+                handles.append(module.register_forward_hook(post_hook))
+            for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+                device = str(tensor.device)
+                counts[device] = counts.get(device, 0) + 1
+                if allowed is not None and device not in allowed:
+                    owner = name.rpartition(".")[0]
+                    note(
+                        owner,
+                        f"{owner or name}: {name.rpartition('.')[2]} on {device}, which is not "
+                        f"among the devices {', '.join(allowed)}",
+                    )
+            if allowed is None:
+                first = next(iter([*model.parameters(), *model.buffers()]), None)
+                input_device = str(first.device) if first is not None else "cpu"
+            x = torch.empty(tuple(input_shape), dtype=input_dtype, device=input_device)
+            try:
+                with torch.no_grad():
+                    out = model(x)
+                leaves = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+                output_device = str(leaves[0].device) if leaves else None
+            except Exception as error:
+                where = running[-1] if running else ""
+                label = where or type(model).__name__
+                note(where, f"{label}: forward failed: {_first_line(error)}")
+    finally:
+        for handle in handles:
+            handle.remove()
+    return PlacementReport(
+        ok=not problems,
+        problems=problems,
+        parameter_devices=counts,
+        input_device=input_device,
+        output_device=output_device,
+    )
