@@ -4,7 +4,7 @@
 ``FakeTensorMode``: tensors on ``cuda:N`` exist only as shapes, dtypes and devices, so
 no GPU (and no memory at the model's size) is needed. Forward pre-hooks compare every
 module's own parameters and buffers with the devices of its inputs, so a broken split
-is reported by module name::
+is reported by module name (the first mismatch, where a real run would stop)::
 
     layer3.0.conv1: weight on cuda:0 but input on cuda:1
 
@@ -207,6 +207,10 @@ def _own_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
     ]
 
 
+class _StopForward(Exception):
+    """Raised by a hook at the first mismatch: the real run would fail right there."""
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}"
@@ -235,12 +239,17 @@ def check_placement(
     handles: list[Any] = []
     counts: dict[str, int] = {}
     output_device: str | None = None
+    off_list: dict[str, list[str]] = {}  # device not in `devices` -> tensor names
     input_device = allowed[0] if allowed else "cuda:0"
 
     def note(module_name: str, text: str) -> None:
         if module_name not in flagged:
             flagged.add(module_name)
             problems.append(text)
+
+    def stop(module_name: str, text: str) -> None:
+        note(module_name, text)
+        raise _StopForward
 
     def pre_hook(name: str) -> Callable[[nn.Module, Any, Any], None]:
         def hook(module: nn.Module, args: Any, kwargs: Any) -> None:
@@ -253,12 +262,12 @@ def check_placement(
             own_devices = {str(t.device) for _, t in own}
             if len(own_devices) > 1:
                 where = ", ".join(f"{n} on {t.device}" for n, t in own)
-                note(name, f"{label}: its own tensors are on different devices ({where})")
+                stop(name, f"{label}: its own tensors are on different devices ({where})")
             elif len(inputs) > 1:
-                note(name, f"{label}: inputs on different devices ({', '.join(sorted(inputs))})")
+                stop(name, f"{label}: inputs on different devices ({', '.join(sorted(inputs))})")
             elif inputs and own_devices and inputs != own_devices:
                 pname, tensor = own[0]
-                note(
+                stop(
                     name,
                     f"{label}: {pname} on {tensor.device} but input on {next(iter(inputs))}",
                 )
@@ -286,12 +295,7 @@ def check_placement(
                 device = str(tensor.device)
                 counts[device] = counts.get(device, 0) + 1
                 if allowed is not None and device not in allowed:
-                    owner = name.rpartition(".")[0]
-                    note(
-                        owner,
-                        f"{owner or name}: {name.rpartition('.')[2]} on {device}, which is not "
-                        f"among the devices {', '.join(allowed)}",
-                    )
+                    off_list.setdefault(device, []).append(name)
             if allowed is None:
                 first = next(iter([*model.parameters(), *model.buffers()]), None)
                 input_device = str(first.device) if first is not None else "cpu"
@@ -301,6 +305,8 @@ def check_placement(
                     out = model(x)
                 leaves = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
                 output_device = str(leaves[0].device) if leaves else None
+            except _StopForward:
+                pass
             except Exception as error:
                 where = running[-1] if running else ""
                 label = where or type(model).__name__
@@ -308,6 +314,12 @@ def check_placement(
     finally:
         for handle in handles:
             handle.remove()
+    for device, names in off_list.items():
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        problems.append(
+            f"{len(names)} parameters/buffers are on {device}, which is not among the devices "
+            f"{', '.join(allowed or [])}: {shown}"
+        )
     return PlacementReport(
         ok=not problems,
         problems=problems,
