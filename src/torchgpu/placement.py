@@ -31,8 +31,9 @@ How fake CUDA works on a CPU-only PyTorch build, and what had to be worked aroun
   it means ``cuda:0``.
 - Batch-norm in training mode updates its running statistics with a copy a CPU build
   cannot do on fake CUDA; the check runs batch-norm without updating them.
-- The pass runs under ``torch.no_grad()``: backward on fake CUDA aborts the process on
-  a CPU-only build. Placement of the backward follows the forward's.
+- The factory and the pass run under ``torch.no_grad()``: recording autograd on fake
+  CUDA tensors (and backward) aborts the process on a CPU-only build. Placement of the
+  backward follows the forward's.
 """
 
 from __future__ import annotations
@@ -279,7 +280,9 @@ def check_placement(
             running.pop()
 
     try:
-        with _fake_cuda():
+        # no_grad for the factory too: an autograd node on a fake CUDA tensor (e.g. from
+        # nn.Parameter(p.to("cuda:1"))) aborts the process on a CPU-only build.
+        with _fake_cuda(), torch.no_grad():
             try:
                 model = model_factory()
             except Exception as error:
@@ -301,8 +304,7 @@ def check_placement(
                 input_device = str(first.device) if first is not None else "cpu"
             x = torch.empty(tuple(input_shape), dtype=input_dtype, device=input_device)
             try:
-                with torch.no_grad():
-                    out = model(x)
+                out = model(x)
                 leaves = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
                 output_device = str(leaves[0].device) if leaves else None
             except _StopForward:
