@@ -26,14 +26,14 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from torchgpu.accumulate import GradAccumulator  # noqa: E402
-from torchgpu.bench.timer import measure_interleaved  # noqa: E402
-from torchgpu.data import example_data, make_loader  # noqa: E402
-from torchgpu.models import HousingNet  # noqa: E402
-from torchgpu.precision import Precision  # noqa: E402
-from torchgpu.train.loop import LoopParts, run_epoch, start_epoch  # noqa: E402
-from torchgpu.train.runner import Shard  # noqa: E402
-from torchgpu.train.state import TrainState  # noqa: E402
+from torchgpu.accumulate import GradAccumulator
+from torchgpu.bench.timer import measure_interleaved
+from torchgpu.data import example_data, make_loader
+from torchgpu.models import HousingNet
+from torchgpu.precision import Precision
+from torchgpu.train.loop import LoopParts, run_epoch, start_epoch
+from torchgpu.train.runner import Shard
+from torchgpu.train.state import TrainState
 
 
 def _setup(batch: int) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
