@@ -25,6 +25,8 @@ BAD = [
     (TrainConfig(lr=0.0), ConfigError, "--lr 0.0"),
     (TrainConfig(clip_norm=-1.0), ConfigError, "--clip-norm"),
     (TrainConfig(save_every=0), ConfigError, "--save-every 0"),
+    (TrainConfig(save_every=5), UsageError, "not available"),
+    (TrainConfig(resume=""), UsageError, "not available"),
     (TrainConfig(keep_last=2), UsageError, "--save-every"),
     (TrainConfig(example="housing", data="x.csv", target="y"), UsageError, "both"),
     (TrainConfig(data="x.csv"), UsageError, "--target"),
@@ -85,7 +87,7 @@ def test_cli_flags_map_onto_every_field() -> None:
 
 def test_worker_argv_round_trips_without_launcher_flags() -> None:
     config = resolve(TrainConfig(example="housing", nproc=2, strategy="ddp", accumulate=2,
-                                 activation_checkpointing=True, resume="", gpus="0,1",
+                                 activation_checkpointing=True, gpus="0,1",
                                  max_restarts=3, out="runs/x"))
     argv = worker_argv(config)
     assert "--nproc" not in argv and "--gpus" not in argv and "--max-restarts" not in argv

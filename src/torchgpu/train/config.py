@@ -209,3 +209,11 @@ def validate(config: TrainConfig) -> None:
             f"--chunks {config.chunks} only applies to --strategy pipeline "
             f"(got --strategy {config.strategy})."
         )
+    if config.save_every is not None or config.resume is not None:
+        # The loop has the hooks (TrainState, step-boundary on_step, stop flag); saving and
+        # resuming through torchgpu.checkpoint is not wired into `torchgpu train` yet.
+        raise UsageError(
+            "--save-every/--keep-last/--resume are not available in this version of "
+            "`torchgpu train` yet: run without them, or save with "
+            "torchgpu.save_checkpoint in your own loop."
+        )
