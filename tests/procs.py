@@ -27,6 +27,9 @@ def test_env(**extra: str) -> dict[str, str]:
     return env
 
 
+test_env.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test, when imported
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

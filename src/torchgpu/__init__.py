@@ -39,7 +39,34 @@ _API: dict[str, str] = {
     "estimate_memory": "torchgpu.estimate",
 }
 
-__all__ = ["__version__", *_API]
+# Spelled out (not derived from _API) so linters and IDEs see the public names.
+__all__ = [
+    "DeviceInfo",
+    "DistEnv",
+    "GradAccumulator",
+    "Pipeline",
+    "Precision",
+    "Prefetcher",
+    "__version__",
+    "apply_activation_checkpointing",
+    "check_devices",
+    "default_device",
+    "estimate_memory",
+    "get_device",
+    "init_distributed",
+    "list_devices",
+    "load_checkpoint",
+    "load_state_dict",
+    "parse_visible_devices",
+    "pin",
+    "save_checkpoint",
+    "select_devices",
+    "set_visible_devices",
+    "split_model",
+    "to_device",
+    "unwrap",
+    "wrap_data_parallel",
+]
 
 
 def __getattr__(name: str) -> Any:
