@@ -7,8 +7,13 @@ Every process trains an MLP (13 -> H -> H -> 1) on its own batches of B samples
 
 - single:        rank 0 alone, plain model, hand-written loop (rank 1 waits)
 - raw_ddp:       both ranks, DistributedDataParallel, hand-written loop
-- torchgpu_ddp:  both ranks, the same DDP model through torchgpu.train.loop.run_epoch
-                 (non-finite check and stop flag agreed across ranks every step)
+- torchgpu_ddp:  both ranks, the same DDP model through torchgpu.train.loop.run_epoch,
+                 set up as `torchgpu train` sets it up: OOM back-off armed, the
+                 finite-gradient guard before every optimizer step, a stop flag, the
+                 loss read every step and the periodic stop/loss agreement (one small
+                 all-reduce about every 0.5 s and at the end of each sample's epoch)
+- raw_ddp_logged (--logged): the hand-written loop that also reads ``loss.item()``
+                 every step, as any loop that logs its loss does
 
 Reported: weak-scaling efficiency = t(single) / t(ddp) per round (1.0 = perfect), and
 torchgpu/raw speed ratio per round (medians).
@@ -42,8 +47,9 @@ def worker(args: argparse.Namespace) -> None:
     from torchgpu.accumulate import GradAccumulator
     from torchgpu.bench.timer import measure_interleaved
     from torchgpu.precision import Precision
+    from torchgpu.train.backoff import LoopBackoff
     from torchgpu.train.loop import LoopParts, run_epoch
-    from torchgpu.train.state import TrainState
+    from torchgpu.train.state import StopFlag, TrainState
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -58,7 +64,7 @@ def worker(args: argparse.Namespace) -> None:
         return nn.Sequential(nn.Linear(13, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(),
                              nn.Linear(h, 1))
 
-    def hand_loop(model: nn.Module) -> Callable[[], None]:
+    def hand_loop(model: nn.Module, logged: bool = False) -> Callable[[], None]:
         opt = torch.optim.Adam(model.parameters(), lr=1e-4)
         loss_fn = nn.MSELoss()
 
@@ -68,7 +74,16 @@ def worker(args: argparse.Namespace) -> None:
                 loss_fn(model(x), y).backward()
                 opt.step()
 
-        return run
+        def run_logged() -> None:
+            losses = []
+            for x, y in batches:
+                opt.zero_grad(set_to_none=True)
+                loss = loss_fn(model(x), y)
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+
+        return run_logged if logged else run
 
     def timed(fn: Callable[[], None], ranks: tuple[int, ...]) -> Callable[[], float]:
         def sample() -> float:
@@ -86,15 +101,20 @@ def worker(args: argparse.Namespace) -> None:
     model = DDP(mlp())
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     prec = Precision("fp32", "cpu")
-    parts = LoopParts(model=model, loss_fn=nn.MSELoss(),
-                      accumulator=GradAccumulator(model, opt, 1, precision=prec),
-                      precision=prec, device=torch.device("cpu"), rank=rank, agree=True)
+    acc = GradAccumulator(model, opt, 1, precision=prec)
+    backoff = LoopBackoff(model, acc, nn.MSELoss(), batch_size=args.batch, distributed=True)
+    parts = LoopParts(model=model, loss_fn=nn.MSELoss(), accumulator=acc,
+                      precision=prec, device=torch.device("cpu"), rank=rank, agree=True,
+                      backoff=backoff)
+    stop = StopFlag()
 
     def ours() -> None:
-        run_epoch(parts, batches, TrainState(), batches_per_epoch=len(batches))
+        run_epoch(parts, batches, TrainState(), batches_per_epoch=len(batches), stop=stop)
 
     variants = {"single": timed(single, (0,)), "raw_ddp": timed(raw, (0, 1)),
                 "torchgpu_ddp": timed(ours, (0, 1))}
+    if args.logged:
+        variants["raw_ddp_logged"] = timed(hand_loop(DDP(mlp()), logged=True), (0, 1))
     results = measure_interleaved(variants, rounds=args.rounds, warmup=1, seed=1)
     if rank == 0:
         s, r, t = (results[k].samples for k in ("single", "raw_ddp", "torchgpu_ddp"))
@@ -108,6 +128,10 @@ def worker(args: argparse.Namespace) -> None:
             },
             "torchgpu_vs_raw_ddp": statistics.median(a / b for a, b in zip(r, t, strict=True)),
         }
+        if args.logged:
+            g = results["raw_ddp_logged"].samples
+            report["torchgpu_vs_raw_ddp_logged"] = statistics.median(
+                a / b for a, b in zip(g, t, strict=True))
         print(json.dumps(report, indent=2))
         if args.json:
             Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
@@ -122,6 +146,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100, help="steps per sample")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--json", metavar="FILE")
+    parser.add_argument("--logged", action="store_true",
+                        help="add a hand-written DDP loop that reads loss.item() every step")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.quick:

@@ -31,9 +31,10 @@ from torchgpu.bench.timer import measure_interleaved
 from torchgpu.data import example_data, make_loader
 from torchgpu.models import HousingNet
 from torchgpu.precision import Precision
+from torchgpu.train.backoff import LoopBackoff
 from torchgpu.train.loop import LoopParts, run_epoch, start_epoch
 from torchgpu.train.runner import Shard
-from torchgpu.train.state import TrainState
+from torchgpu.train.state import StopFlag, TrainState
 
 
 def _setup(batch: int) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
@@ -64,8 +65,11 @@ def torchgpu_variant(batch: int, epochs: int) -> Callable[[], None]:
     model, optimizer, loader = _setup(batch)
     precision = Precision("fp32", "cpu")
     acc = GradAccumulator(model, optimizer, 1, precision=precision)
+    # As `torchgpu train` runs it: OOM back-off armed, a stop flag, the loss read per step.
+    backoff = LoopBackoff(model, acc, nn.MSELoss(), batch_size=batch)
     parts = LoopParts(model=model, loss_fn=nn.MSELoss(), accumulator=acc, precision=precision,
-                      device=torch.device("cpu"))
+                      device=torch.device("cpu"), backoff=backoff)
+    stop = StopFlag()
     per_epoch = len(loader)
 
     def run() -> None:
@@ -74,7 +78,7 @@ def torchgpu_variant(batch: int, epochs: int) -> Callable[[], None]:
         for epoch in range(epochs):
             state.begin_epoch(epoch)
             run_epoch(parts, start_epoch(loader, 0, epoch), state,
-                      batches_per_epoch=per_epoch, records=records)
+                      batches_per_epoch=per_epoch, records=records, stop=stop)
 
     return run
 

@@ -8,6 +8,7 @@ the plot, metrics and model are; ``--json`` prints the summary JSON instead.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -24,6 +25,7 @@ from torchgpu.train.config import (
     resolve,
     validate,
 )
+from torchgpu.train.split_flags import parse_batch_size, parse_chunks
 
 
 def _parser() -> ArgumentParser:
@@ -52,8 +54,16 @@ def _parser() -> ArgumentParser:
                      help="torchrun restarts of failed workers (default 0)")
     run = p.add_argument_group("training")
     run.add_argument("--strategy", default="auto", help=f"{'|'.join(STRATEGIES)} "
-                     "(auto = ddp with several processes, else single)")
-    run.add_argument("--chunks", type=int, metavar="M", help="micro-batches (pipeline)")
+                     "(auto: ddp with several processes, else single, unless the planner "
+                     "finds the model does not fit one device)")
+    run.add_argument("--chunks", type=parse_chunks, metavar="M|auto",
+                     help="micro-batches per batch (pipeline); auto measures the fastest")
+    run.add_argument("--devices", metavar="LIST", help="stage devices for --strategy "
+                     "model|pipeline, e.g. cuda:0,cuda:1, cuda:0,cuda:0 or cpu,cpu")
+    run.add_argument("--balance", metavar="3,2|size|time",
+                     help="layers per stage (model|pipeline; default even)")
+    run.add_argument("--schedule", metavar="NAME", help="gpipe|1f1b|interleaved1f1b "
+                     "(pipeline; 1f1b kinds need --nproc; default gpipe)")
     run.add_argument("--accumulate", type=int, default=1, metavar="K",
                      help="micro-batches per optimizer step (default 1)")
     run.add_argument("--activation-checkpointing", action="store_true",
@@ -61,7 +71,12 @@ def _parser() -> ArgumentParser:
     run.add_argument("--precision", default="fp32", help=f"{'|'.join(PRECISIONS)} "
                      "(default fp32)")
     run.add_argument("--epochs", type=int, metavar="E")
-    run.add_argument("--batch-size", type=int, metavar="B", help="per process, per micro-batch")
+    run.add_argument("--batch-size", type=parse_batch_size, metavar="B|auto",
+                     help="per process, per micro-batch; auto = the largest that fits")
+    run.add_argument("--effective-batch-size", type=int, metavar="E",
+                     help="with --batch-size auto: samples per optimizer step over all "
+                     "processes, kept with accumulation")
+    run.add_argument("--auto-batch-size", action="store_true", help=argparse.SUPPRESS)
     run.add_argument("--lr", type=float)
     run.add_argument("--clip-norm", type=float, metavar="X", help="max gradient norm")
     run.add_argument("--seed", type=int, default=0)
@@ -86,6 +101,8 @@ def _parser() -> ArgumentParser:
 def config_from_argv(argv: list[str]) -> TrainConfig:
     """Parse ``argv`` into a TrainConfig (argparse exits 2 on malformed flags)."""
     ns = vars(_parser().parse_args(argv))
+    if ns.get("batch_size") == "auto":  # --batch-size auto: searched once the model exists
+        ns["batch_size"], ns["auto_batch_size"] = None, True
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     return TrainConfig(**{k: v for k, v in ns.items() if k in fields})
 
@@ -104,6 +121,17 @@ def _default_nproc(config: TrainConfig) -> int:
         if torch.cuda.is_available():
             return max(1, torch.cuda.device_count())
     return 1
+
+
+def _decide_auto(config: TrainConfig) -> tuple[TrainConfig, str]:
+    """``--strategy auto`` resolved by the planner on this machine, and the line to log."""
+    from torchgpu.train import build
+    from torchgpu.train.auto_strategy import decide_strategy
+
+    resolved = resolve(config)
+    world = (config.nproc or 1) * config.nnodes
+    decision = decide_strategy(resolved, world, build.load_data(resolved), launching=True)
+    return decision.config, decision.note
 
 
 def _preflight(config: TrainConfig, nproc: int) -> TrainConfig:
@@ -128,7 +156,10 @@ def _preflight(config: TrainConfig, nproc: int) -> TrainConfig:
             )
     build.choose_strategy(config, env, device)
     assert config.out is not None
-    check_out_dir(config.out, resuming=config.resume is not None)
+    from torchgpu.train.checkpointing import plan_resume
+
+    plan = plan_resume(config)  # --resume with no checkpoint: ResumeError before launching
+    check_out_dir(config.out, resuming=plan.continuing)
     build.load_data(config)
     return config
 
@@ -189,9 +220,17 @@ def main(argv: list[str]) -> int:
 
         set_visible_devices(config.gpus)
     if not _under_torchrun():
+        auto_note = ""
+        if config.strategy == "auto":  # plan before choosing how many processes to start
+            decided, auto_note = _decide_auto(config)
+            if _default_nproc(decided) > 1:
+                config = decided
+            # else: one process; train() decides again (cheap) and logs with its notes
         nproc = _default_nproc(config)
         if nproc > 1 or config.nnodes > 1 or config.max_restarts > 0:
             resolved = _preflight(resolve(config), nproc)
+            if auto_note:
+                print(auto_note, file=sys.stderr)
             return _relaunch(resolved, nproc)
     from torchgpu.train.runner import train
 

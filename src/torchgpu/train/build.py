@@ -19,10 +19,19 @@ from torchgpu.distributed import DistEnv
 from torchgpu.errors import UsageError
 from torchgpu.train.config import TrainConfig
 
-# strategy name -> builder(model, data, config, device) -> wrapped model. Filled by the
-# model/pipeline parallel integration when it is wired into `torchgpu train`.
+
+def _split(model: nn.Module, data: ExampleData, config: TrainConfig,
+           device: torch.device) -> nn.Module:
+    from torchgpu.train.split_strategies import build_split_model
+
+    return build_split_model(model, data, config, device)
+
+
+# strategy name -> builder(model, data, config, device) -> wrapped model. model/pipeline in
+# one process (torchgpu.train.split_strategies); a pipeline over several processes runs
+# its own loop (torchgpu.train.stage_strategy).
 EXTRA_STRATEGIES: dict[str, Callable[[nn.Module, ExampleData, TrainConfig, torch.device],
-                                     nn.Module]] = {}
+                                     nn.Module]] = {"model": _split, "pipeline": _split}
 
 
 @dataclass(frozen=True)
@@ -42,6 +51,12 @@ def choose_device(config: TrainConfig, env: DistEnv) -> torch.device:
     from torchgpu.devices import get_device
     from torchgpu.errors import DeviceSpecError, NoDeviceError
 
+    if config.strategy in ("model", "pipeline"):  # --devices places the stages
+        from torchgpu.train.split_strategies import split_device
+
+        placed = split_device(config, env)
+        if placed is not None:
+            return placed
     try:
         device = get_device(config.device)
     except NoDeviceError as error:
@@ -63,13 +78,14 @@ def choose_strategy(config: TrainConfig, env: DistEnv, device: torch.device) -> 
     ``dp`` with several processes, or ``single`` with several processes, is refused
     (each process would train its own model). ``ddp``/``fsdp`` in one process fall back
     to ``single`` with a note (nothing to synchronise). ``model``/``pipeline`` need their
-    builder in :data:`EXTRA_STRATEGIES`.
+    builder in :data:`EXTRA_STRATEGIES`; ``pipeline`` with several processes is one stage
+    per process (:mod:`torchgpu.train.stage_strategy`).
     """
     name = config.strategy
     world = env.world_size
     if name == "auto":
         return StrategyChoice("ddp" if world > 1 else "single")
-    if name in ("single", "dp", "model", "pipeline") and world > 1:
+    if name in ("single", "dp", "model") and world > 1:
         raise UsageError(
             f"--strategy {name} runs in one process but {world} processes were started: "
             "every process would train its own copy. Use --strategy ddp (or fsdp) with "

@@ -65,7 +65,12 @@ class TrainConfig:
     rdzv_endpoint: str | None = None
     max_restarts: int = 0
     strategy: str = "auto"
-    chunks: int | None = None
+    chunks: int | str | None = None  # an int, or "auto" (measured split-size sweep)
+    devices: str | None = None  # model/pipeline stage devices, e.g. "cuda:0,cuda:1"
+    balance: str | None = None  # layers per stage "3,2", or "size" / "time"
+    schedule: str | None = None  # gpipe | 1f1b | interleaved1f1b (pipeline)
+    auto_batch_size: bool = False  # --batch-size auto: search the largest micro-batch
+    effective_batch_size: int | None = None  # with auto: samples per step, all processes
     accumulate: int = 1
     activation_checkpointing: bool = False
     precision: str = "fp32"
@@ -185,7 +190,8 @@ def validate(config: TrainConfig) -> None:
             "e.g. 127.0.0.1:29400 or node0.cluster:29400."
         )
     _at_least("max_restarts", config.max_restarts, 0)
-    _at_least("chunks", config.chunks, 1)
+    if isinstance(config.chunks, int):
+        _at_least("chunks", config.chunks, 1)
     _at_least("accumulate", config.accumulate, 1, " (micro-batches per optimizer step)")
     _at_least("epochs", config.epochs, 1)
     _at_least("batch_size", config.batch_size, 1)
@@ -209,11 +215,14 @@ def validate(config: TrainConfig) -> None:
             f"--chunks {config.chunks} only applies to --strategy pipeline "
             f"(got --strategy {config.strategy})."
         )
-    if config.save_every is not None or config.resume is not None:
-        # The loop has the hooks (TrainState, step-boundary on_step, stop flag); saving and
-        # resuming through torchgpu.checkpoint is not wired into `torchgpu train` yet.
+    from torchgpu.train.split_flags import validate_split_flags
+
+    validate_split_flags(config)
+    if config.resume == "" and config.out is None:
         raise UsageError(
-            "--save-every/--keep-last/--resume are not available in this version of "
-            "`torchgpu train` yet: run without them, or save with "
-            "torchgpu.save_checkpoint in your own loop."
+            "--resume without DIR continues the run in --out, but no --out was given: pass "
+            "--out RUN_DIR (the run to continue), or --resume RUN_DIR."
         )
+    from torchgpu.train.checkpointing import check_resumable
+
+    check_resumable(config)

@@ -94,6 +94,11 @@ def run(spec: LaunchSpec, target: str, target_args: Sequence[str]) -> int:
 
     args = get_args_parser().parse_args(torchrun_args(spec, target, target_args))
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default, without its warning
+    if spec.max_restarts > 0:
+        # With the agent's TCP store shared across rounds (torch >= 2.4 default), restarted
+        # workers read the dead workers' gloo addresses left in it and fail with
+        # "Connection refused"; a fresh store per round (rank 0 hosts it) avoids that.
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     try:
         torchrun(args)  # type: ignore[no-untyped-call]
     except ChildFailedError as error:

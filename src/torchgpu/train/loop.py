@@ -11,9 +11,24 @@ The loss is read with one ``.item()`` per micro-batch (a host sync on GPU) becau
 the value feeds both the loss history and the non-finite check.
 
 Checkpoint/resume hooks: ``on_step(state)`` runs after every optimizer step (a step
-boundary, where a save is consistent); the stop flag is checked right after it. The
-data order of epoch ``e`` is a function of ``(seed, e)`` (:func:`start_epoch`), so a
-resumed run recreates it and skips ``state.batch_in_epoch`` micro-batches.
+boundary, where a save is consistent); the stop flag is checked right after it, through
+:func:`should_stop`. The data order of epoch ``e`` is a function of ``(seed, e)``
+(:func:`start_epoch`), so a resumed run recreates it and skips ``state.batch_in_epoch``
+micro-batches.
+
+DDP (``parts.agree``) adds no collective to the step (see
+:mod:`torchgpu.train.agreement`): the non-finite decision is taken from the already
+all-reduced gradients (a step pre-hook on the optimizer, at each window's boundary), and
+the ranks agree on the stop flag and the global mean losses every ~0.5 s
+(:class:`~torchgpu.train.agreement.RankAgreement`) and at the epoch end. Between
+agreements, ``state.step_losses``/``records``/``state.epoch_loss_sum`` hold this rank's
+own values. Code that runs on every rank at the same boundary and needs the global
+values or a stop decided right there (a checkpoint save, a step limit set in
+``on_step``) calls :func:`sync_now` -- a collective, so every rank must call it.
+
+Out of memory: with ``parts.backoff`` (:class:`torchgpu.train.backoff.LoopBackoff`) an
+OOM in forward or backward halves the micro-batch and replays the accumulation window
+(the window's batches are held until its boundary); without it the error propagates.
 """
 
 from __future__ import annotations
@@ -24,13 +39,19 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import Tensor, nn
 
 from torchgpu.errors import NonFiniteLossError
+from torchgpu.oom import is_oom
+from torchgpu.train.agreement import FiniteGuard, NonFiniteGradients, RankAgreement
+from torchgpu.train.backoff import BatchOutcome
 from torchgpu.train.state import StopFlag, TrainState
+
+if TYPE_CHECKING:
+    from torchgpu.train.backoff import LoopBackoff
 
 UI_INTERVAL_S = 0.1  # progress refresh period; the loop reads the clock, not the UI
 
@@ -84,6 +105,14 @@ class LoopParts:
     on_nonfinite: str = "stop"  # "stop" | "skip"
     rank: int = 0
     agree: bool = False
+    # Labels' device when the output is not on ``device`` (model/pipeline: the last
+    # stage's device, ``model.output_device``); None = leave labels where they are.
+    target_device: torch.device | None = None
+    # OOM back-off (None: an out-of-memory error propagates). See torchgpu.train.backoff.
+    backoff: LoopBackoff | None = None
+    # DDP agreement on stop/losses; None = run_epoch makes one per call. Pass one to
+    # keep its adaptive period across epochs.
+    agreement: RankAgreement | None = None
 
 
 @dataclass(frozen=True)
@@ -131,17 +160,32 @@ def start_epoch(loader: Iterable[Any], seed: int, epoch: int, skip: int = 0) -> 
     return iterator
 
 
-def _agree(flags: Tensor, bad: bool, stop: bool, value: float) -> tuple[bool, bool, float]:
-    """One SUM all-reduce of [non-finite, stop, loss]: every rank gets the same decision,
-    and the loss becomes the mean over ranks (the global batch's loss) for free."""
-    import torch.distributed as dist
+_DROPPED = BatchOutcome(math.nan, False, dropped=True)
+_ACTIVE: list[RankAgreement] = []  # the agreement of the run_epoch now running (DDP)
 
-    flags[0] = float(bad)
-    flags[1] = float(stop)
-    flags[2] = 0.0 if bad else value
-    dist.all_reduce(flags, op=dist.ReduceOp.SUM)
-    got = flags.tolist()
-    return got[0] > 0, got[1] > 0, got[2] / dist.get_world_size()
+
+def should_stop(stop: StopFlag | None, agreement: RankAgreement | None) -> bool:
+    """At an optimizer-step boundary: stop here? The same answer on every rank.
+
+    One process: whether ``stop`` is set. DDP: the agreement's answer -- a collective
+    only when one is due (about every 0.5 s, see :class:`RankAgreement`), so a stop flag
+    set on any rank is honoured on all ranks at the same boundary, shortly after.
+    """
+    if agreement is None:
+        return stop is not None and stop.is_set()
+    return agreement.boundary()
+
+
+def sync_now() -> bool:
+    """Agree now, at this step boundary, from code running inside :func:`run_epoch`
+    (``on_step``) on every rank alike: the pending loss values become the global means
+    (``state.step_losses``, the step records, ``state.epoch_loss_sum``) and the ranks
+    agree on the stop flag; the loop then stops at this boundary if they did. Collective
+    under DDP (every rank must call it at the same boundary, e.g. before a checkpoint
+    save or after setting the stop flag for a step limit). Returns True when the ranks
+    agreed to stop; False, and no work, in one process or outside ``run_epoch``.
+    """
+    return _ACTIVE[-1].agree() if _ACTIVE else False
 
 
 def run_epoch(
@@ -161,9 +205,11 @@ def run_epoch(
     the remaining micro-batches (``set_steps``), so a final partial window is a real,
     synchronised boundary under DDP and its gradient is the mean over that window.
     ``records`` receives ``(step, epoch, loss)`` per optimizer step (in memory).
-    Returns at the epoch end, or at the first step boundary after ``stop`` is set.
-    Raises :class:`NonFiniteLossError` (on_nonfinite="stop") before a non-finite loss's
-    gradients are computed, so the weights never see it.
+    Returns at the epoch end, or at the first step boundary where :func:`should_stop`.
+    Non-finite loss: one process raises :class:`NonFiniteLossError`
+    (on_nonfinite="stop") before that loss's gradients are computed; under DDP every
+    rank raises (or skips) at the window's boundary, before the optimizer step, from
+    the all-reduced gradients. Either way the weights never see it.
     """
     model, loss_fn, acc = parts.model, parts.loss_fn, parts.accumulator
     # fp32 and 1-micro-batch windows need no context: nullcontext is ~5x cheaper than a
@@ -173,85 +219,186 @@ def run_epoch(
     micro_step = acc.micro_step if parts.accumulate > 1 else nullcontext
     device = parts.device
     move = parts.move_batches
-    agree = parts.agree
-    flags = torch.zeros(3, dtype=torch.float64, device=device) if agree else None
+    target_device = parts.target_device
     window = parts.accumulate
     if records is None:
         records = []
-    stop_seen = False
+    backoff = parts.backoff
+    # The window's batches, held until its boundary so an OOM back-off can replay it.
+    held: list[tuple[Tensor, Tensor]] | None = [] if backoff is not None else None
+    agreement: RankAgreement | None = None
+    guard: FiniteGuard | None = None
+    if parts.agree:
+        import torch.distributed as dist
+
+        agreement = parts.agreement or RankAgreement(dist.get_world_size())
+        agreement.begin(state, records, stop)
+        guard = FiniteGuard(acc)
+        if backoff is not None:
+            backoff.poison_loss = guard.poison
+        _ACTIVE.append(agreement)
     window_sum = 0.0
     window_count = 0
+    window_bad = False  # DDP: a non-finite local loss in this window (for the message)
     micro = 0
     samples = 0
     model.train()
     started = time.perf_counter()
     next_ui = started + UI_INTERVAL_S
-    for x, y in batches:
-        if window > 1 and acc.pending == 0:
-            # At a boundary: the epoch's last window is as long as what is left of it.
-            left = batches_per_epoch - state.batch_in_epoch
-            wanted = left if 0 < left < window else window
-            if acc.steps != wanted:
-                acc.set_steps(wanted)
-        if move:
-            x = x.to(device, non_blocking=True)
-            y = y.to(device, non_blocking=True)
-        with micro_step():
-            with autocast():
-                loss = loss_fn(model(x), y)
-            value = loss.item()
-            local_bad = bad = not math.isfinite(value)
-            if flags is not None:
-                wants_stop = stop is not None and stop.is_set()
-                bad, seen, mean = _agree(flags, bad, wants_stop, value)
-                stop_seen = stop_seen or seen
-                value = value if bad else mean
-            stepped = False if bad else acc.backward(loss)
-        n = x.shape[0]
-        state.batch_in_epoch += 1
-        state.samples += n
-        micro += 1
-        samples += n
-        if bad:
-            _handle_nonfinite(parts, state, value, local_bad)
-            window_sum, window_count = 0.0, 0
-            continue
-        state.epoch_loss_sum += value
-        state.epoch_loss_count += 1
-        window_sum += value
-        window_count += 1
-        if acc.pending == 0:  # a boundary (stepped, or skipped by the fp16 GradScaler)
-            if stepped:
+    try:
+        for x, y in batches:
+            if window > 1 and acc.pending == 0:
+                # At a boundary: the epoch's last window is as long as what is left of it.
+                left = batches_per_epoch - state.batch_in_epoch
+                wanted = left if 0 < left < window else window
+                if acc.steps != wanted:
+                    acc.set_steps(wanted)
+            if move:
+                x = x.to(device, non_blocking=True)
+                y = y.to(device, non_blocking=True)
+            if target_device is not None:
+                y = y.to(target_device, non_blocking=True)
+            replaced: BatchOutcome | None = None
+            loss = None
+            bad = False
+            try:
+                if held is not None:
+                    held.append((x, y))
+                    if backoff is not None and backoff.active:
+                        replaced = backoff.run_batch(x, y)
+                if replaced is None:
+                    with micro_step():
+                        with autocast():
+                            loss = loss_fn(model(x), y)
+                        value = loss.item()
+                        bad = not math.isfinite(value)
+                        if bad:
+                            # One process decides on the loss, before backward. Under DDP
+                            # every rank runs backward (the all-reduce needs all) with the
+                            # guard's poison, and the guard decides at the boundary.
+                            stepped = False if guard is None else acc.backward(guard.poison(loss))
+                        else:
+                            stepped = acc.backward(loss)
+            except NonFiniteGradients:  # DDP: the boundary's all-reduced grads are not finite
+                acc.reset()
+                if loss is None:  # raised inside the back-off's pieces: no local value here
+                    value = math.nan
+                replaced = (backoff.after_nonfinite(held) if backoff is not None and held
+                            else None) or _DROPPED
+            except Exception as error:
+                if backoff is None or held is None or not is_oom(error):
+                    raise
+                in_backward = loss is not None
+                loss = None  # the failed step's graph: free it before retrying
+                replaced = backoff.recover(error, held, in_backward)
+            if replaced is not None:
+                stepped = replaced.stepped
+                if not replaced.dropped:
+                    value = replaced.value
+                    bad = not math.isfinite(value)
+            if (not stepped and guard is not None and backoff is not None and held
+                    and acc.pending == 0 and (replaced is None or not replaced.dropped)):
+                # A skipped step the guard did not see (the fp16 GradScaler's): another
+                # rank's out-of-memory poison looks the same, so agree (collective).
+                again = backoff.after_nonfinite(held)
+                if again is not None:
+                    replaced, stepped = again, again.stepped
+            n = x.shape[0]
+            state.batch_in_epoch += 1
+            state.samples += n
+            micro += 1
+            samples += n
+            if replaced is not None and replaced.dropped:
+                _drop_window(parts, state, window_bad or bad, window_sum, window_count)
+                window_sum, window_count, window_bad = 0.0, 0, False
+            elif bad:
+                if guard is None:  # one process: decided on the loss, before backward
+                    _handle_nonfinite(parts, state, value, True)
+                    window_sum, window_count = 0.0, 0
+                    if held is not None:
+                        held.clear()
+                    continue
+                window_bad = True  # DDP: kept out of the sums; the boundary decides
+            else:
+                state.epoch_loss_sum += value
+                state.epoch_loss_count += 1
+                window_sum += value
+                window_count += 1
+            if replaced is not None and replaced.window is not None:
+                # The window was replayed after a back-off: its losses were recomputed.
+                total, count = replaced.window
+                state.epoch_loss_sum += total - window_sum
+                state.epoch_loss_count += count - window_count
+                window_sum, window_count = total, count
+            if acc.pending == 0:  # a boundary (stepped, skipped by the GradScaler, dropped)
+                if held is not None:
+                    held.clear()
+                if stepped:
+                    state.step += 1
+                    mean = window_sum / window_count if window_count else math.nan
+                    state.step_losses.append(mean)
+                    records.append((state.step, state.epoch, mean))
+                    if on_step is not None:
+                        on_step(state)
+                window_sum, window_count, window_bad = 0.0, 0, False
+                if should_stop(stop, agreement):
+                    _restore_window(acc, window)
+                    return EpochTotals(micro, samples, time.perf_counter() - started, True)
+            if progress is not None:
+                now = time.perf_counter()
+                if now >= next_ui:
+                    next_ui = now + UI_INTERVAL_S
+                    progress.update(state, value, samples / max(now - started, 1e-9))
+        # A loader that yielded fewer batches than batches_per_epoch: step what is there.
+        if acc.pending:
+            try:
+                flushed = acc.flush()
+            except NonFiniteGradients:
+                acc.reset()
+                flushed = False
+                _drop_window(parts, state, window_bad, window_sum, window_count)
+            if flushed:
                 state.step += 1
-                mean = window_sum / window_count
+                mean = window_sum / max(window_count, 1)
                 state.step_losses.append(mean)
                 records.append((state.step, state.epoch, mean))
                 if on_step is not None:
                     on_step(state)
-            window_sum, window_count = 0.0, 0
-            if stop_seen or (not agree and stop is not None and stop.is_set()):
-                _restore_window(acc, window)
-                return EpochTotals(micro, samples, time.perf_counter() - started, True)
-        if progress is not None:
-            now = time.perf_counter()
-            if now >= next_ui:
-                next_ui = now + UI_INTERVAL_S
-                progress.update(state, value, samples / max(now - started, 1e-9))
-    # A loader that yielded fewer batches than batches_per_epoch: step what is there.
-    if acc.pending and acc.flush():
-        state.step += 1
-        mean = window_sum / max(window_count, 1)
-        state.step_losses.append(mean)
-        records.append((state.step, state.epoch, mean))
-        if on_step is not None:
-            on_step(state)
-    _restore_window(acc, window)
-    return EpochTotals(micro, samples, time.perf_counter() - started, False)
+        if agreement is not None:
+            agreement.agree()  # the epoch's losses become the global means
+        _restore_window(acc, window)
+        return EpochTotals(micro, samples, time.perf_counter() - started, False)
+    finally:
+        if guard is not None:
+            guard.remove()
+            _ACTIVE.remove(agreement)  # type: ignore[arg-type]
 
 
 def _restore_window(acc: Accumulator, window: int) -> None:
     if acc.steps != window and acc.pending == 0:
         acc.set_steps(window)
+
+
+def _drop_window(parts: LoopParts, state: TrainState, local: bool, window_sum: float,
+                 window_count: int) -> None:
+    """DDP: the window's all-reduced gradients are non-finite on every rank (checked
+    before the optimizer step). ``stop`` raises on every rank; ``skip`` takes the
+    window's losses out of the epoch's sums and counts the skipped step."""
+    if parts.on_nonfinite == "stop":
+        where = (f"at step {state.step + 1} (epoch {state.epoch + 1}, batch "
+                 f"{state.batch_in_epoch})")
+        seen = (f"a non-finite loss on rank {parts.rank}" if local else
+                f"non-finite gradients after the all-reduce (a non-finite loss on another "
+                f"rank; this is rank {parts.rank})")
+        raise NonFiniteLossError(
+            f"{seen} {where}: training stopped on every rank before the update reached "
+            "the weights. Lower --lr, add --clip-norm, check the data for NaN/inf, or pass "
+            "--on-nonfinite skip to drop such steps."
+        )
+    parts.accumulator.reset()
+    state.epoch_loss_sum -= window_sum
+    state.epoch_loss_count -= window_count
+    state.skipped_steps += 1
 
 
 def _handle_nonfinite(parts: LoopParts, state: TrainState, value: float, local: bool) -> None:
@@ -278,11 +425,13 @@ def evaluate(
     task: str,
     device: torch.device,
     precision: Autocaster | None = None,
+    target_device: torch.device | None = None,
 ) -> EvalResult:
     """Mean loss over ``batches`` plus R² (``task="regression"``) or accuracy.
 
     Sums are kept in float64 on the CPU; the model is put in eval mode and back into
-    train mode afterwards. The caller chooses which batches (all ranks may evaluate
+    train mode afterwards. Labels go to ``target_device`` (default ``device``: where the
+    output is). The caller chooses which batches (all ranks may evaluate
     the full held-out split; it is small and the result is then identical everywhere).
     """
     was_training = model.training
@@ -294,7 +443,7 @@ def evaluate(
     try:
         for x, y in batches:
             x = x.to(device)
-            y = y.to(device)
+            y = y.to(target_device if target_device is not None else device)
             if precision is not None:
                 with precision.autocast():
                     out = model(x)

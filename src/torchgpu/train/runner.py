@@ -21,8 +21,10 @@ from torch import nn
 
 from torchgpu.errors import UsageError
 from torchgpu.train import build, metrics
+from torchgpu.train.backoff import for_run as backoff_for_run
+from torchgpu.train.checkpointing import Ranks, RunCheckpoints, RunStart, plan_resume
 from torchgpu.train.config import TrainConfig, resolve, validate
-from torchgpu.train.loop import EvalResult, LoopParts, evaluate, run_epoch, start_epoch
+from torchgpu.train.loop import EvalResult, LoopParts, evaluate, run_epoch
 from torchgpu.train.metrics import EpochRecord, MetricsBuffer
 from torchgpu.train.progress import NullProgress, make_progress
 from torchgpu.train.state import StopFlag, TrainState
@@ -128,8 +130,12 @@ def _save_model(path: Path, state: dict[str, torch.Tensor]) -> None:
     temporary.replace(path)
 
 
-def train(config: TrainConfig, *, stop: StopFlag | None = None) -> TrainResult:
+def train(config: TrainConfig, *, stop: StopFlag | None = None,
+          stop_at_step: int | None = None) -> TrainResult:
     """Run ``config`` to the end (or until ``stop`` is set); return the result.
+
+    ``stop_at_step``: stop (and checkpoint) after that optimizer step, as if the stop
+    flag were set then. Checkpointing and resume: :mod:`torchgpu.train.checkpointing`.
 
     Under torchrun (WORLD_SIZE set) this forms the process group, trains with the
     resolved strategy and destroys the group. Raises torchgpu errors for bad input
@@ -140,18 +146,42 @@ def train(config: TrainConfig, *, stop: StopFlag | None = None) -> TrainResult:
     from torchgpu.distributed import DistEnv, init_distributed
 
     env = DistEnv.from_env()
+    auto_notes: tuple[str, ...] = ()
+    if config.strategy == "auto":  # the planner decides (torchgpu.train.auto_strategy)
+        from torchgpu.train.auto_strategy import decide_strategy
+
+        decision = decide_strategy(config, env.world_size, build.load_data(config))
+        config, auto_notes = decision.config, (decision.note,)
+    from torchgpu.train.auto_batch import simulated_limit
+
+    memory_limit = simulated_limit(env.rank)  # test-only simulated memory, read once
     device = build.choose_device(config, env)
     choice = build.choose_strategy(config, env, device)
     assert config.out is not None
-    out_dir = check_out_dir(config.out, resuming=config.resume is not None)
+    from torchgpu.train.faults import crash_plan_from_env
+
+    plan = plan_resume(config)  # ResumeError (exit 2) before anything is written
+    crash = crash_plan_from_env(env.rank)  # test-only fault injection, read once
+    out_dir = check_out_dir(config.out, resuming=plan.continuing)
     data = build.load_data(config)
     with init_distributed(device=device) as session:
         agree = session.is_distributed
         model = build.build_model(config, data)
+        if choice.mode == "pipeline" and env.world_size > 1:  # one stage per process
+            from torchgpu.train.stage_strategy import train_stages
+
+            return train_stages(config, env, device, data, model,
+                                out_dir if env.is_main else None, auto_notes + choice.notes,
+                                stop or StopFlag())
         model, wrap_notes = build.wrap_model(model, choice, config, data, device)
-        notes = choice.notes + wrap_notes
+        from torchgpu.train.auto_batch import apply_auto_batch
+
+        config, batch_note = apply_auto_batch(config, model, data, device, env.world_size,
+                                              memory_limit)
+        notes = auto_notes + choice.notes + wrap_notes + ((batch_note,) if batch_note else ())
         return _run(config, env.rank, env.world_size, agree, device, choice.mode, data,
-                    model, out_dir if env.is_main else None, notes, stop or StopFlag())
+                    model, out_dir if env.is_main else None, notes, stop or StopFlag(),
+                    RunStart(plan, crash, stop_at_step))
 
 
 def _run(
@@ -166,6 +196,7 @@ def _run(
     out_dir: Path | None,
     notes: tuple[str, ...],
     stop: StopFlag,
+    start: RunStart | None = None,
 ) -> TrainResult:
     from torchgpu.accumulate import GradAccumulator
     from torchgpu.data import make_loader
@@ -185,10 +216,21 @@ def _run(
     test_loader = make_loader(test_subset, max(config.batch_size, 256), shuffle=False,
                               device=device)
     loss_fn = build.loss_function(data.task)
+    from torchgpu.train.split_strategies import output_device
+
+    target_device = output_device(model)  # model/pipeline: labels meet the output there
+    if target_device == device:
+        target_device = None
     parts = LoopParts(model=model, loss_fn=loss_fn, accumulator=acc, precision=precision,
                       device=device, accumulate=config.accumulate,
                       move_batches=device.type not in ("cpu", "cuda"),
-                      on_nonfinite=config.on_nonfinite, rank=rank, agree=agree)
+                      on_nonfinite=config.on_nonfinite, rank=rank, agree=agree,
+                      target_device=target_device,
+                      backoff=backoff_for_run(mode, model, acc, loss_fn, precision,
+                                              batch_size=config.batch_size,
+                                              accumulate=config.accumulate, device=device,
+                                              distributed=agree, out_dir=out_dir,
+                                              position=lambda: (state.step, state.epoch)))
     is_main = out_dir is not None
     progress = (NullProgress() if config.json else
                 make_progress(config.progress, is_main=is_main, memory=_memory_reader(device)))
@@ -196,11 +238,17 @@ def _run(
         out_dir.mkdir(parents=True, exist_ok=True)
         for note in notes:
             print(note, file=sys.stderr)
-    state = TrainState()
     buffer = MetricsBuffer()
     batches_per_epoch = len(train_loader)
     eval_model = unwrap(model) if mode != "fsdp" else model
     records: list[EpochRecord] = []
+    start = start or RunStart()
+    ckpt = RunCheckpoints(config, model=model, optimizer=optimizer, precision=precision,
+                          ranks=Ranks(rank, world), records=records, stop=stop,
+                          batches_per_epoch=batches_per_epoch, mode=mode, out_dir=out_dir,
+                          crash=start.crash, stop_at_step=start.stop_at_step)
+    state = ckpt.begin(start.plan)  # fresh, or restored from a checkpoint
+    on_step = ckpt.step_hook()
     train_seconds = 0.0
     started = time.perf_counter()
     progress.start(config.epochs, batches_per_epoch, state.epoch)
@@ -209,16 +257,20 @@ def _run(
             for epoch in range(state.epoch, config.epochs):
                 if state.batch_in_epoch == 0 or state.epoch != epoch:
                     state.begin_epoch(epoch)
-                batches = start_epoch(train_loader, config.seed, epoch, state.batch_in_epoch)
+                batches = ckpt.start_epoch(train_loader, config.seed, epoch,
+                                           state.batch_in_epoch)
                 if device.type == "cuda":  # copies overlap compute on a side stream
                     batches = iter(Prefetcher(batches, device))
                 totals = run_epoch(parts, batches, state, batches_per_epoch=batches_per_epoch,
-                                   stop=stop, progress=progress, records=buffer.steps)
+                                   stop=stop, on_step=on_step, progress=progress,
+                                   records=buffer.steps)
                 train_seconds += totals.seconds
                 if totals.stopped:
+                    ckpt.stopped(state, buffer, batches_per_epoch)  # save, say how to resume
                     break
                 result = evaluate(eval_model, test_loader, loss_fn, task=data.task,
-                                  device=device, precision=precision)
+                                  device=device, precision=precision,
+                                  target_device=target_device)
                 record = _epoch_record(state, result, totals.samples, totals.seconds, world)
                 records.append(record)
                 state.epoch_losses.append((record.train_loss, record.test_loss))
@@ -232,6 +284,9 @@ def _run(
     peaks = _gather((str(device), build.device_name(device), _peak_memory(device)), agree)
     summary = _summary(config, data, mode, world, state, records, peaks, train_seconds,
                        time.perf_counter() - started, stop, precision.mode)
+    summary.update(ckpt.summary())
+    if parts.backoff is not None:
+        summary["oom_backoffs"] = [event.as_dict() for event in parts.backoff.events]
     if out_dir is not None:
         if records:
             metrics.plot_losses(out_dir / metrics.PLOT_FILE, records,

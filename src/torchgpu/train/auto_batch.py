@@ -1,0 +1,215 @@
+"""``torchgpu train --batch-size auto``: the largest micro-batch that fits, agreed by all ranks.
+
+:func:`search_batch_size` runs :func:`torchgpu.batchsize.find_batch_size` (grow by
+doubling, then binary-search) with a probe that does one real forward and backward of
+``n`` training samples on the run's device, holding as much extra memory as Adam's state
+(two tensors per parameter) while it runs, so what fits leaves room for the optimizer.
+Out-of-memory (:func:`torchgpu.oom.is_oom`) means "does not fit"; every other error is
+raised. After each probe the ranks agree on the minimum (``agree_min``), so every rank
+walks the same probes and trains with the same micro-batch: with GPUs of different sizes,
+what the smallest one fits. The probe runs on the unwrapped model (no DDP all-reduce,
+which would hang when one rank fails); weights are not stepped, and buffers (BatchNorm
+statistics), gradients and the RNG are restored afterwards.
+
+The search is capped at ``max_size`` = the samples one rank sees per epoch (a larger
+batch is never used), the per-rank effective batch when one is given, and
+:data:`MAX_AUTO_BATCH`. On a CPU a small model never runs out of memory below the cap, so
+the cap is what it finds.
+
+``--effective-batch-size E`` keeps ``E`` samples per optimizer step over all processes:
+the micro-batch is at most what fits and accumulation makes up the rest
+(:func:`torchgpu.batchsize.keep_effective`); without it the accumulation is ``--accumulate``.
+
+Testing without a GPU: ``limit_samples`` makes every probe above that many samples raise
+``torch.OutOfMemoryError`` (before any work), as a device of that size would. The CLI
+reads it once at start-up from :data:`SIMULATE_ENV` (test-only), ``N`` for every rank or
+``N0,N1,...`` per rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from torchgpu.batchsize import BatchSearchResult, find_batch_size, keep_effective
+from torchgpu.errors import UsageError
+from torchgpu.oom import Agree
+from torchgpu.train.config import TrainConfig
+
+#: Test-only: a simulated memory limit in samples (``N`` or ``N0,N1,...`` per rank).
+SIMULATE_ENV = "TORCHGPU_SIMULATE_MEMORY_LIMIT_SAMPLES"
+#: The largest micro-batch the search tries.
+MAX_AUTO_BATCH = 65536
+#: Adam keeps two tensors per parameter (exp_avg, exp_avg_sq).
+OPTIMIZER_SLOTS = 2
+
+
+@dataclass(frozen=True)
+class AutoBatch:
+    """The outcome: ``micro_batch`` per process and micro-step, ``accumulate`` micro-steps
+    per optimizer step, the ``search`` behind it, and a one-line ``note`` for the log."""
+
+    micro_batch: int
+    accumulate: int
+    search: BatchSearchResult
+    note: str
+
+
+def simulated_limit(rank: int, environ: Mapping[str, str] | None = None) -> int | None:
+    """The simulated limit for ``rank`` from :data:`SIMULATE_ENV` (None when unset).
+
+    Raises UsageError for a value that is not positive integers.
+    """
+    text = (environ if environ is not None else os.environ).get(SIMULATE_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        values = [int(item) for item in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise UsageError(
+            f"{SIMULATE_ENV}={text!r} is not a sample count: give N, or N0,N1,... per rank "
+            "(positive integers), or unset it."
+        )
+    return values[min(rank, len(values) - 1)]
+
+
+def make_probe(
+    model: nn.Module,
+    loss_fn: Callable[[Tensor, Tensor], Tensor],
+    inputs: Tensor,
+    targets: Tensor,
+    device: torch.device,
+    target_device: torch.device | None = None,
+    autocast: Callable[[], Any] | None = None,
+    limit_samples: int | None = None,
+    optimizer_slots: int = OPTIMIZER_SLOTS,
+) -> Callable[[int], None]:
+    """``try_step(n)``: forward + backward of ``n`` samples (drawn cyclically from
+    ``inputs``/``targets``) on ``device``, labels on ``target_device``; gradients are
+    dropped afterwards. Raises ``torch.OutOfMemoryError`` above ``limit_samples``."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    where = target_device if target_device is not None else device
+
+    def try_step(n: int) -> None:
+        if limit_samples is not None and n > limit_samples:
+            raise torch.OutOfMemoryError(
+                f"simulated memory limit: {n} samples do not fit, {limit_samples} do "
+                f"({SIMULATE_ENV})"
+            )
+        index = torch.arange(n) % inputs.shape[0]
+        x = inputs[index].to(device)
+        y = targets[index].to(where)
+        reserve = [torch.empty_like(p) for p in params for _ in range(optimizer_slots)]
+        try:
+            if autocast is not None:
+                with autocast():
+                    loss = loss_fn(model(x), y)
+            else:
+                loss = loss_fn(model(x), y)
+            loss.backward()  # type: ignore[no-untyped-call]
+        finally:
+            del reserve
+            for p in params:
+                p.grad = None
+
+    return try_step
+
+
+def search_batch_size(
+    model: nn.Module,
+    loss_fn: Callable[[Tensor, Tensor], Tensor],
+    data: Any,
+    device: torch.device,
+    *,
+    world_size: int = 1,
+    start: int = 16,
+    effective_batch: int | None = None,
+    accumulate: int = 1,
+    target_device: torch.device | None = None,
+    autocast: Callable[[], Any] | None = None,
+    limit_samples: int | None = None,
+    agree: Agree | None = None,
+) -> AutoBatch:
+    """Find the micro-batch for ``model`` (already on ``device``; the unwrapped model
+    under DDP) on ``data.train``. Collective under a process group (every rank calls it).
+
+    ``effective_batch`` (all processes) must be a multiple of ``world_size``.
+    Raises UsageError for an effective batch that does not split over the processes,
+    :class:`~torchgpu.errors.OutOfMemoryBackoffError` when one sample does not fit.
+    """
+    inputs, targets = data.train.tensors[0], data.train.tensors[1]
+    per_rank_rows = math.ceil(len(inputs) / world_size)
+    per_rank_effective: int | None = None
+    if effective_batch is not None:
+        if effective_batch % world_size:
+            raise UsageError(
+                f"--effective-batch-size {effective_batch} does not split over {world_size} "
+                f"processes: use a multiple of {world_size}, e.g. "
+                f"{max(world_size, effective_batch - effective_batch % world_size)}."
+            )
+        per_rank_effective = effective_batch // world_size
+    cap = min(MAX_AUTO_BATCH, per_rank_rows, per_rank_effective or MAX_AUTO_BATCH)
+    probe = make_probe(model, loss_fn, inputs, targets, device, target_device, autocast,
+                       limit_samples)
+    buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
+    was_training = model.training
+    cuda = [d.index or 0 for d in {device, target_device or device} if d.type == "cuda"]
+    model.train()
+    try:
+        with torch.random.fork_rng(devices=cuda):
+            result = find_batch_size(probe, start=max(1, min(start, cap)), max_size=cap,
+                                     agree=agree)
+    finally:
+        model.train(was_training)
+        with torch.no_grad():
+            for k, v in model.named_buffers():
+                if k in buffers:
+                    v.copy_(buffers[k])
+    if per_rank_effective is not None:
+        micro, steps = keep_effective(per_rank_effective, result.size)
+    else:
+        micro, steps = result.size, accumulate
+    note = (f"--batch-size auto: {result.describe()}; training with micro-batch {micro} x "
+            f"{steps} accumulation x {world_size} process(es) = {micro * steps * world_size} "
+            "samples per optimizer step")
+    return AutoBatch(micro, steps, result, note)
+
+
+def apply_auto_batch(
+    config: TrainConfig,
+    model: nn.Module,
+    data: Any,
+    device: torch.device,
+    world_size: int,
+    limit_samples: int | None = None,
+) -> tuple[TrainConfig, str]:
+    """``config`` with the searched ``batch_size``/``accumulate`` (unchanged without
+    ``--batch-size auto``) and the note to log. ``model`` is the wrapped training model."""
+    if not config.auto_batch_size:
+        return config, ""
+    from torchgpu.parallel.data import unwrap
+    from torchgpu.precision import Precision
+    from torchgpu.train.build import loss_function
+    from torchgpu.train.split_strategies import output_device
+
+    target = output_device(model)
+    probe_model = model if target is not None else unwrap(model)
+    precision = Precision(config.precision, device)
+    found = search_batch_size(
+        probe_model, loss_function(data.task), data, device, world_size=world_size,
+        start=config.batch_size or 16, effective_batch=config.effective_batch_size,
+        accumulate=config.accumulate, target_device=target,
+        autocast=precision.autocast if precision.dtype is not None else None,
+        limit_samples=limit_samples,
+    )
+    return dataclasses.replace(config, batch_size=found.micro_batch,
+                               accumulate=found.accumulate), found.note

@@ -1,0 +1,167 @@
+"""``torchgpu train --strategy auto``: ask the planner, on this machine's devices.
+
+The rule stays what it was when the model fits on one device: ``ddp`` with several
+processes, else ``single``. When it does not fit, the plan of
+:func:`torchgpu.planning.planner.plan_for_training` is applied: its strategy, micro-batch,
+accumulation, activation checkpointing, and for ``ddp``/``fsdp`` its process count, for
+``model``/``pipeline`` its devices, chunks and balance. The decision is logged as one
+line (``--strategy auto: ...``).
+
+Planning costs about a second (the estimator measures activations on fake tensors), so it
+is skipped when a cheap bound shows the step is trivially small: one real forward of a
+single sample counts the bytes autograd saves (eval mode, so nothing is updated), and
+``parameters x 4`` (weights, gradients, Adam's two states) plus three times that
+per-sample figure (saved activations and backward's temporaries) times the batch must
+stay within :data:`torchgpu.planning.decide.SMALL_STEP_BYTES` (256 MiB) -- the size below
+which the planner itself always answers ``single``. The housing demo is far below it.
+
+Devices planned for: ``--device cpu`` plans for the CPU and its RAM, ``cuda:N`` for that
+GPU, ``auto``/``cuda`` for every visible GPU (or the CPU when there is none).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchgpu.errors import UsageError
+from torchgpu.train.config import TrainConfig, validate
+
+#: Activations + backward temporaries per saved byte in the cheap bound.
+BOUND_FACTOR = 3
+#: Bytes per parameter byte for weights, gradients and Adam's two states.
+STATE_FACTOR = 4
+
+
+@dataclass(frozen=True)
+class AutoDecision:
+    """The config to run (concrete ``strategy``), the log line, and the plan (None when
+    planning was skipped). ``bound_bytes``: the cheap bound that decided whether to plan."""
+
+    config: TrainConfig
+    note: str
+    plan: Any | None
+    bound_bytes: int
+
+
+def step_bound_bytes(model: nn.Module, sample: torch.Tensor, batch: int) -> int:
+    """A cheap, generous bound of one training step's memory at ``batch`` samples.
+
+    ``sample`` is one input row batch (at least one sample; only the first is used).
+    """
+    from torchgpu.memory import saved_tensor_bytes
+
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    was_training = model.training
+    model.eval()
+    try:
+        saved = saved_tensor_bytes(lambda: model(sample[:1]))
+    finally:
+        model.train(was_training)
+    return STATE_FACTOR * params + buffers + BOUND_FACTOR * saved * batch
+
+
+def planner_devices(config: TrainConfig) -> str:
+    """The planner's device spec for ``config.device``."""
+    if config.device in ("cpu", "mps") or config.device.startswith("cuda:"):
+        return config.device
+    if config.device.isdigit():
+        return f"cuda:{config.device}"
+    return "auto"
+
+
+def _planner_precision(precision: str) -> str:
+    return "fp32" if precision == "auto" else precision  # auto: plan for the larger one
+
+
+def decide_strategy(
+    config: TrainConfig,
+    world_size: int,
+    data: Any,
+    *,
+    launching: bool = False,
+    plan_fn: Callable[..., Any] | None = None,
+    small_step_bytes: int | None = None,
+) -> AutoDecision:
+    """Resolve ``--strategy auto`` for ``config`` (a resolved config) with ``world_size``
+    processes. ``launching``: the caller can still start ``plan.nproc`` processes (the
+    CLI before torchrun); otherwise a plan that needs more processes than exist raises
+    UsageError with the plan's command. ``plan_fn`` replaces the planner and
+    ``small_step_bytes`` the skip threshold (tests).
+    """
+    from torchgpu.planning.decide import SMALL_STEP_BYTES
+    from torchgpu.sizes import format_bytes
+    from torchgpu.train.build import build_model
+
+    assert config.batch_size is not None
+    keep = "ddp" if world_size > 1 else "single"
+    if config.strategy != "auto":
+        return AutoDecision(config, "", None, 0)
+    model = build_model(config, data)
+    inputs = data.train.tensors[0]
+    batch = config.batch_size * config.accumulate * world_size  # samples per step
+    bound = step_bound_bytes(model, inputs, config.batch_size)
+    small = SMALL_STEP_BYTES if small_step_bytes is None else small_step_bytes
+    if bound <= small:
+        return AutoDecision(
+            dataclasses.replace(config, strategy=keep),
+            f"--strategy auto: {keep} (a one-sample probe bounds the step at "
+            f"{format_bytes(bound)}, within {format_bytes(small)}: planner skipped)",
+            None, bound)
+    if plan_fn is None:
+        from torchgpu.planning.planner import plan_for_training
+
+        plan_fn = plan_for_training
+    sample = torch.empty((config.batch_size, *inputs.shape[1:]), dtype=inputs.dtype,
+                         device="meta")
+    plan = plan_fn(model, sample, batch_size=batch, devices=planner_devices(config),
+                   optimizer="adam", precision=_planner_precision(config.precision),
+                   example=config.example if config.data is None else None)
+    single = next((c for c in plan.candidates if c.label == "single"), None)
+    if single is not None and single.fits:
+        return AutoDecision(
+            dataclasses.replace(config, strategy=keep),
+            f"--strategy auto: {keep} (the planner: one device fits the step, "
+            f"{format_bytes(single.peak_bytes)} of {format_bytes(max(single.usable_bytes))} "
+            f"usable; its pick: {plan.strategy})", plan, bound)
+    chosen = _apply(config, plan, world_size, launching)
+    validate(chosen)
+    return AutoDecision(chosen, f"--strategy auto: {plan.strategy} (the planner: {plan.reason})",
+                        plan, bound)
+
+
+def _apply(config: TrainConfig, plan: Any, world_size: int, launching: bool) -> TrainConfig:
+    """``config`` running ``plan`` (strategy, micro-batch, accumulation, checkpointing...)."""
+    changes: dict[str, Any] = {
+        "strategy": plan.strategy,
+        "batch_size": plan.micro_batch,
+        "accumulate": plan.accumulate,
+        "activation_checkpointing": plan.activation_checkpointing,
+    }
+    if plan.strategy in ("ddp", "fsdp"):
+        if plan.nproc > world_size and not launching:
+            raise UsageError(
+                f"--strategy auto: the model does not fit on one device and the plan needs "
+                f"{plan.nproc} processes but {world_size} run: start them with "
+                f"`{plan.command or 'torchgpu train --nproc ' + str(plan.nproc)}`."
+            )
+        if launching:
+            changes["nproc"] = plan.nproc
+    elif plan.strategy in ("model", "pipeline"):
+        if world_size > 1:
+            raise UsageError(
+                f"--strategy auto: the plan is {plan.strategy} over {', '.join(plan.devices)} in "
+                f"one process, but {world_size} processes run: drop --nproc."
+            )
+        changes["devices"] = ",".join(plan.devices)
+        changes["device"] = "auto"
+        if plan.balance:
+            changes["balance"] = ",".join(str(n) for n in plan.balance)
+        changes["chunks"] = plan.chunks if plan.strategy == "pipeline" else None
+    return dataclasses.replace(config, **changes)

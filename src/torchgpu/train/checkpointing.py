@@ -1,0 +1,423 @@
+"""Checkpoints and exact resume for ``torchgpu train``.
+
+**Where.** ``--save-every N`` writes ``OUT/checkpoints/step-SSSSSSSS`` every N optimizer
+steps with :func:`torchgpu.checkpoint.save_checkpoint` (atomic: temporary sibling, fsync,
+rename; ``latest`` updated after the commit; ``--keep-last K`` prunes after it). A stop
+(SIGTERM, SIGINT, or a step limit) always writes one at the step boundary where the run
+stops, with or without ``--save-every``. ``--resume`` continues from ``OUT/checkpoints``
+(``latest``; if it names a missing or incomplete directory, the newest complete one, with
+a message); ``--resume DIR`` from a run directory, its ``checkpoints/`` or one checkpoint.
+No checkpoint there is a :class:`~torchgpu.errors.ResumeError` (exit 2), never a fresh
+start. Orphan temporaries of dead writers are ignored and deleted.
+
+**What a checkpoint holds.** model weights (canonical keys), optimizer, scheduler (when
+there is one), the :class:`~torchgpu.precision.Precision` state (GradScaler) as
+``scaler``, the RNG states save_checkpoint captures, and in ``extra``:
+``train_state`` (:meth:`TrainState.to_dict`: epoch, step, ``batch_in_epoch`` = the data
+position, the loss history), ``epochs`` (the finished epochs' metrics records),
+``rng_per_rank`` (every rank's torch/CUDA/python/numpy RNG at the save),
+``epoch_rng_per_rank`` (every rank's torch CPU RNG when the saved epoch's loader
+iterator was created) and ``run`` (what must match for the position to mean the same
+thing: seed, batch size, accumulation, lr, world size, data, batches per epoch; a resume
+that changes one of them is refused with the differences named).
+
+**How a run resumes.** The model, optimizer and loaders are built exactly as in a fresh
+run (that consumes RNG), then the checkpoint's weights, optimizer and scaler states are
+loaded. The data order of epoch ``e`` is a function of ``(seed, e)`` (a
+DistributedSampler with ``set_epoch``), so the resumed epoch's order is re-created and its
+first ``batch_in_epoch`` batches are skipped (they are loaded and dropped). The torch RNG
+is set to the epoch-start state before that epoch's iterator is created (so the
+DataLoader draws the same base seed) and every RNG is restored to its state at the save
+right after it, so dropout continues exactly. ``metrics.jsonl`` is rewritten from the
+checkpoint's history (every step and epoch up to the checkpoint, including steps of the
+unfinished epoch that were never flushed) and then appended to as the run continues: it
+ends identical, apart from timings, to the uninterrupted run's. Resuming into the
+``--out`` that holds the run is allowed.
+
+**What is exact.** On CPU with ``--num-workers 0`` a run stopped at any step and resumed
+in a new process ends with bitwise identical weights and loss history. Under DDP every
+rank restores its own RNG; ranks load the checkpoint from ``--out``, so several nodes
+need ``--out`` on a shared file system. With DataLoader workers (``--num-workers N``)
+the order, the skip, the main process's RNG and the per-worker seeds (torch, random and
+numpy in each worker derive from the base seed, which is re-drawn identically) are exact,
+so per-sample randomness drawn from those generators in ``__getitem__`` repeats; what is
+NOT restored: state a dataset object keeps across batches or epochs, a ``worker_init_fn``
+that draws from other sources, persistent workers, iterable datasets. A warning says so at
+resume. On GPU, the CUDA RNG is restored but kernels may be non-deterministic
+(atomics in cuDNN/cuBLAS): a resumed GPU run matches to float tolerance, not bitwise.
+
+**Signals.** The SIGTERM/SIGINT handler only sets the :class:`StopFlag`; the loop stops
+at the next optimizer-step boundary (under DDP the ranks agree through the loop's
+per-step agreement), the checkpoint is saved and the process exits with code 0 and a
+message saying how to resume. Exit 0 is deliberate: torchrun's elastic agent restarts a
+worker group when a worker exits non-zero, so a deliberate, saved stop must exit 0 to
+stay stopped; ``summary.json`` records ``stopped_early`` and ``stop_reason``. A second
+SIGINT raises KeyboardInterrupt (exit 130); if it lands inside a save, the atomic commit
+removes the temporary and the previous checkpoint stays the newest complete one.
+
+**Restarts.** A worker restarted by torchrun (``TORCHELASTIC_RESTART_COUNT`` > 0) resumes
+automatically from the newest checkpoint in ``OUT/checkpoints``, or starts over when there
+is none yet. Rank 0's choice is broadcast so every rank loads the same checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sys
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchgpu.checkpoint import (
+    capture_rng_state,
+    find_checkpoint,
+    load_checkpoint,
+    restore_rng_state,
+    save_checkpoint,
+)
+from torchgpu.errors import ResumeError, UsageError
+from torchgpu.train import loop, metrics
+from torchgpu.train.config import TrainConfig
+from torchgpu.train.faults import CrashPlan
+from torchgpu.train.metrics import EpochRecord, MetricsBuffer
+from torchgpu.train.state import StopFlag, TrainState
+
+CHECKPOINTS_DIR = "checkpoints"
+RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
+# Settings that give the saved position its meaning; a resume must not change them.
+_FIXED = ("run_name", "example", "data", "target", "data_size", "seed", "batch_size",
+          "accumulate", "lr", "world_size", "batches_per_epoch")
+
+
+def checkpoints_dir(out: str | Path) -> Path:
+    """Where a run with ``--out OUT`` keeps its checkpoints: ``OUT/checkpoints``."""
+    return Path(out) / CHECKPOINTS_DIR
+
+
+def restart_count(environ: Mapping[str, str] | None = None) -> int:
+    """How many times torchrun has restarted this worker group (0 outside torchrun)."""
+    raw = (os.environ if environ is None else environ).get(RESTART_ENV, "0")
+    try:
+        return max(0, int(raw))
+    except ValueError:
+        return 0
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """Where a run starts. ``source``: the checkpoint directory to resume from (``None``:
+    from scratch). ``continuing``: ``--out`` may already hold this run's files.
+    ``notes``: what to tell the user (a fallback, a restart)."""
+
+    source: Path | None = None
+    continuing: bool = False
+    notes: tuple[str, ...] = ()
+
+
+def _find(where: Path) -> tuple[Path | None, tuple[str, ...]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        found = find_checkpoint(where)
+    return found, tuple(f"note: {w.message}" for w in caught)
+
+
+def plan_resume(config: TrainConfig, environ: Mapping[str, str] | None = None) -> ResumePlan:
+    """Decide where the run (``config`` resolved: ``out`` set) starts; touches nothing but
+    orphan temporaries. Raises :class:`ResumeError` when ``--resume`` finds no checkpoint.
+
+    ``--resume``: ``OUT/checkpoints``; ``--resume DIR``: DIR. Under a torchrun restart the
+    run's own newest checkpoint wins (it is newer than DIR); without one, ``--resume`` is
+    honoured as given, or the run starts over.
+    """
+    assert config.out is not None
+    restarts = restart_count(environ)
+    own = checkpoints_dir(config.out)
+    if restarts > 0:
+        found, notes = _find(own)
+        if found is not None:
+            return ResumePlan(found, True, (
+                *notes, f"note: torchrun restart {restarts}: resuming from {found}"))
+        if config.resume is None:
+            return ResumePlan(None, True, (
+                f"note: torchrun restart {restarts}: no checkpoint in {own} yet; "
+                "starting the run over",))
+    if config.resume is None:
+        return ResumePlan()
+    where = Path(config.resume) if config.resume else own
+    found, notes = _find(where)
+    if found is None:
+        raise ResumeError(
+            f"--resume found no complete checkpoint in {where}: nothing to continue from, and "
+            "a resume never starts a fresh run silently. Pass the run's --out (its "
+            "checkpoints are written there by --save-every N or when a run is stopped), "
+            "--resume DIR naming a run, its checkpoints/ directory or one checkpoint, or "
+            "drop --resume to start from scratch."
+        )
+    return ResumePlan(found, True, notes)
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """How the runner starts: the resume plan, the test-only crash (see
+    :mod:`torchgpu.train.faults`) and an optional step limit (stop after that step)."""
+
+    plan: ResumePlan = ResumePlan()
+    crash: CrashPlan | None = None
+    stop_at_step: int | None = None
+
+
+def check_resumable(config: TrainConfig) -> None:
+    """Refuse checkpoint flags where resume cannot be exact (UsageError, exit 2)."""
+    if config.strategy == "fsdp" and (config.save_every is not None
+                                      or config.resume is not None):
+        raise UsageError(
+            "--save-every/--resume are not supported with --strategy fsdp (its sharded "
+            "optimizer state is not written by `torchgpu train`): use --strategy ddp, or "
+            "drop the checkpoint flags."
+        )
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's rank and the world size (what save_checkpoint's ``dist`` needs)."""
+
+    rank: int
+    world_size: int
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def _gather(value: Any, ranks: Ranks) -> list[Any]:
+    if not ranks.is_distributed:
+        return [value]
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * ranks.world_size
+    dist.all_gather_object(out, value)
+    return out
+
+
+def history_lines(state: TrainState, records: Iterable[EpochRecord]) -> list[str]:
+    """The metrics.jsonl lines of a run at ``state``: each finished epoch's step lines and
+    epoch line, then the unfinished epoch's step lines (same format as the loop writes)."""
+    buffer = MetricsBuffer()
+    lines: list[str] = []
+    done = 0
+    for record in records:
+        buffer.steps = [(s, record.epoch, state.step_losses[s - 1])
+                        for s in range(done + 1, record.step + 1)]
+        lines += buffer.take_lines()
+        lines.append(json.dumps(
+            {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+             for k, v in record.as_dict().items()}))
+        done = record.step
+    buffer.steps = [(s, state.epoch, state.step_losses[s - 1])
+                    for s in range(done + 1, state.step + 1)]
+    return lines + buffer.take_lines()
+
+
+def _record(data: Mapping[str, Any]) -> EpochRecord:
+    names = {f.name for f in dataclasses.fields(EpochRecord)}
+    values = {k: v for k, v in data.items() if k in names}
+    for key in ("train_loss", "test_loss", "samples_per_s", "seconds"):
+        values[key] = math.nan if values.get(key) is None else float(values[key])
+    return EpochRecord(**values)
+
+
+class RunCheckpoints:
+    """Saving and restoring one ``torchgpu train`` run (see the module docstring).
+
+    The runner builds it once, calls :meth:`begin` (fresh or resumed state),
+    :meth:`start_epoch` instead of :func:`loop.start_epoch`, passes :meth:`step_hook` as
+    the loop's ``on_step``, and calls :meth:`stopped` when the loop stopped early.
+    Every rank calls every method (saves are collective under DDP); only rank 0 writes.
+    """
+
+    def __init__(self, config: TrainConfig, *, model: nn.Module, optimizer: Any,
+                 precision: Any, ranks: Ranks, records: list[EpochRecord], stop: StopFlag,
+                 batches_per_epoch: int, mode: str, out_dir: Path | None,
+                 scheduler: Any = None, crash: CrashPlan | None = None,
+                 stop_at_step: int | None = None) -> None:
+        assert config.out is not None
+        self.config = config
+        self.directory = checkpoints_dir(config.out)
+        self.model, self.optimizer, self.precision = model, optimizer, precision
+        self.scheduler = scheduler
+        self.ranks, self.records, self.stop = ranks, records, stop
+        self.mode, self.out_dir = mode, out_dir
+        self.crash, self.stop_at_step = crash, stop_at_step
+        self.save_every = config.save_every
+        self.last_saved: Path | None = None
+        self.last_saved_step: int | None = None
+        self.resumed_from: Path | None = None
+        self.fingerprint: dict[str, Any] = {
+            "run_name": config.run_name, "example": config.example, "data": config.data,
+            "target": config.target, "data_size": config.data_size, "seed": config.seed,
+            "batch_size": config.batch_size, "accumulate": config.accumulate, "lr": config.lr,
+            "world_size": ranks.world_size, "batches_per_epoch": batches_per_epoch,
+        }
+        self._epoch_rng: torch.Tensor | None = None  # torch RNG as this epoch's loader began
+        self._pending: tuple[torch.Tensor | None, dict[str, Any]] | None = None
+
+    # -- starting ---------------------------------------------------------------------
+
+    def begin(self, plan: ResumePlan) -> TrainState:
+        """The state the run starts from: fresh, or loaded from ``plan.source`` (rank 0's
+        choice, broadcast). Rank 0 prints the plan's notes and rewrites metrics.jsonl."""
+        source = plan.source
+        if self.ranks.is_distributed:
+            from torchgpu.distributed import broadcast_object
+
+            source = broadcast_object(source, src=0)
+        if self.out_dir is not None:
+            for note in plan.notes:
+                print(note, file=sys.stderr)
+        state = TrainState() if source is None else self._load(source)
+        if self.out_dir is not None and plan.continuing:
+            from torchgpu.checkpoint.atomic import write_file_atomic
+
+            lines = history_lines(state, self.records)
+            write_file_atomic(self.out_dir / metrics.METRICS_FILE,
+                              "".join(line + "\n" for line in lines).encode())
+        return state
+
+    def _load(self, source: Path) -> TrainState:
+        loaded = load_checkpoint(source, model=self.model, optimizer=self.optimizer,
+                                 scheduler=self.scheduler, scaler=self.precision,
+                                 restore_rng=False)
+        extra = loaded.extra
+        if "train_state" not in extra:
+            raise ResumeError(
+                f"{loaded.path} holds no training position (it was not written by `torchgpu "
+                "train`), so the run cannot continue exactly from it: resume from a checkpoint "
+                "of `torchgpu train`, or load its weights with torchgpu.load_checkpoint."
+            )
+        saved = dict(extra.get("run") or {})
+        changed = [f"{key} {saved.get(key)!r} -> {self.fingerprint[key]!r}"
+                   for key in _FIXED if key in saved and saved[key] != self.fingerprint[key]]
+        if changed:
+            raise ResumeError(
+                f"cannot resume from {loaded.path} exactly: {', '.join(changed)} differ from "
+                "the run that saved it, so its data position and optimizer state mean "
+                "something else. Resume with the saved values, or start a new run "
+                "(another --out, without --resume)."
+            )
+        state = TrainState.from_dict(extra["train_state"])
+        self.records[:] = [_record(r) for r in extra.get("epochs", [])]
+        rngs = list(extra.get("rng_per_rank") or [])
+        epoch_rngs = list(extra.get("epoch_rng_per_rank") or [])
+        rank = self.ranks.rank
+        rng = rngs[rank] if rank < len(rngs) else {}
+        epoch_rng = epoch_rngs[rank] if rank < len(epoch_rngs) else None
+        self._pending = (epoch_rng, rng)
+        self.last_saved, self.last_saved_step = loaded.path, state.step
+        self.resumed_from = loaded.path
+        if self.out_dir is not None:
+            print(f"resuming from {loaded.path}: step {state.step}, epoch {state.epoch + 1}, "
+                  f"batch {state.batch_in_epoch}", file=sys.stderr)
+            if self.config.num_workers > 0:
+                warnings.warn(
+                    f"resuming with --num-workers {self.config.num_workers}: the data order, "
+                    "the skip to the saved batch, the main process's RNG and the workers' "
+                    "seeds are restored exactly, but state a dataset keeps between batches, "
+                    "a worker_init_fn drawing from other sources, persistent workers and "
+                    "iterable datasets are not; use --num-workers 0 for a bitwise resume",
+                    UserWarning, stacklevel=2)
+        return state
+
+    def start_epoch(self, loader: Iterable[Any], seed: int, epoch: int,
+                    skip: int = 0) -> Iterator[Any]:
+        """:func:`loop.start_epoch`, recording the RNG the loader's iterator starts from;
+        on the resumed epoch, replaying it and then restoring the RNG of the save."""
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[0] is not None:
+            torch.set_rng_state(pending[0])
+        self._epoch_rng = torch.get_rng_state()
+        batches = loop.start_epoch(loader, seed, epoch, skip)
+        if pending is not None and pending[1]:
+            # After the iterator drew its base seed: the RNG continues where the save was.
+            restore_rng_state(pending[1])
+        return batches
+
+    # -- during the run ---------------------------------------------------------------
+
+    def step_hook(self) -> Callable[[TrainState], None] | None:
+        """The loop's ``on_step``, or ``None`` when nothing happens per step."""
+        if self.save_every is None and self.crash is None and self.stop_at_step is None:
+            return None
+        return self.on_step
+
+    def on_step(self, state: TrainState) -> None:
+        """After every optimizer step: save every ``--save-every`` steps, then the
+        test-only crash; the step limit sets the stop flag (the loop stops at this boundary).
+
+        Under DDP the loop agrees on losses and the stop flag only now and then; before a
+        save or after a step limit every rank calls :func:`loop.sync_now` here (the same
+        steps on every rank, so the collective matches) so the checkpoint holds the global
+        loss history and the ranks stop together."""
+        due = self.save_every is not None and state.step % self.save_every == 0
+        limit = self.stop_at_step is not None and state.step >= self.stop_at_step
+        if limit:
+            self.stop.set("step limit")
+        if due or limit:
+            loop.sync_now()
+        if due:
+            self.save(state)
+        if self.crash is not None:
+            self.crash.maybe_crash(state.step)
+
+    def save(self, state: TrainState) -> Path:
+        """Write the checkpoint of ``state`` (collective under DDP; rank 0 writes)."""
+        rng = capture_rng_state()
+        epoch_rng = self._epoch_rng if self._epoch_rng is not None else rng["torch"]
+        gathered = _gather((rng, epoch_rng), self.ranks)
+        extra = {
+            "train_state": state.to_dict(),
+            "epochs": [record.as_dict() for record in self.records],
+            "rng_per_rank": [g[0] for g in gathered],
+            "epoch_rng_per_rank": [g[1] for g in gathered],
+            "run": dict(self.fingerprint),
+        }
+        meta = {"config": dataclasses.asdict(self.config), "strategy": self.mode,
+                "position": {"epoch": state.epoch, "batch_in_epoch": state.batch_in_epoch}}
+        path = save_checkpoint(
+            self.directory / f"step-{state.step:08d}", model=self.model,
+            optimizer=self.optimizer, scheduler=self.scheduler, scaler=self.precision,
+            step=state.step, epoch=state.epoch, extra=extra, meta=meta,
+            keep_last=self.config.keep_last, dist=self.ranks)
+        self.last_saved, self.last_saved_step = path, state.step
+        return path
+
+    def stopped(self, state: TrainState, buffer: MetricsBuffer, batches_per_epoch: int) -> None:
+        """The loop stopped at a step boundary: save (unless this step is saved), flush the
+        buffered step lines, and tell the user how to resume (rank 0)."""
+        if not self.stop.is_set():  # the stop was agreed from another rank's flag
+            self.stop.set("a stop on another rank")
+        if self.last_saved_step != state.step:
+            self.save(state)
+        if self.out_dir is None:
+            return
+        metrics.append_lines(self.out_dir / metrics.METRICS_FILE, buffer.take_lines())
+        print(
+            f"stopped by {self.stop.signal_name or 'request'} after step {state.step} (epoch "
+            f"{state.epoch + 1}, batch {state.batch_in_epoch} of {batches_per_epoch}); "
+            f"checkpoint: {self.last_saved}. To continue, run the same command with "
+            f"--resume --out {self.config.out}.", file=sys.stderr)
+
+    def summary(self) -> dict[str, Any]:
+        """The summary's ``checkpoints`` entry."""
+        return {"checkpoints": {
+            "directory": str(self.directory),
+            "last": str(self.last_saved) if self.last_saved is not None else None,
+            "resumed_from": str(self.resumed_from) if self.resumed_from is not None else None,
+        }}

@@ -1,0 +1,143 @@
+"""``torchgpu train --strategy model|pipeline`` in one process over several devices.
+
+``model`` cuts the model's sequential view (``as_sequential()``: housing, LeNet,
+ResNet-50) into one stage per ``--devices`` entry with
+:func:`torchgpu.parallel.model.split_model`; ``pipeline`` does the same with a
+:class:`~torchgpu.parallel.pipeline.Pipeline` that runs ``--chunks`` micro-batches
+GPipe-style (``--chunks auto`` measures the split-size sweep for a few steps on the real
+devices, prints the table and keeps the fastest M). Entries may repeat:
+``cuda:0,cuda:0`` or ``cpu,cpu`` run the same code path on a machine with one GPU or none.
+
+Inputs go to the first stage's device (the run's ``device``); the loop moves labels to
+``model.output_device``. The saved model has the plain model's keys
+(``SplitModel.state_dict``). Defaults: ``--devices`` = every visible GPU when there are
+two or more (else the run is refused with the fix); ``--chunks`` = 4 per stage capped at
+the batch size (GPipe's rule of thumb: with M >= 4K stages the bubble is small);
+activation checkpointing (``--activation-checkpointing``) = ``except_last`` for the
+pipeline and one checkpointed segment set per stage for ``model``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchgpu.distributed import DistEnv
+from torchgpu.errors import UsageError
+from torchgpu.train.config import TrainConfig
+from torchgpu.train.split_flags import device_list, parse_balance, processes
+
+CHUNKS_PER_STAGE = 4
+
+
+def stage_devices(config: TrainConfig) -> list[torch.device]:
+    """The stage devices of a one-process model/pipeline run (``--devices`` or every GPU).
+
+    Raises DeviceSpecError / NoDeviceError (from :func:`~torchgpu.parallel.model.parse_devices`)
+    for devices this machine lacks, UsageError when no list is given and fewer than two
+    GPUs are visible.
+    """
+    from torchgpu.parallel.model import parse_devices
+
+    if config.devices is not None:
+        return parse_devices(device_list(config.devices))
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count >= 2:
+        return parse_devices([f"cuda:{i}" for i in range(count)])
+    raise UsageError(
+        f"--strategy {config.strategy} needs --devices naming one device per stage: "
+        f"{count} GPU(s) are visible, so name them, e.g. --devices cuda:0,cuda:0 on one GPU "
+        "or --devices cpu,cpu on the CPU (the same code path, for testing)."
+    )
+
+
+def rank_device(config: TrainConfig, env: DistEnv) -> torch.device:
+    """This process's device in a multi-process pipeline: ``--devices``' entry for the
+    rank, else ``cuda:LOCAL_RANK`` on a GPU machine (``--device auto|cuda``), else cpu."""
+    from torchgpu.parallel.model import parse_devices
+
+    if config.devices is not None:
+        return parse_devices([device_list(config.devices)[env.rank]])[0]
+    if config.device in ("auto", "cuda") and torch.cuda.is_available():
+        return parse_devices([f"cuda:{env.local_rank}"])[0]
+    from torchgpu.devices import get_device
+
+    return get_device(config.device if config.device != "auto" else "cpu")
+
+
+def split_device(config: TrainConfig, env: DistEnv) -> torch.device | None:
+    """The run's device for model/pipeline (inputs go there), or None for other strategies."""
+    from torchgpu.errors import DeviceSpecError, NoDeviceError
+
+    if config.strategy not in ("model", "pipeline"):
+        return None
+    try:
+        if processes(config) > 1 or env.world_size > 1:
+            return rank_device(config, env)
+        return stage_devices(config)[0]
+    except NoDeviceError as error:  # a device the user named that is missing: exit 2
+        raise DeviceSpecError(
+            f"--devices {config.devices}: {error}"
+        ) from None
+
+
+def sample_batch(data: Any, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``rows`` training samples ``(x, y)`` (balance and chunk measurements)."""
+    x, y = data.train.tensors[0], data.train.tensors[1]
+    n = max(1, min(rows, len(x)))
+    return x[:n], y[:n]
+
+
+def default_chunks(batch_size: int, stages: int) -> int:
+    """``CHUNKS_PER_STAGE`` micro-batches per stage, at most one per sample."""
+    return max(1, min(batch_size, CHUNKS_PER_STAGE * stages))
+
+
+def build_split_model(
+    model: nn.Module, data: Any, config: TrainConfig, device: torch.device
+) -> nn.Module:
+    """The :data:`torchgpu.train.build.EXTRA_STRATEGIES` builder for ``model``/``pipeline``.
+
+    Returns a SplitModel (``model``) or Pipeline (``pipeline``) over :func:`stage_devices`.
+    BalanceError (exit 2) when ``--balance`` does not match the model's layers.
+    """
+    from torchgpu.parallel.model import build_pipeline_model
+    from torchgpu.train.build import loss_function
+
+    devices = stage_devices(config)
+    balance = parse_balance(config.balance) if config.balance is not None else None
+    batch = int(config.batch_size or 1)
+    x, y = sample_batch(data, batch)
+    checkpoint = "except_last" if config.activation_checkpointing else "never"
+    if config.strategy == "model":
+        split = build_pipeline_model(model, "model", devices, balance=balance, sample=x)
+        if config.activation_checkpointing:
+            from torchgpu.memory import apply_activation_checkpointing
+
+            for stage in split.partitions:
+                if len(stage) > 1:
+                    apply_activation_checkpointing(stage)
+        return split
+    chunks: int | str = (config.chunks if config.chunks is not None
+                         else default_chunks(batch, len(devices)))
+    pipe = build_pipeline_model(
+        model, "pipeline", devices, balance=balance,
+        chunks="auto" if chunks == "auto" else int(chunks), checkpoint=checkpoint,
+        sample=x, sample_target=y, loss_fn=loss_function(data.task),
+    )
+    choice = getattr(pipe, "chunk_choice", None)
+    if choice is not None:
+        print(f"pipeline: split-size sweep on {', '.join(str(d) for d in pipe.devices)} "
+              f"(batch {x.shape[0]}), chose --chunks {choice.chunks}:\n{choice.format()}",
+              file=sys.stderr)
+    return pipe
+
+
+def output_device(model: nn.Module) -> torch.device | None:
+    """Where ``model``'s output lives if it places stages itself (labels go there)."""
+    from torchgpu.parallel.model import SplitModel
+
+    return model.output_device if isinstance(model, SplitModel) else None

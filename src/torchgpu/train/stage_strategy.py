@@ -1,0 +1,374 @@
+"""``torchgpu train --strategy pipeline --nproc N``: one pipeline stage per process.
+
+Every rank builds the same seeded model and keeps its stage(s) of the sequential view
+(:class:`torchgpu.parallel.stages.StagePipeline` on ``torch.distributed.pipelining``:
+gloo on CPU, NCCL on GPU; ``--schedule gpipe|1f1b|interleaved1f1b``, the last with two
+stages per process). Every rank iterates the same, unsharded batches (the order of the
+one-process run): rank 0 feeds the inputs, the last rank the labels.
+
+Per step the last rank has the loss; one small all-reduce gives every rank
+``[non-finite, stop, loss]``, so all ranks take the same decision (non-finite ->
+stop or skip, the stop flag) and rank 0, which writes the metrics, has the loss.
+Gradients accumulate over ``--accumulate`` steps and are averaged; ``--clip-norm``
+clips the global norm (squared norms all-reduced over the stages). Evaluation runs a
+forward-only schedule over the held-out split; the last rank computes the metrics
+and broadcasts them. At the end the stages' weights are gathered on rank 0 under the
+plain model's keys, so ``model.safetensors`` loads into the unsplit model.
+
+Micro-batches are equal (torch's stages size their receive buffers from the first
+one): a batch runs in the largest number of micro-batches up to ``--chunks`` that divides
+its rows and suits the schedule; a batch with no such number (1F1B needs one per stage)
+is skipped on every rank and counted in the summary. A smaller last batch gets its own
+schedule (torch's stages fix their shapes on the first step). Only fp32 is supported.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from torchgpu.distributed import DistEnv
+from torchgpu.errors import NonFiniteLossError, UsageError
+from torchgpu.train import build, metrics
+from torchgpu.train.config import TrainConfig
+from torchgpu.train.loop import EvalResult, evaluate, start_epoch
+from torchgpu.train.metrics import EpochRecord, MetricsBuffer
+from torchgpu.train.split_flags import parse_balance, stages_per_rank
+from torchgpu.train.split_strategies import default_chunks, sample_batch
+from torchgpu.train.state import StopFlag, TrainState
+
+if TYPE_CHECKING:
+    from torchgpu.train.runner import TrainResult
+
+LossFn = Callable[[Any, Any], Tensor]
+
+
+def chunk_ok(m: int, rows: int, schedule: str, ranks: int, stages: int) -> bool:
+    """Whether ``schedule`` can run ``rows`` rows as ``m`` equal micro-batches: ``m``
+    divides ``rows`` (torch's stages size their receive buffers from the first
+    micro-batch), 1F1B has one per stage, interleaved 1F1B a multiple of the ranks. Pure."""
+    if m < 1 or rows % m:
+        return False
+    if schedule == "1f1b" and m < stages:
+        return False
+    return not (schedule == "interleaved1f1b" and m % ranks)
+
+
+def chunks_for_rows(chunks: int, rows: int, schedule: str, ranks: int, stages: int) -> int | None:
+    """Micro-batches for a batch of ``rows`` rows: the largest ``m <= chunks`` that
+    :func:`chunk_ok` accepts; None when there is none (the batch is skipped). Pure."""
+    for m in range(min(chunks, rows), 0, -1):
+        if chunk_ok(m, rows, schedule, ranks, stages):
+            return m
+    return None
+
+
+class StageTrainer:
+    """This rank's stage(s), one :class:`StagePipeline` per batch shape, and its optimizer."""
+
+    def __init__(self, model: nn.Module, config: TrainConfig, device: torch.device,
+                 loss_fn: LossFn, data: Any) -> None:
+        from torchgpu.parallel.stages import StagePipeline
+
+        assert config.batch_size is not None and config.lr is not None
+        self.model, self.config, self.device, self.loss_fn = model, config, device, loss_fn
+        self.schedule = config.schedule or "gpipe"
+        self.spr = stages_per_rank(self.schedule)
+        self.ranks = dist.get_world_size()
+        self.rank = dist.get_rank()
+        self.stages = self.ranks * self.spr
+        self.last_rank = self.ranks - 1
+        x, y = sample_batch(data, config.batch_size)
+        self.sample = (x, y)
+        if isinstance(config.chunks, int):
+            wanted = config.chunks
+        else:
+            wanted = default_chunks(config.batch_size, self.stages)
+        first = chunks_for_rows(wanted, int(x.shape[0]), self.schedule, self.ranks, self.stages)
+        if first is None:
+            raise UsageError(
+                f"--schedule {self.schedule} cannot run batches of {x.shape[0]} rows on "
+                f"{self.stages} stages with at most {wanted} micro-batches: they must be equal "
+                f"(a divisor of the batch), at least one per stage for 1f1b and a multiple of "
+                f"the {self.ranks} processes for interleaved1f1b. Pick --batch-size and "
+                "--chunks to match (e.g. --batch-size 16 --chunks 4), or --schedule gpipe."
+            )
+        balance = parse_balance(config.balance) if config.balance is not None else None
+        self.first = StagePipeline(model, device=device, loss_fn=loss_fn, schedule=self.schedule,
+                                   chunks=first, balance=balance, stages_per_rank=self.spr,
+                                   sample=x)
+        self.balance = list(self.first.balance)
+        self.wanted = wanted  # the ceiling for every batch shape
+        self.chunks = first  # what the first (full) batch runs
+        self.pipes: dict[int, Any] = {int(x.shape[0]): self.first}
+        self.params = list(self.first.parameters())
+        self.optimizer = build.make_optimizer(nn.ParameterList(self.params), config.lr)
+        self.chunk_table: str | None = None
+        self._eval: dict[int, Any] = {}
+
+    # -- schedules -------------------------------------------------------------------
+    def sweep_chunks(self) -> None:
+        """``--chunks auto``: the split-size sweep over ranks on the sample batch."""
+        from torchgpu.parallel.chunks import default_candidates
+        from torchgpu.parallel.stages import choose_stage_chunks
+
+        x, y = self.sample
+        rows = int(x.shape[0])
+        candidates = [m for m in default_candidates(rows)
+                      if chunk_ok(m, rows, self.schedule, self.ranks, self.stages)]
+        choice = choose_stage_chunks(self.first, x, y, candidates)
+        self.first.chunks = self.chunks = self.wanted = choice.chunks
+        self.chunk_table = choice.format()
+
+    def pipe_for(self, rows: int) -> Any | None:
+        """The StagePipeline for batches of ``rows`` rows (None: the schedule cannot)."""
+        from torchgpu.parallel.stages import StagePipeline
+
+        if rows not in self.pipes:
+            m = chunks_for_rows(self.wanted, rows, self.schedule, self.ranks, self.stages)
+            self.pipes[rows] = None if m is None else StagePipeline(
+                self.model, device=self.device, loss_fn=self.loss_fn, schedule=self.schedule,
+                chunks=m, balance=self.balance, stages_per_rank=self.spr)
+        return self.pipes[rows]
+
+    # -- one step ----------------------------------------------------------------------
+    def forward_backward(self, x: Tensor, y: Tensor, stop_wanted: bool) -> tuple[bool, bool, float]:
+        """Run one batch through the pipeline; returns ``(ran, stop_seen, loss)`` agreed
+        on every rank (``loss`` is NaN-safe: non-finite only if the last rank saw it)."""
+        pipe = self.pipe_for(int(x.shape[0]))
+        if pipe is None:
+            return False, self._agree(0.0, stop_wanted)[1], math.nan
+        loss = pipe.step(x if pipe.is_first else None, y if pipe.is_last else None)
+        value = float(loss) if loss is not None else 0.0
+        bad, stop_seen, value = self._agree(value, stop_wanted)
+        return True, stop_seen, (math.nan if bad else value)
+
+    def _agree(self, value: float, stop_wanted: bool) -> tuple[bool, bool, float]:
+        flags_device = self.device if self.device.type == "cuda" else torch.device("cpu")
+        finite = math.isfinite(value)
+        flags = torch.tensor(
+            [0.0 if finite else 1.0, float(stop_wanted), value if finite else 0.0],
+            dtype=torch.float64, device=flags_device)
+        dist.all_reduce(flags, op=dist.ReduceOp.SUM)
+        got = flags.tolist()
+        return got[0] > 0, got[1] > 0, got[2]
+
+    def apply(self, pending: int) -> None:
+        """Average the window's gradients, clip the global norm, step, zero."""
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if pending > 1:
+            torch._foreach_mul_(grads, 1.0 / pending)
+        clip = self.config.clip_norm
+        if clip is not None:
+            local = sum((g.detach().double().pow(2).sum() for g in grads),
+                        torch.zeros((), dtype=torch.float64, device=self.device))
+            dist.all_reduce(local, op=dist.ReduceOp.SUM)
+            coef = min(1.0, clip / (math.sqrt(float(local)) + 1e-6))
+            if coef < 1.0 and grads:
+                torch._foreach_mul_(grads, coef)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def drop_window(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    # -- evaluation --------------------------------------------------------------------
+    def _eval_schedule(self, rows: int) -> Any:
+        """A forward-only schedule (no loss function) over the same stage modules."""
+        if rows not in self._eval:
+            from torch.distributed.pipelining import (
+                PipelineStage,
+                ScheduleGPipe,
+                ScheduleLoopedBFS,
+            )
+
+            m = max(1, min(rows, self.ranks))
+            stages: list[Any] = [PipelineStage(mod, i, self.stages, self.device)
+                      for mod, i in zip(self.first.modules, self.first.indices, strict=True)]
+            self._eval[rows] = (ScheduleGPipe(stages[0], n_microbatches=m) if self.spr == 1
+                                else ScheduleLoopedBFS(stages, n_microbatches=m))
+        return self._eval[rows]
+
+    def evaluate(self, batches: Iterable[tuple[Tensor, Tensor]], task: str) -> EvalResult:
+        """Held-out metrics on every rank (computed on the last, broadcast from it)."""
+        outputs: list[tuple[Tensor, Tensor]] = []
+        self.first.train(False)
+        try:
+            with torch.no_grad():
+                for x, y in batches:
+                    sched = self._eval_schedule(int(x.shape[0]))
+                    args = (x.to(self.device),) if self.first.is_first else ()
+                    out = sched.step(*args)
+                    if self.first.is_last:
+                        outputs.append((out.detach(), y.to(self.device)))
+        finally:
+            self.first.train(True)
+        result: EvalResult | None = None
+        if self.first.is_last:
+            result = evaluate(nn.Identity(), outputs, self.loss_fn, task=task,
+                              device=self.device)
+        box: list[Any] = [result]
+        dist.broadcast_object_list(box, src=self.last_rank)
+        got: EvalResult = box[0]
+        return got
+
+    # -- weights -----------------------------------------------------------------------
+    def full_state(self) -> dict[str, Tensor]:
+        """The whole model's weights under the plain model's keys, on rank 0 (empty
+        elsewhere): each rank sends the tensors its stages own. Collective."""
+        own = {id(t) for m in self.first.modules for t in [*m.parameters(), *m.buffers()]}
+        mine = {k: v.detach().to("cpu").contiguous()
+                for k, v in self.model.state_dict(keep_vars=True).items()
+                if isinstance(v, Tensor) and id(v) in own}
+        gathered: list[Any] = [None] * self.ranks if self.rank == 0 else []
+        dist.gather_object(mine, gathered if self.rank == 0 else None, dst=0)
+        merged: dict[str, Tensor] = {}
+        for part in gathered:
+            merged.update(part)
+        return merged
+
+
+def train_stages(config: TrainConfig, env: DistEnv, device: torch.device, data: Any,
+                 model: nn.Module, out_dir: Path | None, notes: tuple[str, ...],
+                 stop: StopFlag) -> TrainResult:
+    """Train ``model`` as a pipeline over the processes of the current group; returns a
+    :class:`~torchgpu.train.runner.TrainResult` (``model`` is this rank's full model
+    object, of which only its stages were trained). Call inside the process group."""
+    from torchgpu.data import make_loader
+    from torchgpu.train.progress import NullProgress, make_progress
+    from torchgpu.train.runner import (
+        Shard,
+        _epoch_record,
+        _gather,
+        _memory_reader,
+        _peak_memory,
+        _save_model,
+        _summary,
+    )
+
+    if config.precision != "fp32":
+        raise UsageError(
+            f"--precision {config.precision} is not supported by --strategy pipeline with "
+            "several processes: pass --precision fp32, or run the pipeline in one process "
+            "(--devices ... without --nproc)."
+        )
+    assert config.batch_size is not None and config.epochs is not None
+    loss_fn = build.loss_function(data.task)
+    trainer = StageTrainer(model, config, device, loss_fn, data)
+    if config.chunks == "auto":
+        trainer.sweep_chunks()
+    # Unsharded: every rank walks the one-process order (rank 0 needs x, the last rank y).
+    train_loader = make_loader(data.train, config.batch_size, shuffle=True, seed=config.seed,
+                               dist=Shard(0, 1), device=device, num_workers=config.num_workers)
+    test_loader = make_loader(data.test, max(config.batch_size, 256), shuffle=False,
+                              device=device)
+    is_main = out_dir is not None
+    progress = (NullProgress() if config.json else
+                make_progress(config.progress, is_main=is_main, memory=_memory_reader(device)))
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for note in notes:
+            print(note, file=sys.stderr)
+        print(f"pipeline over {trainer.ranks} processes ({trainer.schedule}, "
+              f"{trainer.stages} stages, balance {trainer.balance}, --chunks {trainer.chunks})",
+              file=sys.stderr)
+        if trainer.chunk_table is not None:
+            print(f"split-size sweep, chose --chunks {trainer.chunks}:\n{trainer.chunk_table}",
+                  file=sys.stderr)
+    state, buffer = TrainState(), MetricsBuffer()
+    records: list[EpochRecord] = []
+    batches_per_epoch = len(train_loader)
+    window = config.accumulate
+    train_seconds = 0.0
+    skipped_batches = 0
+    started = time.perf_counter()
+    progress.start(config.epochs, batches_per_epoch, 0)
+    try:
+        with stop.installed():
+            for epoch in range(config.epochs):
+                state.begin_epoch(epoch)
+                t0 = time.perf_counter()
+                pending, window_sum, samples, stopped = 0, 0.0, 0, False
+                for x, y in start_epoch(train_loader, config.seed, epoch):
+                    ran, stop_seen, value = trainer.forward_backward(x, y, stop.is_set())
+                    state.batch_in_epoch += 1
+                    if not ran:
+                        skipped_batches += 1
+                    elif not math.isfinite(value):
+                        if config.on_nonfinite == "stop":
+                            raise NonFiniteLossError(
+                                f"a non-finite loss at step {state.step + 1} (epoch {epoch + 1}, "
+                                f"batch {state.batch_in_epoch}) on the last stage: training "
+                                "stopped before the update reached the weights. Lower --lr, add "
+                                "--clip-norm, check the data, or pass --on-nonfinite skip.")
+                        trainer.drop_window()
+                        pending, window_sum = 0, 0.0
+                        state.skipped_steps += 1
+                    else:
+                        n = int(x.shape[0])
+                        state.samples += n
+                        samples += n
+                        state.epoch_loss_sum += value
+                        state.epoch_loss_count += 1
+                        pending += 1
+                        window_sum += value
+                    last = state.batch_in_epoch == batches_per_epoch
+                    if pending and (pending == window or last):
+                        trainer.apply(pending)
+                        state.step += 1
+                        mean = window_sum / pending
+                        state.step_losses.append(mean)
+                        buffer.steps.append((state.step, epoch, mean))
+                        pending, window_sum = 0, 0.0
+                        progress.update(state, mean, samples / max(time.perf_counter() - t0,
+                                                                   1e-9))
+                        if stop_seen:
+                            stopped = True
+                            break
+                seconds = time.perf_counter() - t0
+                train_seconds += seconds
+                if stopped:
+                    break
+                result = trainer.evaluate(test_loader, data.task)
+                record = _epoch_record(state, result, samples, seconds, 1)
+                records.append(record)
+                state.epoch_losses.append((record.train_loss, record.test_loss))
+                if out_dir is not None:
+                    metrics.flush_epoch(out_dir, buffer, record)
+                progress.end_epoch(record, config.epochs)
+    finally:
+        progress.close()
+    final_state = trainer.full_state()
+    peaks = _gather((str(device), build.device_name(device), _peak_memory(device)), True)
+    summary = _summary(config, data, "pipeline", env.world_size, state, records, peaks,
+                       train_seconds, time.perf_counter() - started, stop, "fp32")
+    # Every rank sees the whole batch: the global batch is one process's, not x world.
+    summary["global_batch"] = config.batch_size * config.accumulate
+    summary["throughput_samples_per_s"] = (state.samples / train_seconds if train_seconds
+                                           else None)
+    summary["pipeline"] = {"processes": trainer.ranks, "stages": trainer.stages,
+                           "schedule": trainer.schedule, "balance": trainer.balance,
+                           "chunks": trainer.chunks, "skipped_batches": skipped_batches}
+    if out_dir is not None:
+        if records:
+            metrics.plot_losses(out_dir / metrics.PLOT_FILE, records,
+                                f"{config.run_name}: pipeline, {env.world_size} process(es)")
+        _save_model(out_dir / metrics.MODEL_FILE, final_state)
+        summary["files"] = {
+            "metrics": str(out_dir / metrics.METRICS_FILE),
+            "summary": str(out_dir / metrics.SUMMARY_FILE),
+            "plot": str(out_dir / metrics.PLOT_FILE) if records else None,
+            "model": str(out_dir / metrics.MODEL_FILE),
+        }
+        metrics.write_json(out_dir / metrics.SUMMARY_FILE, summary)
+    from torchgpu.train.runner import TrainResult
+
+    return TrainResult(config, summary, state, tuple(records), model, out_dir, notes)

@@ -1,0 +1,199 @@
+"""`--strategy auto` (the planner's decision) and `--batch-size auto` (the search), in one
+process: the cheap skip, keeping the old rule when one device fits, applying a plan when
+it does not, and the batch-size search under a simulated memory limit."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from torchgpu.data import example_data
+from torchgpu.errors import UsageError
+from torchgpu.planning.decide import Workload
+from torchgpu.planning.footprint import Footprint, LayerFootprint
+from torchgpu.planning.planner import plan_from_footprint
+from torchgpu.planning.targets import parse_devices
+from torchgpu.train.auto_batch import (
+    SIMULATE_ENV,
+    apply_auto_batch,
+    search_batch_size,
+    simulated_limit,
+)
+from torchgpu.train.auto_strategy import decide_strategy, planner_devices, step_bound_bytes
+from torchgpu.train.config import TrainConfig, resolve
+from torchgpu.train.runner import train
+
+MiB = 1024**2
+
+
+@pytest.fixture(scope="module")
+def housing() -> Any:
+    return example_data("housing", seed=0, size=120)
+
+
+def _config(**kw: Any) -> TrainConfig:
+    return resolve(TrainConfig(example="housing", out="unused", **kw))
+
+
+def _fake_plan(footprint: Footprint, devices: str) -> Any:
+    def plan_fn(model: nn.Module, sample: torch.Tensor, **kw: Any) -> Any:
+        assert sample.device.type == "meta"  # the planner never sees real data
+        workload = Workload(batch_size=kw["batch_size"], example=kw["example"])
+        return plan_from_footprint(footprint, parse_devices(devices), workload)
+
+    return plan_fn
+
+
+def _states(act: int, ckpt: int, layers: tuple[LayerFootprint, ...] = (), scale: int = 1
+            ) -> Footprint:
+    return Footprint(batch_size=16, param_bytes=scale * MiB, grad_bytes=scale * MiB,
+                     optimizer_bytes=2 * scale * MiB, activation_bytes=act,
+                     checkpointed_activation_bytes=ckpt, layers=layers)
+
+
+def test_small_model_skips_the_planner_and_keeps_the_rule(housing: Any) -> None:
+    def never(*a: Any, **k: Any) -> Any:
+        raise AssertionError("the planner must not run for the housing net")
+
+    one = decide_strategy(_config(), 1, housing, plan_fn=never)
+    assert one.config.strategy == "single" and one.plan is None
+    assert "planner skipped" in one.note and one.note.startswith("--strategy auto: single")
+    two = decide_strategy(_config(), 2, housing, plan_fn=never)
+    assert two.config.strategy == "ddp"
+    # the bound counts weights x4 and grows with the batch
+    model = nn.Linear(13, 1)
+    x = torch.zeros(4, 13)
+    assert step_bound_bytes(model, x, 64) > step_bound_bytes(model, x, 1) >= 4 * 14 * 4
+
+
+def test_real_planner_on_this_cpu_keeps_single(housing: Any) -> None:
+    decision = decide_strategy(_config(device="cpu"), 1, housing, small_step_bytes=0)
+    assert decision.plan is not None and decision.config.strategy == "single"
+    assert "the planner: one device fits" in decision.note
+    assert decision.plan.targets[0].kind == "cpu"
+
+
+def test_plan_with_accumulation_is_applied(housing: Any) -> None:
+    plan_fn = _fake_plan(_states(300 * MiB, 40 * MiB), "1x100MiB")
+    decision = decide_strategy(_config(), 1, housing, plan_fn=plan_fn, small_step_bytes=0)
+    c = decision.config
+    assert (c.strategy, c.batch_size, c.accumulate) == ("single", 4, 4)
+    assert "--strategy auto: single" in decision.note and "effective batch" not in decision.note
+
+
+def test_plan_needing_processes(housing: Any) -> None:
+    plan_fn = _fake_plan(_states(300 * MiB, 290 * MiB), "2x200MiB")
+    with pytest.raises(UsageError, match="--nproc 2"):
+        decide_strategy(_config(), 1, housing, plan_fn=plan_fn, small_step_bytes=0)
+    launched = decide_strategy(_config(), 1, housing, plan_fn=plan_fn, small_step_bytes=0,
+                               launching=True)
+    assert (launched.config.strategy, launched.config.nproc) == ("ddp", 2)
+    assert launched.config.batch_size == 8
+
+
+def test_plan_with_a_pipeline_sets_devices_chunks_balance(housing: Any) -> None:
+    layers = tuple(LayerFootprint(f"l{i}", 50 * MiB, 50 * MiB, 100 * MiB, 16 * MiB, 4 * MiB)
+                   for i in range(4))
+    plan_fn = _fake_plan(_states(64 * MiB, 60 * MiB, layers, scale=200), "2x600MiB")
+    c = decide_strategy(_config(), 1, housing, plan_fn=plan_fn, small_step_bytes=0).config
+    assert (c.strategy, c.devices, c.chunks, c.balance) == ("pipeline", "gpu0,gpu1", 8, "2,2")
+    assert c.activation_checkpointing and c.device == "auto"
+
+
+def test_planner_devices() -> None:
+    assert [planner_devices(_config(device=d)) for d in ("auto", "cuda", "cpu", "cuda:1", "1")
+            ] == ["auto", "auto", "cpu", "cuda:1", "cuda:1"]
+
+
+# ----------------------------------------------------------------------- batch size
+
+
+def test_simulated_limit_parsing() -> None:
+    assert simulated_limit(0, {}) is None
+    assert simulated_limit(1, {SIMULATE_ENV: "40"}) == 40
+    assert [simulated_limit(r, {SIMULATE_ENV: "40,24"}) for r in (0, 1, 2)] == [40, 24, 24]
+    for bad in ("x", "0", "4,-1"):
+        with pytest.raises(UsageError, match=SIMULATE_ENV):
+            simulated_limit(0, {SIMULATE_ENV: bad})
+
+
+@pytest.mark.parametrize("limit", [5, 37])
+def test_search_finds_exactly_the_simulated_limit(housing: Any, limit: int) -> None:
+    model = nn.Sequential(nn.Linear(13, 8), nn.ReLU(), nn.Linear(8, 1))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    found = search_batch_size(model, nn.MSELoss(), housing, torch.device("cpu"),
+                              limit_samples=limit)
+    assert found.micro_batch == limit and found.accumulate == 1
+    assert not found.search.capped
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_search_is_capped_by_the_data_and_keeps_the_effective_batch(housing: Any) -> None:
+    model = nn.Linear(13, 1)
+    rows = len(housing.train)
+    capped = search_batch_size(model, nn.MSELoss(), housing, torch.device("cpu"))
+    assert capped.micro_batch == rows and capped.search.capped  # a CPU never OOMs here
+    kept = search_batch_size(model, nn.MSELoss(), housing, torch.device("cpu"),
+                             effective_batch=96, limit_samples=37)
+    assert (kept.micro_batch, kept.accumulate) == (32, 3)
+    two = search_batch_size(model, nn.MSELoss(), housing, torch.device("cpu"), world_size=2,
+                            effective_batch=96, limit_samples=20)
+    assert two.micro_batch * two.accumulate == 48 and two.micro_batch <= 20
+    with pytest.raises(UsageError, match="multiple of 2"):
+        search_batch_size(model, nn.MSELoss(), housing, torch.device("cpu"), world_size=2,
+                          effective_batch=95)
+
+
+def test_ranks_agree_on_the_smaller_limit(housing: Any) -> None:
+    """The other rank fits 12: with agree = min over both ranks, this one (fits 30) gets 12.
+    (Two real gloo ranks: tests/distributed/test_train_auto_batch_gloo.py.)"""
+    from torchgpu.batchsize import find_batch_size
+    from torchgpu.train.auto_batch import make_probe
+
+    probe = make_probe(nn.Linear(13, 1), nn.MSELoss(), *housing.train.tensors,
+                       torch.device("cpu"), limit_samples=30)
+    sizes: list[int] = []
+
+    def try_step(n: int) -> None:
+        sizes.append(n)
+        probe(n)
+
+    def agree(fits_here: int) -> int:  # the minimum over this rank and the other one
+        return min(fits_here, 1 if sizes[-1] <= 12 else 0)
+
+    assert find_batch_size(try_step, start=16, max_size=96, agree=agree).size == 12
+
+
+def test_batchnorm_statistics_and_rng_are_restored(housing: Any) -> None:
+    model = nn.Sequential(nn.Linear(13, 8), nn.BatchNorm1d(8), nn.Dropout(0.5), nn.Linear(8, 1))
+    buffers = {k: v.clone() for k, v in model.named_buffers()}
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    search_batch_size(model, nn.MSELoss(), housing, torch.device("cpu"), limit_samples=9)
+    assert torch.equal(torch.rand(3), expected)
+    assert all(torch.equal(buffers[k], v) for k, v in model.named_buffers())
+
+
+def test_train_with_auto_batch_and_a_simulated_limit(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv(SIMULATE_ENV, "21")
+    config = TrainConfig(example="housing", data_size=120, epochs=1, auto_batch_size=True,
+                         effective_batch_size=40, device="cpu", progress="off",
+                         out=str(tmp_path / "run"))
+    result = train(config)
+    assert (result.config.batch_size, result.config.accumulate) == (20, 2)
+    assert result.summary["batch_size"] == 20 and result.summary["global_batch"] == 40
+    err = capsys.readouterr().err
+    assert "--batch-size auto: largest micro-batch that fits: 21" in err
+    # without the flag nothing changes
+    same, note = apply_auto_batch(dataclasses.replace(config, auto_batch_size=False),
+                                  nn.Linear(13, 1), None, torch.device("cpu"), 1)
+    assert note == "" and same.batch_size is None
