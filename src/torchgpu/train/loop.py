@@ -217,6 +217,7 @@ def run_epoch(
     autocast = (parts.precision.autocast if getattr(parts.precision, "dtype", True) is not None
                 else nullcontext)
     micro_step = acc.micro_step if parts.accumulate > 1 else nullcontext
+    plain = autocast is nullcontext and micro_step is nullcontext
     device = parts.device
     move = parts.move_batches
     target_device = parts.target_device
@@ -266,19 +267,18 @@ def run_epoch(
                     held.append((x, y))
                     if backoff is not None and backoff.active:
                         replaced = backoff.run_batch(x, y)
-                if replaced is None:
+                if replaced is None and plain:  # no context to enter (fp32, no window)
+                    loss = loss_fn(model(x), y)
+                    value = loss.item()
+                    bad = not math.isfinite(value)
+                    stepped = _backward_bad(acc, guard, loss) if bad else acc.backward(loss)
+                elif replaced is None:
                     with micro_step():
                         with autocast():
                             loss = loss_fn(model(x), y)
                         value = loss.item()
                         bad = not math.isfinite(value)
-                        if bad:
-                            # One process decides on the loss, before backward. Under DDP
-                            # every rank runs backward (the all-reduce needs all) with the
-                            # guard's poison, and the guard decides at the boundary.
-                            stepped = False if guard is None else acc.backward(guard.poison(loss))
-                        else:
-                            stepped = acc.backward(loss)
+                        stepped = _backward_bad(acc, guard, loss) if bad else acc.backward(loss)
             except NonFiniteGradients:  # DDP: the boundary's all-reduced grads are not finite
                 acc.reset()
                 if loss is None:  # raised inside the back-off's pieces: no local value here
@@ -372,6 +372,15 @@ def run_epoch(
         if guard is not None:
             guard.remove()
             _ACTIVE.remove(agreement)  # type: ignore[arg-type]
+
+
+def _backward_bad(acc: Accumulator, guard: FiniteGuard | None, loss: Tensor) -> bool:
+    """A non-finite loss. One process decides on it before backward (no backward). Under
+    DDP every rank must run backward (the all-reduce needs all): with the guard's poison,
+    so the guard stops the step on every rank at the window's boundary."""
+    if guard is None:
+        return False
+    return acc.backward(guard.poison(loss))
 
 
 def _restore_window(acc: Accumulator, window: int) -> None:
