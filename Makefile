@@ -1,18 +1,25 @@
 # The README's two commands: `make demo` (the main job) and `make test` (the suite).
 # Both create .venv when missing and install what they need into it.
+empty :=
+space := $(empty) $(empty)
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
+# Optional package index for torch, e.g. https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+# The stamp names the torch spec, so `make TORCH=torch==2.11.0 test` reinstalls torch
+# instead of silently keeping the one installed before.
+STAMP := $(VENV)/.installed-$(subst <,lt,$(subst >,gt,$(subst =,-,$(subst $(space),_,$(TORCH)))))
 
 .PHONY: demo test lint bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH)"
 	$(PY) -m pip install -q -e ".[dev]"
+	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
 demo: $(STAMP)

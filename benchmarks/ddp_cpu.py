@@ -47,6 +47,7 @@ def worker(args: argparse.Namespace) -> None:
     from torchgpu.accumulate import GradAccumulator
     from torchgpu.bench.timer import measure_interleaved
     from torchgpu.precision import Precision
+    from torchgpu.train.agreement import RankAgreement
     from torchgpu.train.backoff import LoopBackoff
     from torchgpu.train.loop import LoopParts, run_epoch
     from torchgpu.train.state import StopFlag, TrainState
@@ -105,7 +106,7 @@ def worker(args: argparse.Namespace) -> None:
     backoff = LoopBackoff(model, acc, nn.MSELoss(), batch_size=args.batch, distributed=True)
     parts = LoopParts(model=model, loss_fn=nn.MSELoss(), accumulator=acc,
                       precision=prec, device=torch.device("cpu"), rank=rank, agree=True,
-                      backoff=backoff)
+                      backoff=backoff, agreement=RankAgreement(dist.get_world_size()))
     stop = StopFlag()
 
     def ours() -> None:

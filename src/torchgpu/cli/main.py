@@ -36,9 +36,12 @@ def _usage() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``torchgpu`` with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help", "help"):
+    if not args:
+        print(_usage(), file=sys.stderr)
+        return 2
+    if args[0] in ("-h", "--help", "help"):
         print(_usage())
-        return 0 if args else 2
+        return 0
     if args[0] in ("-V", "--version"):
         from torchgpu import __version__
 

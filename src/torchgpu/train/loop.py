@@ -241,9 +241,11 @@ def run_epoch(
     window_sum = 0.0
     window_count = 0
     window_bad = False  # DDP: a non-finite local loss in this window (for the message)
+    routed = backoff is not None and backoff.active  # changes only inside back-off calls
     micro = 0
     samples = 0
-    model.train()
+    if not model.training:  # model.train() walks every module (15 us on the housing net)
+        model.train()
     started = time.perf_counter()
     next_ui = started + UI_INTERVAL_S
     try:
@@ -265,8 +267,8 @@ def run_epoch(
             try:
                 if held is not None:
                     held.append((x, y))
-                    if backoff is not None and backoff.active:
-                        replaced = backoff.run_batch(x, y)
+                    if routed:  # backed off (or poisoned): the pieces run in the back-off
+                        replaced = backoff.run_batch(x, y)  # type: ignore[union-attr]
                 if replaced is None and plain:  # no context to enter (fp32, no window)
                     loss = loss_fn(model(x), y)
                     value = loss.item()
@@ -292,6 +294,7 @@ def run_epoch(
                 loss = None  # the failed step's graph: free it before retrying
                 replaced = backoff.recover(error, held, in_backward)
             if replaced is not None:
+                routed = backoff is not None and backoff.active
                 stepped = replaced.stepped
                 if not replaced.dropped:
                     value = replaced.value
@@ -301,6 +304,7 @@ def run_epoch(
                 # A skipped step the guard did not see (the fp16 GradScaler's): another
                 # rank's out-of-memory poison looks the same, so agree (collective).
                 again = backoff.after_nonfinite(held)
+                routed = backoff.active
                 if again is not None:
                     replaced, stepped = again, again.stepped
             n = x.shape[0]
@@ -341,7 +345,8 @@ def run_epoch(
                     if on_step is not None:
                         on_step(state)
                 window_sum, window_count, window_bad = 0.0, 0, False
-                if should_stop(stop, agreement):
+                if (agreement.boundary() if agreement is not None  # = should_stop(), inlined
+                        else stop is not None and stop.is_set()):
                     _restore_window(acc, window)
                     return EpochTotals(micro, samples, time.perf_counter() - started, True)
             if progress is not None:

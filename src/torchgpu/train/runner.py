@@ -21,6 +21,7 @@ from torch import nn
 
 from torchgpu.errors import UsageError
 from torchgpu.train import build, metrics
+from torchgpu.train.agreement import RankAgreement
 from torchgpu.train.backoff import for_run as backoff_for_run
 from torchgpu.train.checkpointing import Ranks, RunCheckpoints, RunStart, plan_resume
 from torchgpu.train.config import TrainConfig, resolve, validate
@@ -230,7 +231,8 @@ def _run(
                                               batch_size=config.batch_size,
                                               accumulate=config.accumulate, device=device,
                                               distributed=agree, out_dir=out_dir,
-                                              position=lambda: (state.step, state.epoch)))
+                                              position=lambda: (state.step, state.epoch)),
+                      agreement=RankAgreement(world) if agree else None)
     is_main = out_dir is not None
     progress = (NullProgress() if config.json else
                 make_progress(config.progress, is_main=is_main, memory=_memory_reader(device)))

@@ -1,0 +1,167 @@
+"""Worker for test_train_oom_gloo.py: one gloo process group, several DDP scenarios on
+run_epoch, where only rank 1 runs out of memory / sees a NaN loss. Prints one JSON line
+per rank."""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from torchgpu.accumulate import GradAccumulator
+from torchgpu.errors import NonFiniteLossError
+from torchgpu.models import HousingNet
+from torchgpu.precision import Precision
+from torchgpu.train import loop
+from torchgpu.train.backoff import LoopBackoff
+from torchgpu.train.loop import LoopParts, run_epoch
+from torchgpu.train.state import StopFlag, TrainState
+
+
+def batches(rank: int, batch: int, samples: int = 128) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(100 + rank)
+    x, y = torch.randn(samples, 13, generator=g), torch.randn(samples, 1, generator=g)
+    return list(zip(x.split(batch), y.split(batch), strict=True))
+
+
+def setup(batch: int, accumulate: int, *, on_nonfinite: str = "stop", backoff: bool = True,
+          loss_fn: Any = None) -> tuple[nn.Module, LoopParts]:
+    torch.manual_seed(0)
+    model = DDP(HousingNet())
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    precision = Precision("fp32", "cpu")
+    acc = GradAccumulator(model, optimizer, accumulate, precision=precision)
+    loss = loss_fn or nn.MSELoss()
+    lb = (LoopBackoff(model, acc, loss, batch_size=batch, accumulate=accumulate,
+                      distributed=True) if backoff else None)
+    parts = LoopParts(model=model, loss_fn=loss, accumulator=acc, precision=precision,
+                      device=torch.device("cpu"), accumulate=accumulate, rank=dist.get_rank(),
+                      agree=True, on_nonfinite=on_nonfinite, backoff=lb)
+    return model, parts
+
+
+def oom_above(limit: int) -> Any:
+    def hook(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+        if module.training and int(inputs[0].shape[0]) > limit:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated on rank 1)")
+
+    return hook
+
+
+def weights(model: nn.Module) -> list[float]:
+    return [float(v) for p in model.parameters() for v in p.detach().reshape(-1)[:3]]
+
+
+def same_everywhere(values: list[float]) -> bool:
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, values)
+    return all(g == gathered[0] for g in gathered)
+
+
+def backoff_case(batch: int, accumulate: int, limit: int, ref_batch: int,
+                 ref_accumulate: int) -> dict[str, Any]:
+    rank = dist.get_rank()
+    model, parts = setup(batch, accumulate)
+    if rank == 1:
+        model.module.register_forward_pre_hook(oom_above(limit))
+    state = TrainState()
+    run_epoch(parts, batches(rank, batch), state, batches_per_epoch=128 // batch)
+    reference, ref_parts = setup(ref_batch, ref_accumulate, backoff=False)
+    ref_state = TrainState()
+    run_epoch(ref_parts, batches(rank, ref_batch), ref_state, batches_per_epoch=128 // ref_batch)
+    assert parts.backoff is not None
+    events = parts.backoff.events
+    return {
+        "pairs": [[e.previous_micro_batch, e.previous_accumulate] for e in events]
+        + [[e.micro_batch, e.accumulate] for e in events[-1:]],
+        "steps": state.step,
+        "equal_to_reference": all(
+            torch.equal(a, b) for a, b in zip(model.parameters(), reference.parameters(),
+                                              strict=True)),
+        "same_weights_on_all_ranks": same_everywhere(weights(model)),
+        "losses_match_reference": state.step_losses == ref_state.step_losses,
+        "same_losses_on_all_ranks": same_everywhere(state.step_losses),
+    }
+
+
+class NanOnRank1At:
+    def __init__(self, at: int) -> None:
+        self.calls, self.at = 0, at
+
+    def __call__(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        loss = nn.functional.mse_loss(out, y)
+        bad = dist.get_rank() == 1 and self.calls == self.at
+        return loss * float("nan") if bad else loss
+
+
+def nonfinite_case(mode: str, accumulate: int) -> dict[str, Any]:
+    rank = dist.get_rank()
+    model, parts = setup(16, accumulate, on_nonfinite=mode, loss_fn=NanOnRank1At(3))
+    seen: list[list[float]] = []
+    state = TrainState()
+    result: dict[str, Any] = {}
+    try:
+        run_epoch(parts, batches(rank, 16), state, batches_per_epoch=8,
+                  on_step=lambda s: seen.append(weights(model)))
+    except NonFiniteLossError as error:
+        result["error"] = str(error)
+        result["weights_unchanged"] = weights(model) == seen[-1]
+    result.update(steps=state.step, skipped=state.skipped_steps,
+                  finite=all(math.isfinite(v) for v in weights(model)),
+                  same_weights_on_all_ranks=same_everywhere(weights(model)),
+                  same_losses_on_all_ranks=same_everywhere(state.step_losses))
+    return result
+
+
+def stop_case() -> dict[str, Any]:
+    rank = dist.get_rank()
+    _, parts = setup(4, 1)
+    stop = StopFlag()
+    synced: list[list[float]] = []
+
+    def on_step(state: TrainState) -> None:
+        if state.step == 2:  # every rank: agree here, the losses become global
+            loop.sync_now()
+            synced.append(list(state.step_losses))
+        if state.step == 3 and rank == 0:  # as a signal would, on one rank only
+            stop.set("test")
+
+    state = TrainState()
+    totals = run_epoch(parts, batches(rank, 4), state, batches_per_epoch=32, stop=stop,
+                       on_step=on_step)
+    return {"stopped": totals.stopped, "step": state.step,
+            "same_step_on_all_ranks": same_everywhere([float(state.step)]),
+            "synced_equal": same_everywhere(synced[0]),
+            "same_losses_on_all_ranks": same_everywhere(state.step_losses)}
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    report = {
+        "rank": dist.get_rank(),
+        "backoff_1x": backoff_case(64, 1, 16, 16, 4),
+        "backoff_window": backoff_case(32, 2, 8, 8, 8),
+        "skip": nonfinite_case("skip", 1),
+        "skip_window": nonfinite_case("skip", 2),
+        "stop": nonfinite_case("stop", 1),
+        "stop_flag": stop_case(),
+    }
+    print(json.dumps(report), flush=True)
+    # Free the DDP models (reference cycles) before the group goes: destroying the group
+    # under live DDP reducers aborts the process at exit now and then (gloo, torch 2.13).
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
