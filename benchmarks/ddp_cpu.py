@@ -25,6 +25,7 @@ torchgpu/raw speed ratio per round (medians).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -136,7 +137,6 @@ def worker(args: argparse.Namespace) -> None:
         print(json.dumps(report, indent=2))
         if args.json:
             Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-    dist.destroy_process_group()
 
 
 def main() -> None:
@@ -154,7 +154,14 @@ def main() -> None:
     if args.quick:
         args.steps, args.rounds = 10, 3
     if args.worker:
+        import torch.distributed as dist
+
         worker(args)
+        # Free the DDP models (reference cycles) before the group goes: destroying the
+        # group under live DDP reducers aborts the process at exit now and then (gloo).
+        gc.collect()
+        dist.barrier()
+        dist.destroy_process_group()
         return
     import socket
 

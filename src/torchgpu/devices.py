@@ -3,23 +3,31 @@
 Nothing here initialises CUDA unless asked (``init_cuda=True``) or already done:
 ``torch.cuda.device_count()`` counts GPUs through NVML without a CUDA context, and NVML
 (:mod:`torchgpu.nvml`) fills names, memory and processes. The CUDA_VISIBLE_DEVICES
-rules live in :mod:`torchgpu.visible` and are re-exported here.
+rules live in :mod:`torchgpu.visible`, whether CUDA is usable in
+:mod:`torchgpu.cudastatus`, the CPU's facts in :mod:`torchgpu.hostinfo`; the public
+names are re-exported here.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import platform
 import re
-import shutil
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
 from torchgpu import nvml
+from torchgpu.cudastatus import (
+    cuda_device_count,
+    cuda_unavailable_reason,
+    driver_evidence,
+    driver_read_visible_devices,
+)
 from torchgpu.errors import DeviceSpecError, NoDeviceError, UsageError, VisibleDevicesError
+from torchgpu.hostinfo import host_info
 from torchgpu.sizes import format_bytes, parse_size
 from torchgpu.visible import (
     PhysicalGpu,
@@ -33,8 +41,10 @@ __all__ = [
     "DeviceInfo",
     "GpuProcess",
     "VisibleDevices",
+    "cpu_device_info",
     "cuda_unavailable_reason",
     "default_device",
+    "driver_evidence",
     "format_bytes",
     "get_device",
     "list_devices",
@@ -90,61 +100,7 @@ class DeviceInfo:
         return f"cuda:{self.index}" if self.kind == "cuda" else self.kind
 
 
-# ------------------------------------------------------------------- CUDA status
-def driver_evidence(inventory: nvml.NvmlInventory | None = None) -> str | None:
-    """Where we see an NVIDIA driver (without CUDA): NVML, /proc, or nvidia-smi on PATH."""
-    if inventory is not None and inventory.available and inventory.gpus:
-        return f"NVML lists {len(inventory.gpus)} GPU(s)"
-    if os.path.exists("/proc/driver/nvidia/version"):
-        return "/proc/driver/nvidia/version exists"
-    if shutil.which("nvidia-smi"):
-        return "nvidia-smi is on PATH"
-    return None
-
-
-def cuda_unavailable_reason() -> str:
-    """Why CUDA cannot be used in this process, as one sentence with a fix; ``""`` when it can.
-
-    Never initialises CUDA (counts GPUs through NVML, as torch.cuda.device_count does).
-    """
-    if torch.version.cuda is None:
-        if torch.version.hip is not None:
-            return f"this torch ({torch.__version__}) is a ROCm build, not a CUDA one"
-        inventory = nvml.read_inventory()
-        evidence = driver_evidence(inventory)
-        where = f" although an NVIDIA driver is present ({evidence})" if evidence else ""
-        return (
-            f"this torch ({torch.__version__}) is a CPU-only build (torch.version.cuda is None)"
-            f"{where}: install a CUDA build, e.g. pip install torch --index-url "
-            "https://download.pytorch.org/whl/cu126"
-        )
-    raw = os.environ.get("CUDA_VISIBLE_DEVICES")
-    visible = parse_visible_devices(raw)
-    if raw is not None and not visible.ids:
-        detail = f" ({visible.problem})" if visible.problem else ""
-        return (
-            f"CUDA_VISIBLE_DEVICES={raw!r} hides every GPU{detail}: unset it or list the "
-            "GPUs to use, e.g. CUDA_VISIBLE_DEVICES=0"
-        )
-    if torch.cuda.device_count() > 0:
-        return ""
-    inventory = nvml.read_inventory()
-    if driver_evidence(inventory) is None:
-        return (
-            "no NVIDIA driver was found (no NVML, no /proc/driver/nvidia, no nvidia-smi): "
-            "install the driver, or use --device cpu"
-        )
-    if raw is not None:
-        return (
-            f"none of CUDA_VISIBLE_DEVICES={raw!r} names a GPU the driver has: check the "
-            "ids against `torchgpu devices` or unset the variable"
-        )
-    return (
-        "the NVIDIA driver is present but CUDA reports no usable GPU (driver too old for "
-        f"CUDA {torch.version.cuda}, or the GPU is in a bad state): check nvidia-smi"
-    )
-
-
+# ------------------------------------------------------------------------ helpers
 def _cuda_initialized() -> bool:
     return bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
 
@@ -164,7 +120,7 @@ def _cuda_count_or_raise(spec: str) -> int:
     reason = cuda_unavailable_reason()
     if reason:
         raise NoDeviceError(f"{spec} requested but CUDA cannot be used: {reason}")
-    return torch.cuda.device_count()
+    return cuda_device_count()
 
 
 def _check_index(index: int, count: int, spec: str) -> torch.device:
@@ -246,10 +202,14 @@ def _auto_device() -> torch.device:
     if override is not None and override != "auto":
         try:
             return get_device(override)
-        except DeviceSpecError as error:
-            raise DeviceSpecError(f"TORCHGPU_DEVICE={override!r}: {error}") from None
-    if torch.version.cuda is not None and torch.cuda.device_count() > 0:
-        count = torch.cuda.device_count()
+        except (DeviceSpecError, NoDeviceError) as error:
+            # Name the variable: the user did not type this spec on the command line.
+            raise type(error)(
+                f"TORCHGPU_DEVICE={override!r}: {str(error).rstrip('.')}; unset "
+                "TORCHGPU_DEVICE or set it to cpu"
+            ) from None
+    count = cuda_device_count() if torch.version.cuda is not None else 0
+    if count > 0:
         local_rank = _local_rank()
         if local_rank is not None and local_rank >= count:
             raise NoDeviceError(
@@ -348,38 +308,18 @@ def _torch_gpu_info(index: int, init_cuda: bool) -> DeviceInfo:
     )
 
 
-def _meminfo() -> dict[str, int]:
-    values: dict[str, int] = {}
-    with contextlib.suppress(OSError), open("/proc/meminfo", encoding="ascii") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            parts = rest.split()
-            if parts and parts[0].isdigit():
-                values[key] = int(parts[0]) * 1024  # the file says kB, meaning KiB
-    return values
-
-
-def _cpu_name() -> str:
-    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
-        for line in f:
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine() or "CPU"
-
-
 def cpu_device_info() -> DeviceInfo:
     """The CPU entry: name, logical cores, RAM total and available (bytes)."""
-    memory = _meminfo()
-    total = memory.get("MemTotal")
-    available = memory.get("MemAvailable")
+    host = host_info()
+    total, available = host.total_bytes, host.available_bytes
     return DeviceInfo(
         kind="cpu",
         index=None,
-        name=_cpu_name(),
+        name=host.cpu_name,
         total_bytes=total,
         free_bytes=available,
         used_bytes=total - available if total is not None and available is not None else None,
-        cores=os.cpu_count(),
+        cores=host.cores,
     )
 
 
@@ -411,7 +351,7 @@ def list_devices(*, init_cuda: bool = False) -> list[DeviceInfo]:
                 )
             )
     elif torch.version.cuda is not None:
-        devices += [_torch_gpu_info(i, init_cuda) for i in range(torch.cuda.device_count())]
+        devices += [_torch_gpu_info(i, init_cuda) for i in range(cuda_device_count())]
     if _mps_available():
         devices.append(DeviceInfo(kind="mps", index=None, name="Apple MPS", bf16_supported=True))
     devices.append(cpu_device_info())
@@ -485,6 +425,13 @@ def set_visible_devices(ids: str | list[int] | list[str] | tuple[int | str, ...]
     Validates strictly (garbage, negatives, duplicates, mixed ordinals and UUIDs, and
     ordinals past the last GPU when NVML can count them) and refuses once CUDA is
     initialised here, because the driver reads the variable only once, at start-up.
+
+    The driver can also have started without CUDA being initialised: when torch cannot
+    count GPUs through NVML (NVML unavailable, or ``MIG-`` ids in the variable),
+    ``torch.cuda.device_count()`` asks the driver, which reads the variable then. If an
+    earlier torchgpu call (``get_device``, ``list_devices``...) counted that way, the new
+    value still reaches child processes (torchrun workers) but not this one: a
+    RuntimeWarning says so. Call this first thing, before any other torchgpu call.
     """
     if _cuda_initialized():
         raise VisibleDevicesError(
@@ -510,6 +457,16 @@ def set_visible_devices(ids: str | list[int] | list[str] | tuple[int | str, ...]
                 f"{count} (0..{count - 1}); the driver would silently stop there. "
                 "Run `torchgpu devices` to see them"
             )
+    read, before = driver_read_visible_devices()
+    if read and value != before:
+        warnings.warn(
+            f"CUDA_VISIBLE_DEVICES={value!r} applies to child processes only: the CUDA "
+            f"driver of this process already read it as {before!r} when GPUs were counted "
+            "(torch could not count them through NVML). Set it before the first torchgpu "
+            "call, or in the shell: CUDA_VISIBLE_DEVICES=1,2 python train.py",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     os.environ["CUDA_VISIBLE_DEVICES"] = value
     return value
 

@@ -127,10 +127,23 @@ class DistSession(DistEnv):
     def env(self) -> DistEnv:
         return DistEnv(self.rank, self.local_rank, self.world_size, self.local_world_size)
 
-    def close(self) -> None:
-        """Destroy the process group if this call created it (idempotent)."""
-        if self.owns_group and dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+    def close(self, clean: bool = True) -> None:
+        """Destroy the process group if this call created it (idempotent).
+
+        ``clean=True`` (a normal exit) first collects garbage and waits at a barrier:
+        gloo aborts the process ("terminate called without an active exception") when
+        a rank tears its group down while DDP buffers or a peer's last collective are
+        still in flight. After an error the barrier is skipped, since the peers may be
+        gone and waiting for them would hang until the group's timeout.
+        """
+        if not (self.owns_group and dist.is_available() and dist.is_initialized()):
+            return
+        if clean and self.world_size > 1:
+            import gc
+
+            gc.collect()
+            dist.barrier()
+        dist.destroy_process_group()
 
     def __enter__(self) -> DistSession:
         return self
@@ -141,7 +154,7 @@ class DistSession(DistEnv):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        self.close(clean=exc_type is None)
 
 
 def _resolve_backend(backend: str, device: torch.device | None) -> str:

@@ -214,7 +214,11 @@ class OOMBackoff:
         device: torch.device | str | None = None,
         agree: Agree | None = None,
         require_exact: bool = False,
+        outer_accumulate: int = 1,
     ) -> None:
+        """``outer_accumulate`` only shapes messages: when the caller already accumulates
+        ``outer_accumulate`` such batches per optimizer step (the training loop backs off
+        within each loader batch), the effective batch it reports is multiplied by it."""
         if micro_batch < 1 or accumulate < 1 or min_micro_batch < 1:
             raise ConfigError(
                 f"OOMBackoff(micro_batch={micro_batch}, accumulate={accumulate}, "
@@ -226,6 +230,7 @@ class OOMBackoff:
         self.target_effective_batch = micro_batch * accumulate
         self.device = None if device is None else torch.device(device)
         self.require_exact = require_exact
+        self.outer_accumulate = max(1, outer_accumulate)
         self.history: list[BackoffDecision] = []
         self._agree = agree
 
@@ -301,7 +306,8 @@ class OOMBackoff:
         figures = memory_figures(self.device)
         return OutOfMemoryBackoffError(
             f"out of memory at micro-batch {self.micro_batch} on {where} "
-            f"(effective batch {self.target_effective_batch}; back-off went {path}), the "
+            f"(effective batch {self.target_effective_batch * self.outer_accumulate}; "
+            f"back-off went {path}), the "
             f"smallest micro-batch allowed, so one step cannot fit on this device"
             f"{'; ' + figures if figures else ''}. Last error: {reason}. {FIX_HINT}."
         )

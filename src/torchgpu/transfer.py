@@ -1,7 +1,8 @@
 """Moving things between devices, and telling what is where.
 
 - :func:`to_device` moves tensors and modules inside any nesting of dict, list, tuple,
-  namedtuple, dataclass and set, keeping the container types.
+  namedtuple, dataclass and set, keeping the container types (a ``PackedSequence`` is
+  moved as ``PackedSequence.to`` does: ``batch_sizes`` stays on the CPU).
 - :func:`pin` puts nested CPU tensors in page-locked memory (needed for truly async
   host-to-GPU copies).
 - :class:`Prefetcher` copies the next batch to the GPU on a side stream while the current
@@ -14,13 +15,15 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from typing import Any, Generic, Literal, TypeVar
 
 import torch
 from torch import nn
+from torch.nn.utils.rnn import PackedSequence
 
+from torchgpu.cudastatus import cuda_device_count
 from torchgpu.devices import get_device
 from torchgpu.errors import DeviceMismatchError
 
@@ -38,6 +41,16 @@ def _map(obj: Any, fn: Callable[[torch.Tensor], Any], on_module: Callable[[nn.Mo
         return on_module(obj)
     if isinstance(obj, (str, bytes)):
         return obj
+    if isinstance(obj, PackedSequence):
+        # A namedtuple whose constructor refuses batch_sizes off the CPU: it stays where
+        # it is, as PackedSequence.to leaves it; the indices follow the data.
+        sorted_indices, unsorted_indices = obj.sorted_indices, obj.unsorted_indices
+        return type(obj)(
+            fn(obj.data),
+            obj.batch_sizes,
+            None if sorted_indices is None else fn(sorted_indices),
+            None if unsorted_indices is None else fn(unsorted_indices),
+        )
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         new = copy.copy(obj)
         for f in dataclasses.fields(obj):
@@ -70,11 +83,17 @@ def _map(obj: Any, fn: Callable[[torch.Tensor], Any], on_module: Callable[[nn.Mo
 def to_device(obj: T, device: DeviceLike, non_blocking: NonBlocking = "auto") -> T:
     """``obj`` with every tensor moved to ``device`` and every module moved in place.
 
+    Containers are rebuilt with their own type; one whose constructor does not take an
+    iterable of items (a dict or list subclass with extra ``__init__`` arguments) comes
+    back as its builtin base (``dict``, ``list``...). Other objects pass through as they
+    are. Device strings follow :func:`torchgpu.get_device`.
+
     ``non_blocking="auto"`` copies asynchronously only where it is safe and useful: a
-    pinned CPU tensor going to CUDA. ``True`` asks for async copies everywhere; copies
-    to the CPU from a GPU are then synchronised before returning, so a returned CPU
-    tensor is never read before its data has arrived. ``False`` always blocks.
-    Device strings follow :func:`torchgpu.get_device`.
+    pinned CPU tensor going to CUDA. The copy may still be running when this returns,
+    so do not modify a pinned source (e.g. refill a reused pinned buffer) until the
+    stream has synchronised. ``True`` asks for async copies everywhere; copies to the
+    CPU from a CUDA or MPS device are then synchronised before returning, so a returned
+    CPU tensor is never read before its data has arrived. ``False`` always blocks.
     """
     target = device if isinstance(device, torch.device) else get_device(device)
     if target.type == "cuda" and target.index is None:
@@ -88,7 +107,7 @@ def to_device(obj: T, device: DeviceLike, non_blocking: NonBlocking = "auto") ->
             nb = t.device.type == "cpu" and target.type == "cuda" and t.is_pinned()
         else:
             nb = bool(non_blocking)
-        if nb and target.type == "cpu" and t.device.type == "cuda":
+        if nb and target.type == "cpu" and t.device.type in ("cuda", "mps"):
             pending_d2h.add(t.device)
         return t.to(target, non_blocking=nb)
 
@@ -98,7 +117,10 @@ def to_device(obj: T, device: DeviceLike, non_blocking: NonBlocking = "auto") ->
     result: T = _map(obj, move, move_module)
     for source in pending_d2h:
         # The async device-to-host copies were queued on the source's current stream.
-        torch.cuda.current_stream(source).synchronize()
+        if source.type == "mps":
+            torch.mps.synchronize()
+        else:
+            torch.cuda.current_stream(source).synchronize()
     return result
 
 
@@ -108,7 +130,7 @@ def pin(obj: T) -> T:
     Already pinned or non-CPU tensors are returned as they are. A no-op where no CUDA
     GPU is usable (pinning needs the driver), so code stays device-agnostic.
     """
-    if torch.version.cuda is None or torch.cuda.device_count() == 0:
+    if torch.version.cuda is None or cuda_device_count() == 0:
         return obj
 
     def pin_one(t: torch.Tensor) -> torch.Tensor:
@@ -197,6 +219,9 @@ def _same(actual: torch.device, expected: torch.device) -> bool:
 def _input_tensors(obj: Any, path: str, out: list[tuple[str, torch.Tensor]]) -> None:
     if isinstance(obj, torch.Tensor):
         out.append((path, obj))
+    elif isinstance(obj, PackedSequence):  # batch_sizes lives on the CPU by design
+        for name in ("data", "sorted_indices", "unsorted_indices"):
+            _input_tensors(getattr(obj, name), f"{path}.{name}", out)
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         for f in dataclasses.fields(obj):
             _input_tensors(getattr(obj, f.name), f"{path}.{f.name}", out)
@@ -211,11 +236,49 @@ def _input_tensors(obj: Any, path: str, out: list[tuple[str, torch.Tensor]]) -> 
             _input_tensors(value, f"{path}[{i}]", out)
 
 
+def _expected_device(
+    named: list[tuple[str, torch.Tensor]], given: list[tuple[str, torch.Tensor]]
+) -> torch.device:
+    """The device the tensors should agree on, never ``meta`` while real data exists.
+
+    The model's most common device first (a forgotten input is the usual mistake, and
+    the fix is then to move the input, not the model), ties going to the first seen;
+    else the first input's device. ``meta`` tensors hold no data, so they are only the
+    answer when everything is on ``meta``.
+    """
+    counts = Counter(t.device for _, t in named if t.device.type != "meta")
+    if counts:
+        return counts.most_common(1)[0][0]  # sorted stably: ties keep first-seen order
+    real_inputs = [t.device for _, t in given if t.device.type != "meta"]
+    if real_inputs:
+        return real_inputs[0]
+    everything = named + given
+    return everything[0][1].device if everything else torch.device("cpu")
+
+
+def _fix(expected: torch.device, wrong: list[tuple[str, torch.device]]) -> str:
+    if expected.type == "meta":
+        # Moving to meta would throw the data away: never suggest it.
+        return (
+            "'meta' tensors hold no data: build these under `with torch.device('meta'):` "
+            "as well, or check against the device the data should be on (device=...)"
+        )
+    fix = f"move them with model.to({str(expected)!r}) and to_device(inputs, {str(expected)!r})"
+    if any(d.type == "meta" for _, d in wrong):
+        fix += (
+            "; tensors on 'meta' have no data (the module was built under "
+            "torch.device('meta')): materialise them with module.to_empty(device=...) and "
+            "then load or initialise the weights"
+        )
+    return fix
+
+
 def check_devices(model: nn.Module, *inputs: Any, device: DeviceLike | None = None) -> torch.device:
     """Check that every parameter, buffer and input tensor is on one device; return it.
 
-    ``device``: the expected device (default: that of the model's first parameter or
-    buffer, else of the first input). Raises DeviceMismatchError naming every offender,
+    ``device``: the expected device. By default, the device most of the model's
+    parameters and buffers are on, else the first input's; ``meta`` (no data) is chosen
+    only when every tensor is on it. Raises DeviceMismatchError naming every offender,
     e.g. ``layer2.0.weight on cpu, input[0] on cuda:0``, with the fix. Reads only
     ``.device`` attributes: no copies, no CUDA initialisation. A model split over
     several devices on purpose (model/pipeline parallel) should be checked per stage.
@@ -227,24 +290,15 @@ def check_devices(model: nn.Module, *inputs: Any, device: DeviceLike | None = No
         _input_tensors(value, f"input[{i}]", given)
     if device is not None:
         expected = device if isinstance(device, torch.device) else get_device(device)
-    elif named or given:
-        expected = (named or given)[0][1].device
     else:
-        return torch.device("cpu")
+        expected = _expected_device(named, given)
     wrong = [(n, t.device) for n, t in named + given if not _same(t.device, expected)]
     if not wrong:
         return expected
     shown = ", ".join(f"{n} on {d}" for n, d in wrong[:12])
     more = f" and {len(wrong) - 12} more" if len(wrong) > 12 else ""
-    fix = f"move them with model.to({str(expected)!r}) and to_device(inputs, {str(expected)!r})"
-    if any(d.type == "meta" for _, d in wrong):
-        fix += (
-            "; tensors on 'meta' have no data (the module was built under "
-            "torch.device('meta')): materialise them with module.to_empty(device=...) and "
-            "then load or initialise the weights"
-        )
     count = len(wrong)
     raise DeviceMismatchError(
         f"{count} tensor{'s are' if count != 1 else ' is'} not on {expected}: {shown}{more}. "
-        f"Fix: {fix}."
+        f"Fix: {_fix(expected, wrong)}."
     )

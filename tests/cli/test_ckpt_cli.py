@@ -128,3 +128,96 @@ def test_bad_usage_exits_2_with_one_paragraph(
     code, _, err = cli(["ckpt", *args], capsys)
     assert code == 2 and "Traceback" not in err
     assert err.strip().count("\n") <= 2
+
+
+def _run_with_truncated_latest(root: Path, *, with_good_earlier: bool) -> Path:
+    """A run directory whose `latest` (step-2) has a truncated model.safetensors."""
+    checkpoints = root / "checkpoints"
+    if with_good_earlier:
+        save_checkpoint(checkpoints / "step-1", model=_net(), step=1)
+    bad = save_checkpoint(checkpoints / "step-2", model=_net(), step=2)
+    data = (bad / "model.safetensors").read_bytes()
+    (bad / "model.safetensors").write_bytes(data[: len(data) // 2])
+    return bad
+
+
+def test_verify_run_dir_checks_the_checkpoint_latest_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not a fallback: `ckpt verify RUN` fails (exit 1) when `latest` is damaged, naming
+    the bad file, even when an older checkpoint is fine (and names that one as a hint)."""
+    bad = _run_with_truncated_latest(tmp_path / "r2", with_good_earlier=True)
+    for path in (tmp_path / "r2", tmp_path / "r2" / "checkpoints"):
+        code, out, err = cli(["ckpt", "verify", str(path)], capsys)
+        assert code == 1 and out == "", out
+        assert str(bad / "model.safetensors") in err and "truncated" in err
+        assert str(tmp_path / "r2" / "checkpoints" / "step-1") in err
+        assert "Warning" not in err
+    only = _run_with_truncated_latest(tmp_path / "r3", with_good_earlier=False)
+    code, out, err = cli(["ckpt", "verify", str(tmp_path / "r3")], capsys)
+    assert code == 1 and str(only / "model.safetensors") in err, err
+    (tmp_path / "r3" / "checkpoints" / "latest").write_text("step-9\n")
+    code, out, err = cli(["ckpt", "verify", str(tmp_path / "r3")], capsys)
+    assert code == 1 and "'step-9'" in err and "latest" in err, err
+
+
+def test_verify_without_latest_checks_every_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for step in (1, 2):
+        save_checkpoint(tmp_path / "ck" / f"step-{step}", model=_net(), step=step)
+    (tmp_path / "ck" / "latest").unlink()
+    code, out, err = cli(["ckpt", "verify", str(tmp_path / "ck")], capsys)
+    assert code == 0, err
+    assert [line.split()[1] for line in out.splitlines()] == [
+        str(tmp_path / "ck" / "step-1"), str(tmp_path / "ck" / "step-2")]
+    state = tmp_path / "ck" / "step-1" / "state.pt"
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    state.write_bytes(bytes(data))
+    code, out, err = cli(["ckpt", "verify", str(tmp_path / "ck")], capsys)
+    assert code == 1 and str(state) in err and "sha256" in err
+    assert out.startswith(f"ok: {tmp_path / 'ck' / 'step-2'}")
+
+
+def test_inspect_run_dir_reports_an_incomplete_latest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`ckpt inspect RUN` looks at what `latest` names, complete or not."""
+    for name, earlier in (("r3", False), ("r2", True)):
+        bad = _run_with_truncated_latest(tmp_path / name, with_good_earlier=earlier)
+        code, out, err = cli(["ckpt", "inspect", str(tmp_path / name)], capsys)
+        assert code == 0, err
+        assert f"path:    {bad}" in out and "complete: NO" in out and "step:    2" in out
+        assert "truncated" in out  # why its tensors cannot be listed
+        code, out, err = cli(["ckpt", "inspect", str(tmp_path / name), "--json"], capsys)
+        info = json.loads(out)
+        assert info["complete"] is False and info["path"] == str(bad) and info["step"] == 2
+
+
+@pytest.mark.slow
+def test_a_fallback_is_a_note_not_a_python_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`latest` names a missing directory: inspect uses the newest complete one and says
+    so in one `note:` line, in-process and in a real process (no file:line warning)."""
+    save_checkpoint(tmp_path / "ck" / "step-1", model=_net(), step=1)
+    (tmp_path / "ck" / "latest").write_text("step-7\n")
+    code, out, err = cli(["ckpt", "inspect", str(tmp_path / "ck")], capsys)
+    assert code == 0 and f"path:    {tmp_path / 'ck' / 'step-1'}" in out
+    assert err.startswith("note:") and "'step-7'" in err
+    done = run_cli(["ckpt", "inspect", str(tmp_path / "ck")], timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.startswith("note:") and done.stderr.count("\n") == 1
+    assert "Warning" not in done.stderr and ".py:" not in done.stderr
+
+
+def test_small_input_checks_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    save_checkpoint(tmp_path / "ck", model=_net())
+    code, out, err = cli(["ckpt", "inspect", str(tmp_path / "ck"), "--keys", "-1"], capsys)
+    assert code == 2 and "--keys" in err and "-1" in err and out == ""
+    missing = tmp_path / "nonexist" / "dir"
+    code, out, err = cli(["ckpt", "convert", str(tmp_path / "ck"), str(missing / "y.pt")],
+                         capsys)
+    assert code == 2 and str(missing) in err and "Traceback" not in err
+    assert not (tmp_path / "nonexist").exists()

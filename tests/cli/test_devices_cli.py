@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -115,10 +116,43 @@ def test_devices_bad_flags_exit_2(argv, capsys):
     assert "Traceback" not in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "nan"])
-def test_devices_watch_not_positive_exit_2(value, capsys):
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        ("0", "0"),
+        ("-1", "-1"),
+        ("nan", "nan"),
+        ("inf", "inf"),
+        ("1e400", "inf"),
+        ("86401", "86401"),
+    ],
+)
+def test_devices_watch_out_of_range_exit_2(value, shown, capsys):
     assert main(["devices", "--watch", value]) == 2
-    assert f"--watch {value} must be a positive number" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"--watch {shown} must be a positive number of seconds up to 86400" in err
+    assert "Traceback" not in err
+
+
+def test_devices_help_shows_the_json_schema(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["devices", "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "stable schema" in out
+    assert devices_cli.JSON_SCHEMA.strip() in out  # verbatim, line breaks kept
+
+
+def test_json_schema_names_exactly_the_keys_printed(fake_machine, capsys):
+    assert main(["devices", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    printed = set(data) | set(data["torch"]) | set(data["nvml"])
+    for device in data["devices"]:
+        printed |= set(device)
+        for process in device["processes"] or []:
+            printed |= set(process)
+    documented = re.sub(r"#.*", "", devices_cli.JSON_SCHEMA)  # comments quote values
+    assert set(re.findall(r'"(\w+)":', documented)) == printed
 
 
 @pytest.mark.parametrize(

@@ -72,6 +72,28 @@ def inv(*gpus, **kw):
         (snap(cuda_visible_devices="all"), ["visible-devices"], "unset CUDA_VISIBLE_DEVICES"),
         (snap(cuda_visible_devices="GPU-zzz"), ["visible-devices"], "matches no GPU"),
         (snap(cuda_visible_devices="GPU-b"), [], ""),
+        # mixed kinds: the suggestion keeps the first token's kind, converting the rest
+        # through the inventory (cuda ordinal 0 is GPU-a) and dropping repeats
+        (snap(cuda_visible_devices="GPU-b,0"), ["visible-devices"], "=GPU-b,GPU-a ("),
+        (snap(cuda_visible_devices="0,GPU-b"), ["visible-devices"], "=0,1 ("),
+        (snap(cuda_visible_devices="GPU-b,1"), ["visible-devices"], "=GPU-b ("),
+        (snap(cuda_visible_devices="1,GPU-b,0"), ["visible-devices"], "=1,0 ("),
+        (
+            snap(inventory=inv(cuda_driver_version="12.4"), cuda_visible_devices="GPU-2222,0"),
+            ["visible-devices"],
+            "export CUDA_VISIBLE_DEVICES=GPU-2222 (",  # no inventory: the ordinal is dropped
+        ),
+        (
+            snap(
+                inventory=inv(
+                    dataclasses.replace(A100, mig_devices=(nvml.NvmlGpu(0, uuid="MIG-123"),)),
+                    A100_2,
+                ),
+                cuda_visible_devices="MIG-123,1,GPU-b",
+            ),
+            ["visible-devices"],
+            "export CUDA_VISIBLE_DEVICES=MIG-123 (",  # no whole-GPU id selects an instance
+        ),
         (snap(inventory=inv(A100, T4)), ["device-order"], "CUDA_DEVICE_ORDER=PCI_BUS_ID"),
         (snap(inventory=inv(A100, T4), cuda_device_order="PCI_BUS_ID"), [], ""),
         (snap(torch_cuda=None, nccl_available=None), ["cpu-only-torch"], "CPU-only build"),

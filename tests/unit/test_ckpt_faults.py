@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -237,3 +239,125 @@ def test_ddp_ranks_agree_on_step_and_rank0_writes(tmp_path: Path) -> None:
         assert f"rank{rank} refused: ranks disagree on the step" in out
         assert "span 4..5" in out
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["latest", "step-3"]
+
+
+# -- overwriting: a failure or a crash between the two renames (review finding 1) --------
+
+
+def _fail_rename_into(final_name: str) -> tuple[dict[str, int], object]:
+    """An ``os.rename`` that fails the temporary -> ``final_name`` rename with EIO."""
+    real_rename = os.rename
+    calls = {"refused": 0}
+
+    def rename(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        if Path(dst).name == final_name and Path(src).name.startswith(f".{final_name}.tmp-"):
+            calls["refused"] += 1
+            raise OSError(errno.EIO, "Input/output error")
+        real_rename(src, dst)
+
+    return calls, rename
+
+
+def test_failed_rename_while_overwriting_puts_the_old_checkpoint_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    old = _model(0)
+    save_checkpoint(tmp_path / "step-1", model=old, step=1)
+    calls, failing = _fail_rename_into("step-1")
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "rename", failing)
+        with pytest.raises(CheckpointError, match="Input/output error"):
+            save_checkpoint(tmp_path / "step-1", model=_model(1), step=1)
+    assert calls["refused"] == 1  # the old one was already moved aside when this failed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-1"]
+    assert find_checkpoint(tmp_path) == tmp_path / "step-1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-1"]
+    model = _model(3)
+    load_checkpoint(tmp_path, model=model)
+    assert _same(model, old)
+
+
+def test_orphan_moved_aside_copy_is_restored_when_its_name_is_free(tmp_path: Path) -> None:
+    """What a writer killed between the two renames leaves: the old checkpoint only under
+    ``.NAME.old-HOST-PID-RAND``. Cleaning orphans renames it back; it deletes it only when
+    ``NAME`` holds the replacement."""
+    old = _model(0)
+    save_checkpoint(tmp_path / "step-1", model=old, step=1)
+    host = socket.gethostname()
+    aside = tmp_path / f".step-1.old-{host}-999999999-0123abcd"
+    os.rename(tmp_path / "step-1", aside)
+    assert find_checkpoint(tmp_path) == tmp_path / "step-1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-1"]
+    model = _model(3)
+    load_checkpoint(tmp_path / "step-1", model=model)
+    assert _same(model, old)
+    # Replacement committed before the crash: the moved-aside copy is the stale one.
+    stale = tmp_path / f".step-1.old-{host}-999999998-0123abcd"
+    shutil.copytree(tmp_path / "step-1", stale)
+    assert atomic.clean_orphans(tmp_path) == [stale]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-1"]
+
+
+RENAME_KILL_SCRIPT = textwrap.dedent("""
+    import os, signal, sys
+    from pathlib import Path
+    import torch
+    from torch import nn
+    from torchgpu.checkpoint import save_checkpoint
+
+    root = sys.argv[1]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
+    save_checkpoint(root + "/step-1", model=model, step=1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    real_rename = os.rename
+
+    def rename(src, dst):  # SIGKILL after the old one is moved aside, before the new one lands
+        if Path(dst).name == "step-1" and Path(src).name.startswith(".step-1.tmp-"):
+            print("BETWEEN", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        real_rename(src, dst)
+
+    os.rename = rename
+    save_checkpoint(root + "/step-1", model=model, step=1)
+    print("FINISHED", flush=True)
+""")
+
+
+@pytest.mark.slow
+def test_sigkill_between_the_renames_of_an_overwrite_keeps_the_old_checkpoint(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "writer.py"
+    script.write_text(RENAME_KILL_SCRIPT)
+    root = tmp_path / "ckpts"
+    done = subprocess.run([sys.executable, str(script), str(root)], capture_output=True,
+                          text=True, env=child_env(), timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    assert done.stdout.split() == ["BETWEEN"]
+    names = sorted(p.name for p in root.iterdir())
+    assert "step-1" not in names and any(n.startswith(".step-1.old-") for n in names), names
+    assert find_checkpoint(root) == root / "step-1"
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step-1"]
+    verify_checkpoint(root / "step-1")
+    model = _model(5)
+    load_checkpoint(root, model=model)
+    assert _same(model, _model(0))  # the old weights, not the half-committed new ones
+
+
+# -- which checkpoint is newest (review finding 2) ----------------------------------------
+
+
+def test_newest_and_pruning_follow_commit_order_not_the_step(tmp_path: Path) -> None:
+    """After a resume from an earlier step, a lower step can be the newer save: keep_last
+    keeps the most recent commits, and the fallback for a damaged `latest` is the most
+    recently committed complete checkpoint."""
+    for step in (10, 20, 5):
+        save_checkpoint(tmp_path / f"step-{step}", model=_model(step), step=step, keep_last=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-20", "step-5"]
+    save_checkpoint(tmp_path / "step-7", model=_model(7), step=7)
+    (tmp_path / "step-7" / "manifest.json").unlink()
+    with pytest.warns(UserWarning, match="'step-5'"):
+        assert find_checkpoint(tmp_path) == tmp_path / "step-5"

@@ -6,11 +6,14 @@ torch.cuda._lazy_init is made to fail so any CUDA initialisation would show.
 
 from __future__ import annotations
 
+import os
+import warnings
+
 import pytest
 import torch
 
 from tests.nvml_fake import GIB, fake_backend
-from torchgpu import devices, nvml
+from torchgpu import cudastatus, devices, hostinfo, nvml
 from torchgpu.errors import DeviceSpecError, NoDeviceError, UsageError, VisibleDevicesError
 
 VARS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "TORCHGPU_DEVICE", "LOCAL_RANK")
@@ -25,6 +28,7 @@ def clean_env(monkeypatch):
         raise AssertionError("CUDA was initialised")
 
     monkeypatch.setattr(torch.cuda, "_lazy_init", no_init)
+    monkeypatch.setattr(cudastatus, "_driver_read", None)  # no count through the driver yet
     with nvml.use_backend(nvml.StaticBackend(nvml.NvmlInventory(error="no NVML in tests"))):
         yield
 
@@ -136,6 +140,20 @@ def test_auto_honours_local_rank_and_override(monkeypatch):
         devices.get_device()
 
 
+def test_auto_override_names_the_variable_when_cuda_is_unusable(monkeypatch):
+    monkeypatch.setenv("TORCHGPU_DEVICE", "cuda:0")  # this torch is a CPU-only build
+    with pytest.raises(NoDeviceError) as info:
+        devices.get_device()
+    message = str(info.value)
+    assert message.startswith("TORCHGPU_DEVICE='cuda:0': cuda:0 requested but CUDA cannot")
+    assert message.endswith("; unset TORCHGPU_DEVICE or set it to cpu")
+    assert info.value.exit_code == 3
+    cuda_build(monkeypatch, 2)
+    monkeypatch.setenv("TORCHGPU_DEVICE", "cuda:2")
+    with pytest.raises(DeviceSpecError, match=r"^TORCHGPU_DEVICE='cuda:2': cuda:2 requested"):
+        devices.get_device("auto")
+
+
 def test_auto_local_rank_beyond_gpus(monkeypatch):
     cuda_build(monkeypatch, 2)
     monkeypatch.setenv("LOCAL_RANK", "2")
@@ -153,7 +171,7 @@ def test_visible_devices_hiding_all_is_the_reason(monkeypatch):
 
 def test_no_driver_reason(monkeypatch):
     cuda_build(monkeypatch, 0)
-    monkeypatch.setattr(devices, "driver_evidence", lambda inventory=None: None)
+    monkeypatch.setattr(cudastatus, "driver_evidence", lambda inventory=None: None)
     assert "no NVIDIA driver" in devices.cuda_unavailable_reason()
 
 
@@ -181,6 +199,16 @@ def test_list_devices_cpu_only():
     cpu = found[0]
     assert cpu.spec == "cpu" and cpu.cores and cpu.cores >= 1
     assert cpu.total_bytes and cpu.free_bytes and 0 < cpu.free_bytes <= cpu.total_bytes
+
+
+def test_host_info_agrees_with_the_cpu_entry():
+    host = hostinfo.host_info()
+    assert host.cpu_name and host.cores == os.cpu_count()
+    if host.total_bytes is not None:  # Linux: /proc/meminfo
+        assert host.available_bytes is not None and 0 < host.available_bytes <= host.total_bytes
+        assert host.total_bytes == hostinfo.meminfo()["MemTotal"]
+    cpu = devices.cpu_device_info()
+    assert (cpu.name, cpu.cores, cpu.total_bytes) == (host.cpu_name, host.cores, host.total_bytes)
 
 
 def test_list_devices_from_fake_nvml(fake_gpus):
@@ -265,8 +293,6 @@ def test_select_devices_bad_arguments(args):
 @pytest.mark.parametrize(("ids", "expected"), [("1,2", "1,2"), ([0, 3], "0,3"), ("", "")])
 def test_set_visible_devices(monkeypatch, ids, expected):
     assert devices.set_visible_devices(ids) == expected
-    import os
-
     assert os.environ["CUDA_VISIBLE_DEVICES"] == expected
 
 
@@ -275,8 +301,6 @@ def test_set_visible_devices_refuses_garbage(monkeypatch, ids):
     with pytest.raises(VisibleDevicesError) as info:
         devices.set_visible_devices(ids)
     assert "CUDA_VISIBLE_DEVICES" in str(info.value)
-    import os
-
     assert "CUDA_VISIBLE_DEVICES" not in os.environ
 
 
@@ -289,6 +313,62 @@ def test_set_visible_devices_refuses_after_init(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     with pytest.raises(VisibleDevicesError, match="already initialised"):
         devices.set_visible_devices("0")
+
+
+def driver_counts(monkeypatch, nvml_count, gpus=2):
+    """A CUDA build whose NVML count is ``nvml_count`` (< 0: torch asks the driver)."""
+    cuda_build(monkeypatch, gpus)
+    monkeypatch.setattr(torch._C, "_cuda_getDeviceCount", lambda: gpus, raising=False)
+    monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: nvml_count, raising=False)
+
+
+def test_set_visible_devices_warns_when_the_driver_already_read_it(monkeypatch):
+    driver_counts(monkeypatch, nvml_count=-1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert devices.get_device() == torch.device("cuda", 0)
+    assert cudastatus.driver_read_visible_devices() == (True, "0,1")
+    with pytest.warns(RuntimeWarning, match="child processes only.*already read it as '0,1'"):
+        assert devices.set_visible_devices("1") == "1"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "1"  # still set, for child processes
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        devices.set_visible_devices("0,1")  # what the driver read: nothing to warn about
+
+
+def test_set_visible_devices_quiet_when_nvml_counted(monkeypatch):
+    driver_counts(monkeypatch, nvml_count=2)
+    devices.get_device()
+    devices.list_devices()
+    assert cudastatus.driver_read_visible_devices() == (False, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert devices.set_visible_devices("1") == "1"
+
+
+def test_mig_ids_always_count_through_the_driver(monkeypatch):
+    def nvml_not_asked():
+        raise AssertionError("torch skips NVML for MIG ids")
+
+    driver_counts(monkeypatch, nvml_count=2)
+    monkeypatch.setattr(torch.cuda, "_device_count_nvml", nvml_not_asked)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-abc")
+    assert cudastatus.cuda_device_count() == 2
+    assert cudastatus.driver_read_visible_devices() == (True, "MIG-abc")
+    with pytest.warns(RuntimeWarning, match="child processes only"):
+        devices.set_visible_devices("MIG-def")
+
+
+@pytest.mark.parametrize("case", ["cpu-build", "no-driver", "cuda-initialised"])
+def test_count_not_through_driver(monkeypatch, case):
+    driver_counts(monkeypatch, nvml_count=-1, gpus=0 if case == "no-driver" else 2)
+    if case == "cpu-build":
+        monkeypatch.delattr(torch._C, "_cuda_getDeviceCount", raising=False)
+    if case == "no-driver":
+        monkeypatch.setattr(cudastatus, "driver_evidence", lambda inventory=None: None)
+    if case == "cuda-initialised":
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    cudastatus.cuda_device_count()
+    assert cudastatus.driver_read_visible_devices() == (False, None)
 
 
 # ---------------------------------------------------------------- default_device

@@ -4,7 +4,9 @@ bitwise identical weights and loss history; negative controls prove the test can
 
 from __future__ import annotations
 
+import fractions
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -22,7 +24,12 @@ from torch import nn
 from tests.procs import run_cli, test_env
 from torchgpu.checkpoint import atomic, verify_checkpoint
 from torchgpu.cli.main import main
-from torchgpu.errors import ConfigError, ResumeError
+from torchgpu.errors import (
+    CheckpointCorruptError,
+    CheckpointFormatError,
+    ConfigError,
+    ResumeError,
+)
 from torchgpu.train import build
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.faults import crash_plan_from_env
@@ -203,6 +210,87 @@ def test_incomplete_latest_falls_back_and_orphans_are_cleaned(
     assert "newest complete checkpoint 'step-00000006'" in err
     assert resumed.summary["checkpoints"]["resumed_from"].endswith("step-00000006")
     assert not orphan.exists()
+    assert _identical(resumed, reference[1])
+
+
+def test_resume_from_an_earlier_checkpoint_sets_the_abandoned_branch_aside(
+    tmp_path: Path, reference: dict[int, TrainResult], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Resuming from step 6 of a run that went on to step 15: the later checkpoints belong
+    to the abandoned branch. They are moved aside (not deleted) with a message before
+    training continues, --keep-last prunes only this run's line, and `latest` names the
+    newest save of the current run."""
+    out = tmp_path / "run"
+    train(_config(out, save_every=3))  # saves steps 3, 6, 9, 12, 15
+    checkpoints = out / "checkpoints"
+    capsys.readouterr()
+    branch = train(_config(out, save_every=3, keep_last=2,
+                           resume=str(checkpoints / "step-00000006")), stop_at_step=8)
+    err = capsys.readouterr().err
+    aside = out / "checkpoints-abandoned-after-step-00000006"
+    assert "step-00000009, step-00000012, step-00000015" in err and str(aside) in err
+    assert sorted(p.name for p in aside.iterdir()) == [
+        "step-00000009", "step-00000012", "step-00000015"]
+    for directory in aside.iterdir():
+        verify_checkpoint(directory)  # moved whole, still loadable
+    assert sorted(p.name for p in checkpoints.iterdir()) == [
+        "latest", "step-00000006", "step-00000008"]
+    assert (checkpoints / "latest").read_text().strip() == "step-00000008"
+    assert branch.summary["checkpoints"]["last"].endswith("step-00000008")
+    final = train(_config(out, save_every=3, keep_last=2, resume=""))
+    assert final.summary["checkpoints"]["resumed_from"].endswith("step-00000008")
+    assert _identical(final, reference[1])
+    assert sorted(p.name for p in checkpoints.iterdir()) == [
+        "latest", "step-00000012", "step-00000015"]
+
+
+def test_resume_from_a_corrupt_latest_names_or_uses_the_newest_that_verifies(
+    tmp_path: Path, reference: dict[int, TrainResult], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bit flip keeps the size, so `latest` looks complete until its sha256 is checked.
+    Named explicitly, the error names the newest checkpoint that verifies; reached through
+    `latest`, the run falls back to it with a note (as for an incomplete one)."""
+    out = tmp_path / "run"
+    train(_config(out, save_every=3), stop_at_step=7)  # saves steps 3, 6, 7
+    bad = out / "checkpoints" / "step-00000007"
+    data = bytearray((bad / "state.pt").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (bad / "state.pt").write_bytes(bytes(data))
+    good = out / "checkpoints" / "step-00000006"
+    with pytest.raises(CheckpointCorruptError, match=re.escape(f"--resume {good}")):
+        train(_config(out, resume=str(bad)))
+    capsys.readouterr()
+    resumed = train(_config(out, resume=""))
+    err = capsys.readouterr().err
+    assert "note:" in err and "state.pt" in err and "step-00000006" in err
+    assert resumed.summary["checkpoints"]["resumed_from"] == str(good)
+    assert _identical(resumed, reference[1])
+
+
+def test_trust_checkpoint_flag_reaches_the_loader(
+    tmp_path: Path, reference: dict[int, TrainResult]
+) -> None:
+    """`torchgpu train --trust-checkpoint` is the only way to resume from a state.pt that
+    needs globals outside the weights-only allowlist."""
+    from torchgpu.checkpoint.layout import MANIFEST_FILE, manifest_bytes
+    from torchgpu.cli.train import config_from_argv, worker_argv
+
+    trusting = config_from_argv(["--resume", "--out", "x", "--trust-checkpoint"])
+    assert trusting.trust_checkpoint and "--trust-checkpoint" in worker_argv(trusting)
+    assert "--trust-checkpoint" not in worker_argv(config_from_argv(["--out", "x"]))
+    out = tmp_path / "run"
+    train(_config(out), stop_at_step=4)
+    ckpt = out / "checkpoints" / "step-00000004"
+    state = torch.load(ckpt / "state.pt", weights_only=True)
+    state["extra"]["note"] = fractions.Fraction(1, 3)  # not weights-only loadable
+    torch.save(state, ckpt / "state.pt")
+    names = ("model.safetensors", "state.pt", "meta.json")
+    (ckpt / MANIFEST_FILE).write_bytes(manifest_bytes({n: (ckpt / n).read_bytes()
+                                                       for n in names}))
+    with pytest.raises(CheckpointFormatError, match="--trust-checkpoint"):
+        train(_config(out, resume=""))
+    with pytest.warns(UserWarning, match="full unpickler"):
+        resumed = train(_config(out, resume="", trust_checkpoint=True))
     assert _identical(resumed, reference[1])
 
 

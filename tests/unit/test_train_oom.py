@@ -155,6 +155,14 @@ def test_cannot_fit_at_micro_batch_1_names_the_numbers() -> None:
     assert "micro-batch 1" in text and "8 -> 4 -> 2 -> 1" in text
     assert seen == [8, 4, 2, 1]
     assert isinstance(info.value.__cause__, torch.OutOfMemoryError)
+    assert "effective batch 8;" in text
+
+
+def test_cannot_fit_reports_the_effective_batch_with_accumulation() -> None:
+    _, parts, _ = _setup(8, 3, limit=0)
+    with pytest.raises(OutOfMemoryBackoffError) as info:
+        _train(parts, _batches(8), epochs=1)
+    assert "effective batch 24;" in str(info.value)  # 8 per loader batch x 3 accumulated
 
 
 def _patch_model(monkeypatch: pytest.MonkeyPatch, limit: int) -> None:

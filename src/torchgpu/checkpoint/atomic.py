@@ -5,12 +5,20 @@ sibling ``.NAME.tmp-HOST-PID-RAND``, each fsynced, the temporary directory fsync
 ``os.rename``d onto the final name and the parent directory fsynced. A reader therefore
 sees either no directory or a complete one; a crash (SIGKILL, power loss, ENOSPC) leaves
 at most an orphan temporary, which :func:`clean_orphans` removes once its writer is dead.
+
+Overwriting an existing ``NAME`` takes two renames: ``NAME`` -> ``.NAME.old-HOST-PID-RAND``,
+then the temporary -> ``NAME``. An error between them renames the old directory back
+before raising; a crash between them leaves the old directory only under its ``.old-``
+name, and :func:`clean_orphans` renames it back to ``NAME`` (it deletes an ``.old-``
+directory only when ``NAME`` exists, i.e. the replacement was committed). So the old
+checkpoint is never lost, whatever stops the overwrite.
 :func:`write_pointer` updates the ``latest`` file the same way (temporary file, fsync,
 ``os.replace``), and is called only after the commit.
 
 Fault-injection hook (tests only): every byte goes through the module attribute
 ``_write`` (``os.write`` by default). Tests replace it to stall a writer before a
-SIGKILL or to raise ``OSError(errno.ENOSPC)``; production code never changes it.
+SIGKILL or to raise ``OSError(errno.ENOSPC)``; production code never changes it. Renames
+call ``os.rename`` at call time, so tests patch that to fail or kill between the renames.
 """
 
 from __future__ import annotations
@@ -30,7 +38,8 @@ from torchgpu.errors import CheckpointError
 _write: Callable[[int, memoryview], int] = os.write
 
 _CHUNK_BYTES = 64 << 20
-_ORPHAN = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{8}$")
+_ORPHAN = re.compile(
+    r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{8}$")
 
 
 def _token() -> str:
@@ -70,32 +79,47 @@ def commit_directory(final: Path, files: dict[str, bytes | bytearray | memoryvie
     """Write ``files`` (name -> bytes, in order) as directory ``final``, atomically.
 
     If ``final`` already exists it is replaced: it is moved aside, the new one renamed
-    in, and the old one deleted. On any error the temporary is removed and a
-    :class:`CheckpointError` is raised (an ``OSError`` such as ENOSPC included).
+    in, and the old one deleted. On any error the temporary is removed, a moved-aside
+    old ``final`` is renamed back, and a :class:`CheckpointError` is raised (an
+    ``OSError`` such as ENOSPC included); ``final`` then holds what it held before.
     """
     parent = final.parent
     parent.mkdir(parents=True, exist_ok=True)
     temp = parent / f".{final.name}.tmp-{_token()}"
+    aside: Path | None = None
+    renamed_in = False
     try:
         temp.mkdir()
         for name, data in files.items():
             write_file(temp / name, data)
         fsync_dir(temp)
-        aside = None
         if final.exists():
             aside = parent / f".{final.name}.old-{_token()}"
             os.rename(final, aside)
         os.rename(temp, final)
+        renamed_in = True
         fsync_dir(parent)
     except OSError as error:
-        shutil.rmtree(temp, ignore_errors=True)
+        _undo(temp, aside, final, renamed_in)
         raise _disk_error(final, error) from None
     except BaseException:
-        shutil.rmtree(temp, ignore_errors=True)
+        _undo(temp, aside, final, renamed_in)
         raise
     if aside is not None:
         shutil.rmtree(aside, ignore_errors=True)
     return final
+
+
+def _undo(temp: Path, aside: Path | None, final: Path, renamed_in: bool) -> None:
+    """A failed commit: drop the new directory (``renamed_in``: already at ``final``,
+    e.g. the parent's fsync failed) and put a moved-aside old ``final`` back."""
+    if renamed_in:
+        with contextlib.suppress(OSError):
+            os.rename(final, temp)
+    shutil.rmtree(temp, ignore_errors=True)
+    if aside is not None and aside.exists() and not final.exists():
+        with contextlib.suppress(OSError):  # if this fails too, clean_orphans retries it
+            os.rename(aside, final)
 
 
 def write_file_atomic(final: Path, data: bytes | bytearray | memoryview) -> Path:
@@ -146,7 +170,8 @@ def _pid_alive(pid: int) -> bool:
 
 
 def iter_orphans(parent: Path) -> Iterator[Path]:
-    """Temporaries in ``parent`` left by writers on this host that are no longer running."""
+    """Temporaries in ``parent`` left by writers on this host that are no longer running
+    (``.NAME.tmp-*`` and ``.NAME.old-*``)."""
     if not parent.is_dir():
         return
     host = socket.gethostname()
@@ -156,10 +181,32 @@ def iter_orphans(parent: Path) -> Iterator[Path]:
             yield entry
 
 
+def _restore(entry: Path) -> bool:
+    """Rename an orphan ``.NAME.old-*`` directory back to ``NAME`` when ``NAME`` is free:
+    its writer died between the two renames of an overwrite, so it is the only copy of
+    the committed ``NAME``. Returns whether it was restored."""
+    match = _ORPHAN.match(entry.name)
+    if match is None or match["kind"] != "old" or not entry.is_dir():
+        return False
+    final = entry.parent / match["name"]
+    if final.exists():
+        return False
+    try:
+        os.rename(entry, final)
+    except OSError:  # another process restored it first, or it cannot be moved: keep it
+        return True
+    with contextlib.suppress(OSError):
+        fsync_dir(entry.parent)
+    return True
+
+
 def clean_orphans(parent: Path) -> list[Path]:
-    """Delete orphan temporaries in ``parent``; returns what was removed."""
+    """Delete orphan temporaries in ``parent`` and put back a moved-aside old checkpoint
+    whose replacement never landed (see the module docstring); returns what was removed."""
     removed = []
     for entry in list(iter_orphans(parent)):
+        if _restore(entry):
+            continue
         if entry.is_dir():
             shutil.rmtree(entry, ignore_errors=True)
         else:

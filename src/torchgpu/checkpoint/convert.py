@@ -85,13 +85,18 @@ def convert_checkpoint(
     with canonical keys (``to="plain"``) or ``module.``-prefixed keys (``to="dp"``), as
     safetensors or a weights-only-loadable ``torch.save`` file (``fmt``, default from
     the suffix of ``dst``). Tied weights are written as separate copies so any reader
-    gets every key. Refuses to overwrite ``dst`` unless ``overwrite``."""
+    gets every key. Refuses to overwrite ``dst`` unless ``overwrite``, and a ``dst``
+    whose directory does not exist (a typo must not create directories)."""
     source, target = Path(src), Path(dst)
     if to not in ("plain", "dp"):
         raise CheckpointError(f"to={to!r} is not a layout; use 'plain' or 'dp'")
     chosen = fmt or _infer_fmt(target)
     if chosen not in ("safetensors", "pt"):
         raise CheckpointError(f"format {chosen!r} is not supported; use 'safetensors' or 'pt'")
+    if not target.parent.is_dir():
+        raise CheckpointError(
+            f"the directory of {target} ({target.parent}) does not exist; create it first "
+            f"(mkdir -p {target.parent}) or choose another destination")
     if target.exists() and not overwrite:
         raise CheckpointError(f"{target} already exists; choose another destination or delete "
                               "it first")

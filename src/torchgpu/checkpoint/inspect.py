@@ -16,12 +16,20 @@ from typing import Any
 
 import torch
 
-from torchgpu.checkpoint.discover import find_checkpoint
+from torchgpu.checkpoint import atomic
+from torchgpu.checkpoint.discover import (
+    LATEST,
+    checkpoints_parent,
+    find_checkpoint,
+    is_checkpoint_dir,
+)
 from torchgpu.checkpoint.keys import candidate_states
 from torchgpu.checkpoint.layout import (
     ALIASES_KEY,
     MANIFEST_FILE,
+    META_FILE,
     MODEL_FILE,
+    STATE_FILE,
     is_complete,
     read_manifest,
     read_meta,
@@ -151,6 +159,36 @@ def _inspect_file(path: Path) -> dict[str, Any]:
     return info
 
 
+def _designated(source: Path) -> Path | None:
+    """The checkpoint directory ``source`` names: itself, else the one ``latest`` names
+    when it exists (complete or not: inspecting shows what is wrong with it), else the
+    newest complete one (:func:`find_checkpoint`, which warns about the fallback)."""
+    if is_checkpoint_dir(source):
+        return source
+    parent = checkpoints_parent(source)
+    name = atomic.read_pointer(parent, LATEST)
+    if name is not None and is_checkpoint_dir(parent / name):
+        return parent / name
+    return find_checkpoint(source)
+
+
+def _inspect_dir(directory: Path) -> dict[str, Any]:
+    try:
+        info = _inspect_file(directory / MODEL_FILE)
+    except CheckpointFormatError as error:  # a damaged checkpoint: say why, list no keys
+        info = {"note": str(error)}
+    meta = read_meta(directory)
+    try:
+        files = {n: int(i.get("size_bytes", 0)) for n, i in read_manifest(directory).items()}
+    except CheckpointError:
+        files = {}
+    info.update({"path": str(directory), "format": "torchgpu-dir",
+                 "complete": is_complete(directory), "step": meta.get("step"),
+                 "epoch": meta.get("epoch"), "meta": meta, "files": files,
+                 "size_bytes": sum(files.values())})
+    return info
+
+
 def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
     """A JSON-ready description of the checkpoint at ``path`` (file or directory).
 
@@ -159,26 +197,19 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
     (per top-level module, after wrapper prefixes), ``wrapper_prefixes``,
     ``common_prefix``, ``tensors`` (key, shape, dtype, bytes); for torchgpu directories
     also ``step``, ``epoch``, ``meta``, ``files`` and ``complete``; for pickles
-    ``unsafe_globals`` (found statically) and ``container``.
+    ``unsafe_globals`` (found statically) and ``container``. A run directory or a
+    directory of checkpoints is inspected at the checkpoint its ``latest`` names, even an
+    incomplete one (``complete: False``, and a ``note`` when its weights are unreadable).
     """
     source = Path(path)
     if source.is_file():
         return _inspect_file(source)
     if not source.is_dir():
         raise CheckpointFormatError(f"{source}: no such file or directory. Check the path")
-    directory = source if (source / MANIFEST_FILE).exists() else find_checkpoint(source)
-    if directory is not None and (directory / MODEL_FILE).exists():
-        info = _inspect_file(directory / MODEL_FILE)
-        meta = read_meta(directory)
-        try:
-            files = {n: int(i.get("size_bytes", 0)) for n, i in read_manifest(directory).items()}
-        except CheckpointError:
-            files = {}
-        info.update({"path": str(directory), "format": "torchgpu-dir",
-                     "complete": is_complete(directory), "step": meta.get("step"),
-                     "epoch": meta.get("epoch"), "meta": meta, "files": files,
-                     "size_bytes": sum(files.values())})
-        return info
+    directory = _designated(source)
+    if directory is not None and any((directory / name).exists()
+                                     for name in (MANIFEST_FILE, STATE_FILE, META_FILE)):
+        return _inspect_dir(directory)  # ours (a bare model.safetensors is inspected below)
     if (source / INDEX_FILE).exists():
         rows: list[dict[str, Any]] = []
         for shard in sorted(source.glob("*.safetensors")):

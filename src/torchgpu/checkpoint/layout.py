@@ -280,11 +280,16 @@ def read_meta(directory: Path) -> dict[str, Any]:
     return record if isinstance(record, dict) else {}
 
 
-def step_of(directory: Path) -> tuple[float, float]:
-    """Sort key of a checkpoint directory: (step from meta.json, mtime)."""
-    step = read_meta(directory).get("step")
+def commit_order(directory: Path) -> tuple[float, int, float]:
+    """Sort key of a checkpoint directory, oldest commit first: ``created_unix_s`` from
+    meta.json, then the directory's mtime (ns; breaks ties within a millisecond), then
+    the step. Commit time, not the step, because a run resumed from an earlier step saves
+    lower steps after higher ones."""
+    meta = read_meta(directory)
+    created, step = meta.get("created_unix_s"), meta.get("step")
     try:
-        mtime = directory.stat().st_mtime
+        mtime_ns = directory.stat().st_mtime_ns
     except OSError:
-        mtime = 0.0
-    return (float(step) if isinstance(step, (int, float)) else -math.inf, mtime)
+        mtime_ns = 0
+    return (float(created) if isinstance(created, (int, float)) else -math.inf, mtime_ns,
+            float(step) if isinstance(step, (int, float)) else -math.inf)

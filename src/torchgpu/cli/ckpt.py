@@ -2,17 +2,28 @@
 
 Exit codes: 0 ok; 1 a checkpoint whose bytes do not match its manifest (verify); 2 bad
 input -- a missing, unknown, malformed or unsafe file, or bad flags. Never a traceback
-for a bad file.
+for a bad file; a fallback (``latest`` naming a missing checkpoint) is one ``note:`` line
+on stderr, not a Python warning.
+
+``verify`` of a run directory or a directory of checkpoints checks the checkpoint its
+``latest`` names -- the one ``--resume`` would load -- never a fallback: a damaged or
+missing one is exit 1, with the newest checkpoint that verifies as a hint. Without a
+``latest`` it checks every checkpoint directory there.
 """
 
 from __future__ import annotations
 
 import json
+import sys
+import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from torchgpu.cli.common import ArgumentParser, fail
 from torchgpu.errors import EXIT_FAILURE, EXIT_USAGE, CheckpointCorruptError
+
+T = TypeVar("T")
 
 
 def _parser() -> ArgumentParser:
@@ -88,14 +99,86 @@ def _print_report(info: dict[str, Any], show_keys: int) -> None:
             print(f"  ... {len(rows) - show_keys} more (--keys N or --json for all)")
 
 
+def _with_notes(call: Callable[[], T]) -> T:
+    """Run ``call``, printing the warnings it raises as ``note:`` lines on stderr."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            return call()
+        finally:
+            for warning in caught:
+                print(f"note: {warning.message}", file=sys.stderr)
+
+
+def _verify_targets(path: Path) -> list[Path] | str:
+    """The checkpoint directories ``ckpt verify PATH`` checks, or why it cannot (exit 1)."""
+    from torchgpu.checkpoint import atomic
+    from torchgpu.checkpoint.discover import (
+        LATEST,
+        checkpoint_dirs,
+        checkpoints_parent,
+        is_checkpoint_dir,
+        newest_verified,
+    )
+
+    if is_checkpoint_dir(path):
+        return [path]
+    parent = checkpoints_parent(path)
+    if not (parent / LATEST).exists():
+        return checkpoint_dirs(parent)
+    name = atomic.read_pointer(parent, LATEST)
+    if name is not None and (parent / name).is_dir():
+        return [parent / name]
+    good = newest_verified(parent)
+    what = f"names {name!r}, which does not exist" if name else "is empty or unreadable"
+    return (f"{parent / LATEST} {what}, so --resume has no checkpoint to load there"
+            + (f"; the newest checkpoint that verifies is {good}: resume with --resume {good}"
+               if good is not None else "; no checkpoint there verifies"))
+
+
+def _verify(path: Path) -> int:
+    from torchgpu.checkpoint import verify_checkpoint
+    from torchgpu.checkpoint.discover import newest_verified
+
+    if not path.exists():
+        return fail(f"{path}: no such file or directory. Check the path", EXIT_USAGE)
+    targets = _verify_targets(path)
+    if isinstance(targets, str):
+        return fail(targets, EXIT_FAILURE)
+    if not targets:
+        return fail(f"{path} holds no torchgpu checkpoint (no manifest.json, no 'latest', no "
+                    "checkpoint directory inside); verify checks torchgpu checkpoint "
+                    "directories. Use `torchgpu ckpt inspect` for other files", EXIT_USAGE)
+    problems = []
+    for directory in targets:
+        try:
+            checked = verify_checkpoint(directory)
+        except CheckpointCorruptError as error:
+            problems.append(str(error))
+            continue
+        print(f"ok: {directory} ({len(checked)} files, {_human(sum(checked.values()))}, "
+              "sha256 verified)")
+    if not problems:
+        return 0
+    if len(targets) == 1 and targets[0] != path:  # reached through `latest`: offer another
+        good = newest_verified(targets[0].parent, exclude=targets[0])
+        if good is not None:
+            problems[0] += f". The newest checkpoint that verifies is {good}"
+    head = f"{len(problems)} of {len(targets)} checkpoints are damaged: " if len(
+        targets) > 1 else ""
+    return fail(head + "; ".join(problems), EXIT_FAILURE)
+
+
 def main(argv: list[str]) -> int:
     """Entry point of ``torchgpu ckpt``."""
     args = _parser().parse_args(argv)
-    from torchgpu.checkpoint import convert_checkpoint, inspect_checkpoint, verify_checkpoint
-    from torchgpu.checkpoint.discover import find_checkpoint
+    from torchgpu.checkpoint import convert_checkpoint, inspect_checkpoint
 
     if args.action == "inspect":
-        info = inspect_checkpoint(args.path)
+        if args.keys < 0:
+            return fail(f"--keys {args.keys} is negative; pass the number of tensors to list "
+                        "(0 for none)", EXIT_USAGE)
+        info = _with_notes(lambda: inspect_checkpoint(args.path))
         if args.json:
             print(json.dumps(info, indent=2, sort_keys=True, default=str))
         else:
@@ -112,20 +195,4 @@ def main(argv: list[str]) -> int:
         print(f"wrote {result.path} ({result.fmt}, {result.to} layout, {result.num_entries} "
               f"entries{'; ' + ', '.join(changes) if changes else ''})")
         return 0
-    path: Path = args.path
-    if not path.exists():
-        return fail(f"{path}: no such file or directory. Check the path", EXIT_USAGE)
-    ours = any((path / name).exists()
-               for name in ("manifest.json", "model.safetensors", "state.pt"))
-    directory = path if ours else find_checkpoint(path)
-    if directory is None:
-        return fail(f"{path} holds no torchgpu checkpoint (no manifest.json, no 'latest', no "
-                    "complete checkpoint inside); verify checks torchgpu checkpoint directories. "
-                    "Use `torchgpu ckpt inspect` for other files", EXIT_USAGE)
-    try:
-        checked = verify_checkpoint(directory)
-    except CheckpointCorruptError as error:
-        return fail(str(error), EXIT_FAILURE)
-    total = sum(checked.values())
-    print(f"ok: {directory} ({len(checked)} files, {_human(total)}, sha256 verified)")
-    return 0
+    return _verify(args.path)

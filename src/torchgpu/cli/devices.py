@@ -6,41 +6,16 @@ and the CPU row. On a machine where torch cannot use a GPU, one line says why.
 Never initialises CUDA unless NVML is unavailable (then torch is asked instead).
 
 ``--json`` prints one object (with ``--watch``: one object per line, per refresh).
-The schema is stable; new keys may be added, existing ones keep their meaning::
-
-    {
-      "schema": 1,
-      "torch": {"version": str, "cuda": str | null,          # torch.version.cuda
-                "cuda_usable": bool, "cuda_unavailable_reason": str | null},
-      "nvml": {"available": bool, "error": str | null, "driver_version": str | null,
-               "nvml_version": str | null, "cuda_driver_version": str | null},
-      "cuda_visible_devices": str | null,   # the variable as set; null = unset
-      "cuda_device_order": str | null,
-      "devices": [{
-        "kind": "cuda" | "mps" | "cpu", "spec": str,          # "cuda:0", "cpu": for --device
-        "index": int | null,            # torch's index (null for cpu/mps)
-        "nvml_index": int | null,       # nvidia-smi's index
-        "cuda_ordinal": int | null,     # the id for a fresh CUDA_VISIBLE_DEVICES
-        "name": str | null, "uuid": str | null, "pci_bus_id": str | null,
-        "total_bytes": int | null, "free_bytes": int | null, "used_bytes": int | null,
-        "allocated_bytes": int | null, "reserved_bytes": int | null,   # this process's torch
-        "compute_capability": [int, int] | null, "bf16_supported": bool | null,
-        "utilization_pct": int | null, "temperature_c": int | null,
-        "power_w": float | null, "power_limit_w": float | null,
-        "mig": bool | null, "cores": int | null,     # cores: cpu only
-        "error": str | null,                          # e.g. "GPU is lost"
-        "processes": [{"pid": int, "name": str | null, "user": str | null,
-                       "used_bytes": int | null}] | null      # null = unknown
-      }]
-    }
-
-Every value may be null where the device or NVML cannot tell.
+Its schema is :data:`JSON_SCHEMA`, which ``torchgpu devices --help`` prints too; it is
+stable: new keys may be added, existing ones keep their meaning.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
+import math
 import os
 import time
 from collections.abc import Callable
@@ -55,12 +30,44 @@ from torchgpu.cli.common import ArgumentParser, fail, make_console
 from torchgpu.devices import DeviceInfo, cuda_unavailable_reason, format_bytes, list_devices
 
 SCHEMA_VERSION = 1
+JSON_SCHEMA = """\
+{
+  "schema": 1,
+  "torch": {"version": str, "cuda": str | null,          # torch.version.cuda
+            "cuda_usable": bool, "cuda_unavailable_reason": str | null},
+  "nvml": {"available": bool, "error": str | null, "driver_version": str | null,
+           "nvml_version": str | null, "cuda_driver_version": str | null},
+  "cuda_visible_devices": str | null,   # the variable as set; null = unset
+  "cuda_device_order": str | null,
+  "devices": [{
+    "kind": "cuda" | "mps" | "cpu", "spec": str,          # "cuda:0", "cpu": for --device
+    "index": int | null,            # torch's index (null for cpu/mps)
+    "nvml_index": int | null,       # nvidia-smi's index
+    "cuda_ordinal": int | null,     # the id for a fresh CUDA_VISIBLE_DEVICES
+    "name": str | null, "uuid": str | null, "pci_bus_id": str | null,
+    "total_bytes": int | null, "free_bytes": int | null, "used_bytes": int | null,
+    "allocated_bytes": int | null, "reserved_bytes": int | null,   # this process's torch
+    "compute_capability": [int, int] | null, "bf16_supported": bool | null,
+    "utilization_pct": int | null, "temperature_c": int | null,
+    "power_w": float | null, "power_limit_w": float | null,
+    "mig": bool | null, "cores": int | null,     # cores: cpu only
+    "error": str | null,                          # e.g. "GPU is lost"
+    "processes": [{"pid": int, "name": str | null, "user": str | null,
+                   "used_bytes": int | null}] | null      # null = unknown
+  }]
+}
+Every value may be null where the device or NVML cannot tell.
+"""
+MAX_WATCH_S = 86400.0  # a day; larger values are typos (and inf overflows time.sleep)
 
 
 def _parser() -> ArgumentParser:
     parser = ArgumentParser(
         prog="torchgpu devices",
         description="List GPUs (torch's numbering and nvidia-smi's), MPS and the CPU.",
+        epilog="--json prints one object (one per line with --watch) in this stable "
+        "schema; new keys may be added, existing ones keep their meaning:\n\n" + JSON_SCHEMA,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument(
@@ -243,6 +250,10 @@ def run(
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    if args.watch is not None and not args.watch > 0:
-        return fail(f"--watch {args.watch:g} must be a positive number of seconds, e.g. --watch 2")
+    watch = args.watch
+    if watch is not None and not (math.isfinite(watch) and 0 < watch <= MAX_WATCH_S):
+        return fail(
+            f"--watch {watch:g} must be a positive number of seconds up to "
+            f"{MAX_WATCH_S:g} (a day), e.g. --watch 2"
+        )
     return run(args.json, args.watch)

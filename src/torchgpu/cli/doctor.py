@@ -28,9 +28,16 @@ import torch
 from torchgpu import nvml
 from torchgpu.cli.common import ArgumentParser
 from torchgpu.cli.common_model import resolve_factory
-from torchgpu.devices import driver_evidence, format_bytes, physical_gpus
+from torchgpu.cudastatus import cuda_device_count, driver_evidence
+from torchgpu.devices import format_bytes, physical_gpus
 from torchgpu.errors import UsageError
-from torchgpu.visible import PhysicalGpu, map_visible, parse_visible_devices
+from torchgpu.visible import (
+    UUID_PREFIXES,
+    PhysicalGpu,
+    VisibleTarget,
+    map_visible,
+    parse_visible_devices,
+)
 
 FULL_FRACTION = 0.9  # a GPU with this share of its memory used is "almost full"
 
@@ -73,7 +80,7 @@ def take_snapshot() -> EnvSnapshot:
         torch_cuda=torch.version.cuda,
         torch_hip=torch.version.hip,
         nccl_available=nccl,
-        torch_device_count=torch.cuda.device_count(),
+        torch_device_count=cuda_device_count(),
         inventory=inventory,
         driver_evidence=driver_evidence(inventory),
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
@@ -89,17 +96,60 @@ def _version(text: str | None) -> tuple[int, ...] | None:
     return tuple(int(p) for p in parts) if parts else None
 
 
-def _suggest_visible(raw: str, count: int | None) -> str:
-    """What the user most likely meant: every id-looking token, once, in order."""
-    seen: list[str] = []
-    for token in re.findall(r"(?:GPU|MIG)-[0-9A-Za-z/\-]+|\d+", raw):
+def _resolve(token: str, s: EnvSnapshot) -> VisibleTarget | None:
+    """The GPU ``token`` alone would select (None when the inventory cannot tell)."""
+    gpus = s.inventory.gpus
+    if not gpus:
+        return None
+    alone = parse_visible_devices(token, device_count=len(gpus))
+    mapped = map_visible(alone, _physical(s), s.cuda_device_order)
+    return mapped[0] if len(mapped) == 1 else None
+
+
+def _convert(token: str, kind: str, s: EnvSnapshot) -> str | None:
+    """``token`` rewritten in the list's ``kind`` (``ordinal``, ``GPU-`` or ``MIG-``)
+    through the inventory, or None when it cannot be."""
+    target = _resolve(token, s)
+    if target is None or target.mig_uuid is not None:
+        return None  # unknown, or a MIG instance: no whole-GPU id selects it
+    if kind == "ordinal":
+        return str(target.cuda_ordinal)
+    if kind == "GPU-":
+        by_index = {g.nvml_index: g for g in s.inventory.gpus}
+        return by_index[target.nvml_index].uuid
+    return None
+
+
+def _suggest_visible(raw: str, s: EnvSnapshot) -> str:
+    """What the user most likely meant: every id-looking token, once, in order, all of
+    the first token's kind (the driver stops at a change of kind). Tokens of another
+    kind are converted through the inventory where it knows the GPU, else dropped."""
+    tokens = re.findall(r"(?:GPU|MIG)-[0-9A-Za-z/\-]+|\d+", raw)
+    if not tokens:
+        return ""
+    count = len(s.inventory.gpus) or None
+    kind = tokens[0][:4] if tokens[0].startswith(UUID_PREFIXES) else "ordinal"
+    kept: list[str] = []
+    reached: list[tuple[int, str | None]] = []  # GPUs already selected, to drop repeats
+    for token in tokens:
         if token.isdigit():
             token = str(int(token))
             if count is not None and int(token) >= count:
                 continue
-        if token not in seen:
-            seen.append(token)
-    return ",".join(seen)
+        token_kind = token[:4] if token.startswith(UUID_PREFIXES) else "ordinal"
+        if token_kind != kind:
+            converted = _convert(token, kind, s)
+            if converted is None:
+                continue
+            token = converted
+        target = _resolve(token, s)
+        gpu = None if target is None else (target.nvml_index, target.mig_uuid)
+        if token in kept or (gpu is not None and gpu in reached):
+            continue
+        kept.append(token)
+        if gpu is not None:
+            reached.append(gpu)
+    return ",".join(kept)
 
 
 def _visible_findings(s: EnvSnapshot) -> list[Finding]:
@@ -110,7 +160,7 @@ def _visible_findings(s: EnvSnapshot) -> list[Finding]:
     count = len(gpus) if gpus else None
     visible = parse_visible_devices(raw, device_count=count)
     if not visible.clean and not visible.deliberately_hides_all:
-        meant = _suggest_visible(raw, count)
+        meant = _suggest_visible(raw, s)
         fix = f"export CUDA_VISIBLE_DEVICES={meant}" if meant else "unset CUDA_VISIBLE_DEVICES"
         return [
             Finding(

@@ -20,6 +20,7 @@ import torch
 
 from torchgpu import __version__, nvml
 from torchgpu.cli.common import ArgumentParser
+from torchgpu.cudastatus import cuda_device_count
 from torchgpu.devices import format_bytes
 
 NAMED_VARIABLES = (
@@ -94,8 +95,8 @@ def collect() -> dict[str, Any]:
     return {
         "versions": versions,
         "gpus": gpus,
-        # device_count() counts through NVML and does not initialise CUDA.
-        "torch_device_count": torch.cuda.device_count(),
+        # Counts through NVML where it can; never creates a CUDA context.
+        "torch_device_count": cuda_device_count(),
         "variables": variables(),
     }
 

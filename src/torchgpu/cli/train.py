@@ -92,6 +92,9 @@ def _parser() -> ArgumentParser:
     out.add_argument("--keep-last", type=int, metavar="K", help="keep the K newest checkpoints")
     out.add_argument("--resume", nargs="?", const="", metavar="DIR",
                      help="continue from a checkpoint (default: the run's latest)")
+    out.add_argument("--trust-checkpoint", action="store_true",
+                     help="with --resume: unpickle state.pt fully even if it needs globals "
+                     "outside the weights-only allowlist (this can run code from the file)")
     out.add_argument("--progress", default="auto", help=f"{'|'.join(PROGRESS_MODES)} "
                      "(default auto: a bar on a terminal, one line per epoch otherwise)")
     out.add_argument("--json", action="store_true", help="print the summary as JSON")

@@ -26,15 +26,41 @@ logger = logging.getLogger("torchgpu.parallel.chunks")
 DEFAULT_CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
 
+def micro_batch_groups(rows: int, chunks: int) -> list[tuple[int, int]]:
+    """How ``rows`` rows split into ``chunks`` micro-batches along dim 0 (the sizes of
+    ``torch.tensor_split``; ``min(chunks, rows)`` of them), as runs of equal micro-batches
+    ``[(count, rows_each), ...]`` in batch order: one run when ``chunks`` divides ``rows``,
+    else two (the larger micro-batches first), e.g. ``(10, 4) -> [(2, 3), (2, 2)]``. Pure."""
+    if rows < 1 or chunks < 1:
+        raise ConfigError(
+            f"cannot split {rows} rows into {chunks} micro-batches: both must be >= 1 "
+            "(a non-empty batch and chunks=1 or more)"
+        )
+    m = min(chunks, rows)
+    q, r = divmod(rows, m)
+    return [(r, q + 1), (m - r, q)] if r else [(m, q)]
+
+
 @dataclass(frozen=True)
 class ChunkRow:
-    """One candidate's measurement: step seconds over the timed steps."""
+    """One candidate's measurement: step seconds over the timed steps.
+
+    ``micro_batch_rows`` is the largest micro-batch, ``min_micro_batch_rows`` the
+    smallest (equal when ``chunks`` divides the batch)."""
 
     chunks: int
     micro_batch_rows: int
     median_s: float
     min_s: float
     max_s: float
+    min_micro_batch_rows: int = 0
+
+    def rows_label(self) -> str:
+        """``"4"`` for equal micro-batches, ``"3-4"`` for uneven ones."""
+        low = self.min_micro_batch_rows or self.micro_batch_rows
+        if low == self.micro_batch_rows:
+            return str(self.micro_batch_rows)
+        return f"{low}-{self.micro_batch_rows}"
 
 
 @dataclass(frozen=True)
@@ -50,7 +76,7 @@ class ChunkChoice:
         for r in self.table:
             mark = " *" if r.chunks == self.chunks else ""
             lines.append(
-                f"{r.chunks:>4} {r.micro_batch_rows:>6} {r.median_s:>10.4f} "
+                f"{r.chunks:>4} {r.rows_label():>6} {r.median_s:>10.4f} "
                 f"{r.min_s:>10.4f} {r.max_s:>10.4f}{mark}"
             )
         return "\n".join(lines)
@@ -61,8 +87,19 @@ class ChunkChoice:
 
 
 def default_candidates(batch_rows: int) -> list[int]:
-    """The candidates tried by default: DEFAULT_CANDIDATES up to the batch size."""
+    """The candidates tried by default: DEFAULT_CANDIDATES up to the batch size (a
+    candidate that does not divide the batch runs uneven micro-batches; the sweep table
+    shows their row range)."""
     return [m for m in DEFAULT_CANDIDATES if m <= max(batch_rows, 1)]
+
+
+def even_candidates(batch_rows: int, candidates: Iterable[int] = DEFAULT_CANDIDATES
+                    ) -> list[int]:
+    """The candidates that split ``batch_rows`` into equal micro-batches of at least two
+    rows each (M = 1 always), e.g. ``30 -> [1, 2, 3, 6]``: what a multi-process pipeline
+    sweeps, where an uneven split costs a second schedule. Pure."""
+    return [m for m in candidates
+            if m == 1 or (batch_rows % m == 0 and batch_rows // m >= 2)]
 
 
 def sweep_chunks(
@@ -98,15 +135,22 @@ def sweep_chunks(
             if r >= warmup:
                 times[m].append(time.perf_counter() - start)
     rows = tuple(
-        ChunkRow(
-            m, -(-batch_rows // min(m, max(batch_rows, 1))), statistics.median(t), min(t), max(t)
-        )
+        ChunkRow(m, big, statistics.median(t), min(t), max(t), small)
         for m, t in times.items()
+        for big, small in [_row_range(batch_rows, m)]
     )
     best = min(rows, key=lambda r: (r.median_s, r.chunks))
     choice = ChunkChoice(best.chunks, rows)
     logger.info("chunk sweep (fastest M=%d):\n%s", best.chunks, choice.format())
     return choice
+
+
+def _row_range(batch_rows: int, chunks: int) -> tuple[int, int]:
+    """(largest, smallest) micro-batch rows; (0, 0) for an unknown batch size."""
+    if batch_rows < 1:
+        return 0, 0
+    sizes = [each for _, each in micro_batch_groups(batch_rows, chunks)]
+    return max(sizes), min(sizes)
 
 
 def _first_dim(obj: Any) -> int:

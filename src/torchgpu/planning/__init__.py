@@ -4,7 +4,9 @@
 - :mod:`~torchgpu.planning.footprint`: a model's training memory, device-independent
 - :mod:`~torchgpu.planning.measure`: the footprint from :func:`torchgpu.estimate.estimate_memory`
 - :mod:`~torchgpu.planning.strategies`: memory per device and step time of every strategy
-- :mod:`~torchgpu.planning.decide`: the choice ("fit with the least slowdown") and the command
+- :mod:`~torchgpu.planning.decide`: the choice ("fit with the least slowdown")
+- :mod:`~torchgpu.planning.commands`: a plan as ``torchgpu train`` settings, command or Python
+- :mod:`~torchgpu.planning.custom`: building and measuring a ``--model`` factory safely
 - :mod:`~torchgpu.planning.planner`: :func:`plan_for_training`, :func:`plan_from_footprint`
 - :mod:`~torchgpu.planning.report`: the ``torchgpu plan --json`` document
 

@@ -23,13 +23,14 @@ and per-step communication cost more than the compute they would share.
 
 from __future__ import annotations
 
-import shlex
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from torchgpu.errors import PlanError
+from torchgpu.planning.commands import TrainSettings
 from torchgpu.planning.footprint import Footprint
-from torchgpu.planning.strategies import Candidate
+from torchgpu.planning.strategies import Candidate, all_candidates
 from torchgpu.planning.targets import HEADROOM, DeviceTarget
 from torchgpu.sizes import format_bytes
 
@@ -62,9 +63,13 @@ class Plan:
     ``accumulate`` (``--accumulate``), ``activation_checkpointing``, ``devices`` (names
     of the devices used), ``nproc`` (processes to start), ``chunks`` and ``balance`` (for
     pipeline/model), ``effective_batch`` (samples per optimizer step over all
-    processes), ``reason`` (one paragraph), ``command`` (the exact ``torchgpu train``
-    line, or None for a custom model ``torchgpu train`` cannot load), ``candidates``
-    (every row of the table) and ``targets`` (the devices with their memory).
+    processes), ``reason`` (one paragraph), ``settings`` (the ``torchgpu train``
+    settings that run it, :func:`torchgpu.planning.commands.train_settings`; what
+    ``--strategy auto`` applies), ``command`` (the exact ``torchgpu train`` line made
+    from ``settings``, or None for a custom model ``torchgpu train`` cannot load),
+    ``python`` (for a custom model: the same settings as torchgpu calls, else None),
+    ``candidates`` (every row of the table) and ``targets`` (the devices with their
+    memory).
     """
 
     strategy: str
@@ -78,7 +83,9 @@ class Plan:
     batch_size: int
     effective_batch: int
     reason: str
+    settings: TrainSettings
     command: str | None
+    python: str | None
     chosen: Candidate
     candidates: tuple[Candidate, ...]
     targets: tuple[DeviceTarget, ...]
@@ -90,15 +97,21 @@ def _order(candidate: Candidate) -> tuple[float, int, int]:
 
 
 def choose(
-    candidates: Sequence[Candidate], footprint: Footprint, targets: Sequence[DeviceTarget]
+    candidates: Sequence[Candidate],
+    footprint: Footprint,
+    targets: Sequence[DeviceTarget],
+    *,
+    precision: str = "fp32",
 ) -> tuple[Candidate, str]:
     """The candidate to run and why (one paragraph). Pure.
 
-    Raises :class:`PlanError` with the numbers when no candidate fits.
+    Raises :class:`PlanError` with the numbers when no candidate fits; it suggests
+    ``--precision bf16`` only for an fp32 ``precision`` whose activations are the part
+    that overflows (see :func:`bf16_would_fit`).
     """
     fitting = [c for c in candidates if c.fits]
     if not fitting:
-        raise _nothing_fits(candidates, footprint, targets)
+        raise _nothing_fits(candidates, footprint, targets, precision)
     single = next((c for c in candidates if c.label == "single"), None)
     if single is not None and single.fits and single.peak_bytes <= SMALL_STEP_BYTES:
         return single, (
@@ -140,64 +153,63 @@ def _devices_text(names: Sequence[str]) -> str:
     return names[0] if len(names) == 1 else f"{len(names)} devices ({', '.join(names)})"
 
 
-def _nothing_fits(
+def bf16_would_fit(
     candidates: Sequence[Candidate], footprint: Footprint, targets: Sequence[DeviceTarget]
+) -> Candidate | None:
+    """The best row that would fit if the activations (and backward's temporaries) took
+    half the bytes, as bf16/fp16 autocast roughly makes them, or None.
+
+    Mixed precision keeps fp32 weights, gradients and optimizer state, so when those
+    model states are what overflows, halving the activations rescues nothing and
+    ``--precision bf16`` is not worth suggesting.
+    """
+    halved = dataclasses.replace(
+        footprint,
+        activation_bytes=footprint.activation_bytes // 2,
+        checkpointed_activation_bytes=footprint.checkpointed_activation_bytes // 2,
+        transient_bytes=footprint.transient_bytes // 2,
+        layers=tuple(
+            dataclasses.replace(
+                layer,
+                activation_bytes=layer.activation_bytes // 2,
+                input_bytes=layer.input_bytes // 2,
+            )
+            for layer in footprint.layers
+        ),
+    )
+    rows = all_candidates(halved, targets, footprint_batch(candidates))
+    return min((c for c in rows if c.fits), key=_order, default=None)
+
+
+def _nothing_fits(
+    candidates: Sequence[Candidate],
+    footprint: Footprint,
+    targets: Sequence[DeviceTarget],
+    precision: str,
 ) -> PlanError:
     largest = max(targets, key=lambda t: t.usable_bytes)
     applicable = [c for c in candidates if c.applicable] or list(candidates)
     closest = min(applicable, key=lambda c: c.worst_fill)
     single = next((c for c in candidates if c.label == "single"), closest)
+    fix = "Fix: use more or larger devices (--devices) or a smaller model"
+    if precision == "fp32":
+        rescued = bf16_would_fit(candidates, footprint, targets)
+        if rescued is not None:
+            fix = (
+                "Fix: use more or larger devices (--devices), a smaller model, or lower "
+                f"precision (--precision bf16): activations are the part that overflows, and "
+                f"at half their size {rescued.label} would fit"
+            )
+        else:
+            fix += (
+                " (lower precision would not help: it keeps fp32 weights, gradients and "
+                "optimizer state, and even with half the activation bytes nothing fits)"
+            )
     return PlanError(
         f"no strategy fits the model on {_devices_text([t.name for t in targets])}: one device "
         f"needs {format_bytes(single.peak_bytes)} for the whole step (model states "
         f"{format_bytes(footprint.state_bytes)}), the closest, {closest.label} at micro-batch "
         f"{closest.micro_batch}, needs {format_bytes(closest.peak_bytes)} on one device, and the "
         f"largest device has {format_bytes(largest.usable_bytes)} usable "
-        f"({format_bytes(largest.memory_bytes)} less {HEADROOM:.0%} headroom). Fix: use more "
-        "or larger devices (--devices), a smaller model, or lower precision (--precision bf16)."
+        f"({format_bytes(largest.memory_bytes)} less {HEADROOM:.0%} headroom). {fix}."
     )
-
-
-def train_command(
-    candidate: Candidate, workload: Workload, targets: Sequence[DeviceTarget]
-) -> str | None:
-    """The exact ``torchgpu train`` line for ``candidate``; None for a custom model
-    (``torchgpu train`` trains built-in examples and CSV files, not ``--model``)."""
-    if workload.example is None:
-        return None
-    by_name = {t.name: t for t in targets}
-    used = [by_name[name] for name in candidate.devices if name in by_name]
-    args = ["torchgpu", "train", "--example", workload.example, "--strategy", candidate.strategy]
-    gpu_ids = _gpu_ids(used)
-    if candidate.strategy == "single":
-        if used and used[0].real:
-            args += ["--device", used[0].name]
-    elif candidate.strategy in ("ddp", "fsdp"):
-        if used and used[0].kind == "cpu":
-            args += ["--device", "cpu"]
-        elif gpu_ids is not None:
-            args += ["--gpus", gpu_ids]
-        args += ["--nproc", str(len(used))]
-    else:
-        if gpu_ids is not None:
-            args += ["--gpus", gpu_ids]
-        if candidate.chunks is not None:
-            args += ["--chunks", str(candidate.chunks)]
-    args += ["--batch-size", str(candidate.micro_batch)]
-    if candidate.accumulate > 1:
-        args += ["--accumulate", str(candidate.accumulate)]
-    if (
-        candidate.checkpointing and candidate.strategy != "pipeline"
-    ):  # a pipeline checkpoints itself
-        args.append("--activation-checkpointing")
-    if workload.precision != "fp32":
-        args += ["--precision", workload.precision]
-    return shlex.join(args)
-
-
-def _gpu_ids(used: Sequence[DeviceTarget]) -> str | None:
-    if not used or any(t.kind != "cuda" for t in used):
-        return None
-    if all(t.real for t in used):
-        return ",".join(t.name.split(":", 1)[1] for t in used)
-    return ",".join(str(i) for i in range(len(used)))  # hypothetical: the first N GPUs

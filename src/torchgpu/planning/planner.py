@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from torchgpu.errors import ConfigError
-from torchgpu.planning.decide import Plan, Workload, choose, train_command
+from torchgpu.planning.commands import python_snippet, train_command, train_settings
+from torchgpu.planning.decide import Plan, Workload, choose
 from torchgpu.planning.footprint import Footprint
 from torchgpu.planning.strategies import COSTS, Costs, all_candidates
 from torchgpu.planning.targets import HEADROOM, DeviceTarget, parse_devices
@@ -42,7 +43,7 @@ def plan_from_footprint(
     if not targets:
         raise ConfigError("no devices to plan for: pass --devices auto, 4x80GiB or cuda:0,cuda:1")
     candidates = all_candidates(footprint, targets, workload.batch_size, costs)
-    chosen, reason = choose(candidates, footprint, targets)
+    chosen, reason = choose(candidates, footprint, targets, precision=workload.precision)
     return Plan(
         strategy=chosen.strategy,
         micro_batch=chosen.micro_batch,
@@ -55,7 +56,9 @@ def plan_from_footprint(
         batch_size=workload.batch_size,
         effective_batch=chosen.effective_batch,
         reason=reason,
+        settings=train_settings(chosen, targets),
         command=train_command(chosen, workload, targets),
+        python=python_snippet(chosen, workload, targets),
         chosen=chosen,
         candidates=tuple(candidates),
         targets=tuple(targets),
@@ -81,9 +84,9 @@ def plan_for_training(
 
     ``model`` may be a module or a zero-argument factory; it is only measured (on meta /
     fake tensors where the estimator can), never trained or moved. ``example`` or
-    ``model_spec`` name the model in the command (``--example``; a custom model gets
-    no command, see :attr:`Plan.command`). Raises :class:`PlanError` when nothing fits,
-    UsageError for a bad device spec.
+    ``model_spec`` name the model in the command (``--example``; a custom model gets no
+    command but Python, see :attr:`Plan.command` and :attr:`Plan.python`). Raises
+    :class:`PlanError` when nothing fits, UsageError for a bad device spec.
     """
     from torchgpu.planning.measure import measure_footprint
 

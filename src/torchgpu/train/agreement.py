@@ -55,14 +55,16 @@ class FiniteGuard:
 
     Checking every gradient each step costs tens of microseconds on small models (a
     fused norm included), so the guard watches ONE element: the first element of the
-    *sentinel* (the optimizer's first parameter) gradient. A rank whose loss is
-    non-finite adds :meth:`poison` to it before backward, which makes the whole sentinel
-    gradient NaN; DDP's all-reduce (at the window's boundary, after ``no_sync``
-    micro-steps too) carries that NaN to every rank, and the step pre-hook on the
-    optimizer raises :class:`NonFiniteGradients` on every rank alike before
-    ``optimizer.step`` touches the weights. With ``clip_norm`` set, the clip norm
-    computed just before the step is checked as well (free), which also catches finite
-    losses with non-finite gradients. Call :meth:`remove` when done.
+    *sentinel* gradient (the parameter with the largest first dimension). A rank whose
+    loss is non-finite adds :meth:`poison` to its loss before backward, which makes the
+    whole sentinel gradient NaN; DDP's all-reduce (at the window's boundary, after
+    ``no_sync`` micro-steps too; FSDP2's reduce-scatter, into every rank's shard)
+    carries that NaN to every rank, and the step pre-hook on the optimizer raises
+    :class:`NonFiniteGradients` on every rank alike before ``optimizer.step`` touches
+    the weights. With ``clip_norm`` set, the clip norm computed just before the step is
+    checked as well (free), which also catches finite losses with non-finite gradients;
+    without it, such gradients are not caught (as in one process, which checks the
+    loss). Call :meth:`remove` when done.
     """
 
     def __init__(self, accumulator: Any) -> None:
@@ -76,7 +78,9 @@ class FiniteGuard:
                   if p.requires_grad]
         if not params:
             raise TypeError("the finite-gradient guard needs a parameter that requires grad")
-        self._sentinel: torch.Tensor = params[0]
+        # The parameter with the largest first dimension: under FSDP2 (dim-0 shards) every
+        # rank then holds a piece of its gradient to look at.
+        self._sentinel: torch.Tensor = max(params, key=lambda p: p.shape[0] if p.dim() else 0)
         self._accumulator = accumulator
         self._clipped = getattr(accumulator, "clip_norm", None) is not None
         self._handle = optimizer.register_step_pre_hook(self._check)
@@ -87,8 +91,10 @@ class FiniteGuard:
 
     def _check(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         grad = self._sentinel.grad
-        if grad is not None and math.isnan(grad.flatten()[0].item()):
-            raise NonFiniteGradients
+        if grad is not None:
+            local = grad.to_local() if hasattr(grad, "to_local") else grad  # FSDP2: own shard
+            if local.numel() and math.isnan(local.flatten()[0].item()):
+                raise NonFiniteGradients
         if self._clipped:
             norm = self._accumulator.last_grad_norm
             if norm is not None and not math.isfinite(float(norm)):

@@ -115,7 +115,9 @@ class LoopBackoff:
         self.micro_batch = batch_size
         self.poisoned: BaseException | None = None
         self.events: list[BackoffEvent] = []
-        self._oom = OOMBackoff(batch_size, 1, device=device, agree=agree)
+        self._oom = OOMBackoff(
+            batch_size, 1, device=device, agree=agree, outer_accumulate=accumulate
+        )
         self._autocast: Callable[[], AbstractContextManager[Any]] = (
             autocast if autocast is not None else nullcontext)
         self._ddp = find_ddp(model) if distributed else None

@@ -8,7 +8,21 @@ stops, with or without ``--save-every``. ``--resume`` continues from ``OUT/check
 (``latest``; if it names a missing or incomplete directory, the newest complete one, with
 a message); ``--resume DIR`` from a run directory, its ``checkpoints/`` or one checkpoint.
 No checkpoint there is a :class:`~torchgpu.errors.ResumeError` (exit 2), never a fresh
-start. Orphan temporaries of dead writers are ignored and deleted.
+start. Orphan temporaries of dead writers are ignored and deleted. A checkpoint whose
+bytes do not match its manifest (a bit flip keeps the size, so it looks complete) is
+found when it is loaded: reached through ``latest``, the run resumes from the newest
+checkpoint that verifies, with a note; named explicitly, the
+:class:`~torchgpu.errors.CheckpointCorruptError` (exit 2) names that checkpoint.
+``--trust-checkpoint`` lets the resume unpickle a ``state.pt`` that needs globals outside
+the weights-only allowlist (never needed for checkpoints ``torchgpu train`` wrote).
+
+**Resuming from an earlier step.** ``latest`` always names the newest save of the current
+run. When a run resumes from step S and its ``OUT/checkpoints`` holds checkpoints with a
+step above S (the branch the resume abandons), they are moved, whole and loadable, to
+``OUT/checkpoints-abandoned-after-step-SSSSSSSS/`` with a message, before the run goes
+on; nothing is deleted, and ``--keep-last`` then prunes only the current run's line
+(oldest commit first). ``latest`` is pointed back at the resumed checkpoint when it lives
+in ``OUT/checkpoints``. A ``--resume`` that fails to load moves nothing.
 
 **What a checkpoint holds.** model weights (canonical keys), optimizer, scheduler (when
 there is one), the :class:`~torchgpu.precision.Precision` state (GradScaler) as
@@ -24,8 +38,10 @@ that changes one of them is refused with the differences named).
 **How a run resumes.** The model, optimizer and loaders are built exactly as in a fresh
 run (that consumes RNG), then the checkpoint's weights, optimizer and scaler states are
 loaded. The data order of epoch ``e`` is a function of ``(seed, e)`` (a
-DistributedSampler with ``set_epoch``), so the resumed epoch's order is re-created and its
-first ``batch_in_epoch`` batches are skipped (they are loaded and dropped). The torch RNG
+DistributedSampler with ``set_epoch``): the sampler's state is re-derived, not stored, so
+the resumed epoch's order is re-created and its first ``batch_in_epoch`` batches are
+skipped (they are loaded and dropped); the loader's generator state is what
+``epoch_rng_per_rank`` restores. The torch RNG
 is set to the epoch-start state before that epoch's iterator is created (so the
 DataLoader draws the same base seed) and every RNG is restored to its state at the save
 right after it, so dropout continues exactly. ``metrics.jsonl`` is rewritten from the
@@ -77,13 +93,16 @@ import torch
 from torch import nn
 
 from torchgpu.checkpoint import (
+    LoadedCheckpoint,
     capture_rng_state,
     find_checkpoint,
     load_checkpoint,
     restore_rng_state,
     save_checkpoint,
 )
-from torchgpu.errors import ResumeError, UsageError
+from torchgpu.checkpoint.atomic import write_pointer
+from torchgpu.checkpoint.discover import LATEST, later_checkpoints, newest_verified, set_aside
+from torchgpu.errors import CheckpointCorruptError, ResumeError, UsageError
 from torchgpu.train import loop, metrics
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.faults import CrashPlan
@@ -115,11 +134,14 @@ def restart_count(environ: Mapping[str, str] | None = None) -> int:
 class ResumePlan:
     """Where a run starts. ``source``: the checkpoint directory to resume from (``None``:
     from scratch). ``continuing``: ``--out`` may already hold this run's files.
-    ``notes``: what to tell the user (a fallback, a restart)."""
+    ``notes``: what to tell the user (a fallback, a restart). ``named``: ``source`` was
+    given explicitly (``--resume CHECKPOINT_DIR``), not found through ``latest``, so a
+    damaged one is an error rather than a fallback."""
 
     source: Path | None = None
     continuing: bool = False
     notes: tuple[str, ...] = ()
+    named: bool = False
 
 
 def _find(where: Path) -> tuple[Path | None, tuple[str, ...]]:
@@ -161,7 +183,7 @@ def plan_resume(config: TrainConfig, environ: Mapping[str, str] | None = None) -
             "--resume DIR naming a run, its checkpoints/ directory or one checkpoint, or "
             "drop --resume to start from scratch."
         )
-    return ResumePlan(found, True, notes)
+    return ResumePlan(found, True, notes, named=found.resolve() == where.resolve())
 
 
 @dataclass(frozen=True)
@@ -282,7 +304,7 @@ class RunCheckpoints:
         if self.out_dir is not None:
             for note in plan.notes:
                 print(note, file=sys.stderr)
-        state = TrainState() if source is None else self._load(source)
+        state = TrainState() if source is None else self._load(source, plan.named)
         if self.out_dir is not None and plan.continuing:
             from torchgpu.checkpoint.atomic import write_file_atomic
 
@@ -291,10 +313,48 @@ class RunCheckpoints:
                               "".join(line + "\n" for line in lines).encode())
         return state
 
-    def _load(self, source: Path) -> TrainState:
-        loaded = load_checkpoint(source, model=self.model, optimizer=self.optimizer,
-                                 scheduler=self.scheduler, scaler=self.precision,
-                                 restore_rng=False)
+    def _read(self, source: Path) -> LoadedCheckpoint:
+        return load_checkpoint(source, model=self.model, optimizer=self.optimizer,
+                               scheduler=self.scheduler, scaler=self.precision,
+                               restore_rng=False, trust=self.config.trust_checkpoint)
+
+    def _read_or_fall_back(self, source: Path, named: bool) -> LoadedCheckpoint:
+        """Load ``source``; if its bytes do not match its manifest (checked before anything
+        is restored), fall back to the newest checkpoint beside it that verifies, unless
+        ``source`` was named explicitly: then the error names that checkpoint."""
+        try:
+            return self._read(source)
+        except CheckpointCorruptError as error:
+            fallback = newest_verified(source.parent, exclude=source)
+            if named or fallback is None:
+                hint = (f" The newest checkpoint that verifies is {fallback}: resume with "
+                        f"--resume {fallback}" if fallback is not None else "")
+                raise CheckpointCorruptError(f"{error}.{hint}") from None
+            if self.out_dir is not None:
+                print(f"note: {error}. Resuming from the newest checkpoint that verifies "
+                      f"instead: {fallback}", file=sys.stderr)
+            return self._read(fallback)
+
+    def _set_aside_later(self, loaded: Path, step: int) -> None:
+        """Move this run's checkpoints above ``step`` (an abandoned branch) aside; rank 0."""
+        later = later_checkpoints(self.directory, step)
+        if not later:
+            return
+        aside = set_aside(self.directory, later, f"step-{step:08d}")
+        if loaded.parent.resolve() == self.directory.resolve():
+            write_pointer(self.directory, loaded.name, LATEST)
+        print(f"note: resuming from step {step} abandons the later checkpoints "
+              f"{', '.join(p.name for p in later)} in {self.directory}; they were moved to "
+              f"{aside} (delete it when no longer needed), and `latest` names the newest "
+              "checkpoint of this run from now on", file=sys.stderr)
+
+    def _load(self, source: Path, named: bool = False) -> TrainState:
+        loaded = self._read_or_fall_back(source, named)
+        if len(set(_gather(str(loaded.path), self.ranks))) > 1:
+            raise ResumeError(
+                f"the ranks loaded different checkpoints (rank {self.ranks.rank}: "
+                f"{loaded.path}); a damaged checkpoint read differently on some rank. Resume "
+                "with --resume naming one checkpoint that `torchgpu ckpt verify` accepts.")
         extra = loaded.extra
         if "train_state" not in extra:
             raise ResumeError(
@@ -325,6 +385,7 @@ class RunCheckpoints:
         if self.out_dir is not None:
             print(f"resuming from {loaded.path}: step {state.step}, epoch {state.epoch + 1}, "
                   f"batch {state.batch_in_epoch}", file=sys.stderr)
+            self._set_aside_later(loaded.path, state.step)
             if self.config.num_workers > 0:
                 warnings.warn(
                     f"resuming with --num-workers {self.config.num_workers}: the data order, "

@@ -84,6 +84,7 @@ class TrainConfig:
     save_every: int | None = None  # optimizer steps between checkpoints
     keep_last: int | None = None
     resume: str | None = None  # "" = the run's own `latest`; a path = that checkpoint/dir
+    trust_checkpoint: bool = False  # --resume may run the full unpickler on state.pt
     on_nonfinite: str = "stop"
     progress: str = "auto"
     json: bool = False
