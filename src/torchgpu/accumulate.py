@@ -1,7 +1,12 @@
 """Gradient accumulation: k micro-batches that train exactly like one k-times-larger batch.
 
 Each micro-batch's loss is divided by k before ``backward``, so after k micro-steps the
-summed gradients are the gradient of the mean loss over the big batch. Under
+summed gradients are the gradient of the mean loss over the big batch. That holds when
+the micro-batches are equally large; for a window whose micro-batches differ (the
+epoch's short last batch), give the window's sample count to :meth:`set_steps`
+(``window_samples``) and each micro-batch's to :meth:`backward` (``samples``): each loss
+is then weighted by its share of the window's samples, which is again exactly the big
+batch's mean. Under
 DistributedDataParallel the gradient all-reduce is skipped (``no_sync``) on the k-1
 non-boundary micro-steps; the boundary step all-reduces the accumulated sum once.
 
@@ -15,6 +20,16 @@ forward time whether the coming backward all-reduces)::
                 loss = loss_fn(model(x), y)
             stepped = acc.backward(loss)
     acc.flush()   # the last, partial window of the epoch
+
+With micro-batches of unequal size (here the window's last one is short)::
+
+    acc.set_steps(3, window_samples=8 + 8 + 4)   # at a window's start (pending == 0)
+    ...   stepped = acc.backward(loss, samples=len(x))   # 8, 8, then 4
+
+Under DDP/FSDP (gradients averaged over ranks) ``window_samples`` is the window's sample
+count over all ranks divided by the world size, and ``samples`` this rank's: the mean
+over ranks of the weighted gradients is then the mean over every sample of the window,
+even when the ranks hold different numbers of samples (or none).
 
 FSDP2 (``fully_shard``) models reduce-scatter on every micro-step (their sharded
 gradients accumulate correctly); skipping that sync would keep full unsharded
@@ -52,7 +67,8 @@ class GradAccumulator:
     for backward, unscale and step. ``clip_norm``: max total gradient norm, applied to
     the unscaled gradients at each boundary (``None`` = no clipping).
 
-    Read-only state: ``steps`` (window length), ``pending`` (micro-steps in the current
+    Read-only state: ``steps`` (window length), ``window_samples`` (the window's sample
+    count for sample weighting, or None), ``pending`` (micro-steps in the current
     window), ``skipped_steps`` (optimizer steps the GradScaler skipped for inf/NaN
     gradients), ``optimizer_steps`` (steps really applied), ``last_grad_norm`` (the
     total norm before clipping at the last boundary, a tensor, or None).
@@ -80,6 +96,8 @@ class GradAccumulator:
         self.clip_norm: float | None = None if clip_norm is None else float(clip_norm)
         self._ddp = find_ddp(model)
         self._pending = 0
+        self._window_samples: float | None = None
+        self._seen_samples = 0  # samples given to backward() in this window
         self._unsynced = False  # some micro-step of this window skipped the all-reduce
         self._skipped = 0
         self._applied = 0
@@ -88,6 +106,10 @@ class GradAccumulator:
     @property
     def steps(self) -> int:
         return self._steps
+
+    @property
+    def window_samples(self) -> float | None:
+        return self._window_samples
 
     @property
     def pending(self) -> int:
@@ -101,9 +123,23 @@ class GradAccumulator:
     def optimizer_steps(self) -> int:
         return self._applied
 
-    def set_steps(self, steps: int) -> None:
-        """Change the window length; only between windows (``pending == 0``)."""
+    def set_steps(self, steps: int, window_samples: float | None = None) -> None:
+        """Change the window length; only between windows (``pending == 0``).
+
+        ``window_samples``: the samples the coming window holds (over all ranks divided
+        by the world size under DDP/FSDP). With it, :meth:`backward` weights a loss given
+        with ``samples=n`` by ``n / window_samples`` instead of ``1 / steps``. ``None``
+        (the default, also what this call restores) weights every micro-batch alike.
+        """
         steps = _check_steps(steps)
+        if window_samples is not None and not (
+            math.isfinite(float(window_samples)) and window_samples > 0
+        ):
+            raise ConfigError(
+                f"window_samples must be a positive finite number or None, got "
+                f"{window_samples!r}: pass the window's sample count (over all ranks divided "
+                "by the world size under DDP), or None to weight micro-batches alike."
+            )
         if self._pending:
             raise ConfigError(
                 f"set_steps({steps}) called in the middle of a window ({self._pending} of "
@@ -111,12 +147,22 @@ class GradAccumulator:
                 "flush(), or after reset()."
             )
         self._steps = steps
+        self._window_samples = None if window_samples is None else float(window_samples)
 
     def reset(self) -> None:
-        """Drop the current window: zero (set to None) all gradients."""
+        """Drop the current window: zero (set to None) all gradients. The window's
+        length and ``window_samples`` stay (a replayed window uses them again)."""
         self.optimizer.zero_grad(set_to_none=True)
         self._pending = 0
+        self._seen_samples = 0
         self._unsynced = False
+
+    def loss_scale(self, samples: int | None = None) -> float:
+        """The factor :meth:`backward` multiplies a loss of ``samples`` samples by:
+        ``samples / window_samples`` when both are known, else ``1 / steps``."""
+        if samples is not None and self._window_samples is not None:
+            return samples / self._window_samples
+        return 1.0 / self._steps
 
     @contextlib.contextmanager
     def micro_step(self) -> Iterator[bool]:
@@ -131,14 +177,25 @@ class GradAccumulator:
         with self._ddp.no_sync():
             yield boundary
 
-    def backward(self, loss: torch.Tensor) -> bool:
+    def backward(self, loss: torch.Tensor, samples: int | None = None) -> bool:
         """Backward of ``loss / steps``; at the window's end, step the optimizer.
+
+        ``samples``: how many samples ``loss`` is the mean over. When the window's
+        ``window_samples`` was given to :meth:`set_steps`, the backward is of
+        ``loss * samples / window_samples`` instead (the micro-batch's share of the
+        window), so micro-batches of different sizes (a short one, or an empty one on a
+        DDP rank, whose loss must then be a finite zero) add up to the window's mean.
+        Without ``window_samples`` it is ignored: the old, equal weighting.
 
         Returns True when the optimizer step was applied (the window closed and the
         GradScaler did not skip it); False otherwise (``pending`` tells the two apart:
         it is 0 right after a boundary).
         """
-        scaled = loss / self._steps if self._steps > 1 else loss
+        if samples is not None and self._window_samples is not None:
+            scaled = loss * (samples / self._window_samples)
+            self._seen_samples += samples
+        else:
+            scaled = loss / self._steps if self._steps > 1 else loss
         if self.precision is not None:
             self.precision.backward(scaled)
         else:
@@ -152,15 +209,24 @@ class GradAccumulator:
         """Step on a partial window (e.g. the epoch's last micro-batches).
 
         Gradients are multiplied by ``steps / pending`` so the step uses the mean over
-        the micro-batches actually seen, as one batch of that size would. Under DDP the
-        gradients skipped by ``no_sync`` are all-reduced here. Returns True when a step
-        was applied; False when nothing was pending or the GradScaler skipped it.
+        the micro-batches actually seen, as one batch of that size would (with
+        ``window_samples``: by ``window_samples`` over the samples seen, averaged over
+        the ranks under DDP). Under DDP the gradients skipped by ``no_sync`` are
+        all-reduced here. Returns True when a step was applied; False when nothing was
+        pending or the GradScaler skipped it.
         """
         if self._pending == 0:
             return False
+        seen = float(self._seen_samples)
         if self._unsynced and self._ddp is not None:
-            self._average_gradients(self._ddp.process_group)
-        factor = self._steps / self._pending
+            group = self._ddp.process_group
+            self._average_gradients(group)
+            if self._window_samples is not None and dist.get_world_size(group) > 1:
+                seen = self._mean_over_ranks(seen, group)
+        if self._window_samples is not None:
+            factor = self._window_samples / seen if seen > 0 else 1.0
+        else:
+            factor = self._steps / self._pending
         if factor != 1.0:
             with torch.no_grad():
                 for param in self.model.parameters():
@@ -187,8 +253,18 @@ class GradAccumulator:
             self._skipped += 1
         self.optimizer.zero_grad(set_to_none=True)
         self._pending = 0
+        self._seen_samples = 0
         self._unsynced = False
         return stepped
+
+    def _mean_over_ranks(self, value: float, group: dist.ProcessGroup | None) -> float:
+        params = [p for p in self.model.parameters()]
+        device = params[0].device if params else torch.device("cpu")
+        if dist.get_backend(group) == "gloo":
+            device = torch.device("cpu")
+        total = torch.tensor([value], dtype=torch.float64, device=device)
+        dist.all_reduce(total, group=group)
+        return float(total.item()) / dist.get_world_size(group)
 
     def _average_gradients(self, group: dist.ProcessGroup | None) -> None:
         """All-reduce-mean the local gradients by hand, as DDP would have.

@@ -77,7 +77,10 @@ class PlacementReport:
     ``ok`` is True when no problem was found. ``problems`` are one line each, naming the
     module. ``parameter_devices`` maps each device to the number of parameters and
     buffers on it; ``output_device`` is where the output ended up (None if the forward
-    failed).
+    failed). ``error`` is set (and ``ok`` False, ``problems`` empty) when the placement
+    could not be checked at all: the factory raised, or the forward failed for a reason
+    that is not about devices (a wrong input shape, a bug in ``forward``). ``kind`` is
+    ``"ok"``, ``"broken"`` (a placement problem) or ``"error"``.
     """
 
     ok: bool
@@ -85,9 +88,19 @@ class PlacementReport:
     parameter_devices: dict[str, int] = field(default_factory=dict)
     input_device: str = "cuda:0"
     output_device: str | None = None
+    error: str | None = None
+
+    @property
+    def kind(self) -> str:
+        """``"ok"``, ``"broken"`` or ``"error"`` (see the class docstring)."""
+        if self.error is not None:
+            return "error"
+        return "ok" if self.ok else "broken"
 
     def format(self) -> str:
         """A short human-readable summary."""
+        if self.error is not None:
+            return f"placement not checked: {self.error}"
         where = ", ".join(f"{d}: {n}" for d, n in sorted(self.parameter_devices.items()))
         head = f"placement {'OK' if self.ok else 'BROKEN'} (tensors per device: {where}; "
         head += f"input on {self.input_device}, output on {self.output_device or '-'})"
@@ -214,7 +227,56 @@ class _StopForward(Exception):
 
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"
+    return f"{type(error).__name__}: {text[0].rstrip('. ') if text else ''}"
+
+
+# A failed operation is a placement problem when its message is about devices: fake
+# tensors say "found two different devices cuda:0, cuda:1", real ones "Expected all
+# tensors to be on the same device".
+_ABOUT_DEVICES = re.compile(r"\bdevices?\b|\bcuda:\d+\b.*\b(?:cpu|cuda:\d+)\b", re.IGNORECASE)
+
+
+def _gpu_hint(error: BaseException) -> str:
+    """Why a CUDA-looking failure happens on fake devices, or "" for other errors."""
+    if "cuda" not in str(error).lower():
+        return ""
+    return (
+        " The check runs on fake devices, so the factory and forward must not call the "
+        "CUDA runtime directly (torch.cuda.* functions, streams)."
+    )
+
+
+def about_devices(error: BaseException) -> bool:
+    """Whether ``error`` (raised by an operation in the checked forward) is a device
+    mismatch -- a placement problem -- rather than a shape or code error."""
+    return bool(_ABOUT_DEVICES.search(str(error)))
+
+
+@contextlib.contextmanager
+def quiet_fake_tensor_logs() -> Iterator[None]:
+    """Silence torch's fake-tensor loggers within the block.
+
+    When an operation fails on fake tensors, torch logs the whole traceback
+    (``E... fake_tensor.py:...] failed while attempting to run meta for aten.mm``) before
+    raising; the caller reports the error itself, in one line.
+    """
+    import logging
+
+    for name in ("torch._subclasses.fake_tensor", "torch._subclasses.functional_tensor"):
+        logging.getLogger(name)  # make sure the family exists before it is listed
+    loggers = [
+        logging.getLogger(name)
+        for name in list(logging.root.manager.loggerDict)
+        if name.startswith("torch._subclasses")
+    ]
+    before = [logger.disabled for logger in loggers]
+    for logger in loggers:
+        logger.disabled = True
+    try:
+        yield
+    finally:
+        for logger, disabled in zip(loggers, before, strict=True):
+            logger.disabled = disabled
 
 
 def check_placement(
@@ -231,7 +293,10 @@ def check_placement(
     The input, of ``input_shape`` and ``input_dtype``, is put on ``devices[0]`` (default:
     the device of the model's first parameter). A parameter or buffer on a device not
     in ``devices`` is a problem too. Raises :class:`DeviceSpecError` for a device that
-    cannot be faked; problems in the model are reported, not raised.
+    cannot be faked; problems in the model are reported, not raised: a placement
+    mismatch in ``problems``, and a factory that raises or a forward that fails for a
+    reason other than devices (e.g. ``input_shape`` does not fit the first layer) in
+    ``error``. Torch's log lines about the failed operation are silenced.
     """
     allowed = _check_devices(devices)
     problems: list[str] = []
@@ -282,14 +347,17 @@ def check_placement(
     try:
         # no_grad for the factory too: an autograd node on a fake CUDA tensor (e.g. from
         # nn.Parameter(p.to("cuda:1"))) aborts the process on a CPU-only build.
-        with _fake_cuda(), torch.no_grad():
+        with quiet_fake_tensor_logs(), _fake_cuda(), torch.no_grad():
             try:
                 model = model_factory()
             except Exception as error:
                 return PlacementReport(
                     ok=False,
-                    problems=[f"model_factory() failed: {_first_line(error)}"],
                     input_device=input_device,
+                    error=(
+                        f"model_factory() failed: {_first_line(error)}. Fix the factory so "
+                        f"that it builds and places the model.{_gpu_hint(error)}"
+                    ),
                 )
             for name, module in model.named_modules():
                 handles.append(module.register_forward_pre_hook(pre_hook(name), with_kwargs=True))
@@ -312,7 +380,22 @@ def check_placement(
             except Exception as error:
                 where = running[-1] if running else ""
                 label = where or type(model).__name__
-                note(where, f"{label}: forward failed: {_first_line(error)}")
+                if about_devices(error):
+                    note(where, f"{label}: forward failed: {_first_line(error)}")
+                else:
+                    shape = ",".join(str(d) for d in input_shape)
+                    failure = (
+                        f"the forward on an input of shape {shape} failed in {label}: "
+                        f"{_first_line(error)}. That is not a placement problem: check the "
+                        "input shape (batch first, as the forward takes it; --input-shape "
+                        f"of torchgpu doctor) and the forward's code.{_gpu_hint(error)}"
+                    )
+                    return PlacementReport(
+                        ok=False,
+                        parameter_devices=counts,
+                        input_device=input_device,
+                        error=failure,
+                    )
     finally:
         for handle in handles:
             handle.remove()

@@ -1,9 +1,12 @@
-"""Multi-process pipeline on torch.distributed.pipelining (2 gloo ranks on 127.0.0.1)
-matches the single-process model; schedule rules are checked up front."""
+"""Multi-process pipeline on torch.distributed.pipelining (gloo ranks on 127.0.0.1)
+matches the single-process model — also on batches that ``chunks`` does not divide, on a
+later batch of another size, with gradients accumulated over two batches, and with a
+middle rank that learns the batch size from rank 0; schedule rules are checked up front."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -11,63 +14,88 @@ from torch import nn
 
 from tests.procs import run_torchrun
 from torchgpu.errors import ConfigError
+from torchgpu.parallel.chunks import micro_batch_groups
 from torchgpu.parallel.stages import StagePipeline, check_schedule, demo_batch, demo_model
 
-WIDTH, LAYERS, BATCH, STEPS, LR, SEED = 16, 4, 12, 3, 0.1, 0
-CONFIGS = ["gpipe:4", "1f1b:4", "interleaved1f1b:4:2", "gpipe:1"]
+WIDTH, LAYERS, LR, SEED = 16, 4, 0.1, 0
+# 10 rows in 4 micro-batches are 3, 3, 2, 2 (two schedules); 12 then 8 changes the
+# micro-batch shape after the first step; the optimizer steps every 2 batches.
+BATCHES, STEPS, ACCUMULATE = (10, 12, 8), 4, 2
+RUNS = {  # ranks -> schedule:chunks[:stages_per_rank]
+    2: ["gpipe:4", "1f1b:4", "interleaved1f1b:4:2"],
+    # a middle rank; 1F1B runs its 2-micro-batch groups as GPipe, interleaved as looped BFS
+    3: ["gpipe:4", "1f1b:4", "interleaved1f1b:3:2", "gpipe:1"],
+}
 
 
-def single_process() -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def single_process() -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor],
+                              torch.Tensor]:
+    """The demo's training on one process: losses, weights, last gradients, last output."""
     model = demo_model(WIDTH, LAYERS, SEED)
-    x, y = demo_batch(BATCH, WIDTH, SEED)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    losses = []
-    for _ in range(STEPS):
-        opt.zero_grad()
+    losses, grads = [], {}
+    for i in range(STEPS):
+        x, y = demo_batch(BATCHES[i % len(BATCHES)], WIDTH, SEED)
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward()
         losses.append(loss.item())
-        opt.step()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    return losses, model.state_dict(), grads
+        if (i + 1) % ACCUMULATE == 0 or i + 1 == STEPS:
+            grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+            opt.step()
+            opt.zero_grad()
+    model.eval()
+    with torch.no_grad():
+        output = model(x)
+    return losses, model.state_dict(), grads, output
+
+
+@pytest.fixture(scope="module")
+def reference() -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.Tensor],
+                         torch.Tensor]:
+    return single_process()
 
 
 @pytest.mark.slow
-def test_two_gloo_ranks_match_single_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ranks", sorted(RUNS))
+def test_gloo_ranks_match_single_process(tmp_path: Path, ranks: int, reference: Any) -> None:
+    configs = RUNS[ranks]
     args = [
-        "torchgpu.parallel.stages",
-        "--demo",
-        "--configs",
-        ",".join(CONFIGS),
-        "--steps",
-        str(STEPS),
-        "--batch",
-        str(BATCH),
-        "--width",
-        str(WIDTH),
-        "--layers",
-        str(LAYERS),
-        "--lr",
-        str(LR),
-        "--out",
-        str(tmp_path),
+        "torchgpu.parallel.stages", "--demo", "--configs", ",".join(configs),
+        "--steps", str(STEPS), "--batches", ",".join(map(str, BATCHES)),
+        "--accumulate", str(ACCUMULATE), "--width", str(WIDTH), "--layers", str(LAYERS),
+        "--lr", str(LR), "--out", str(tmp_path),
     ]
-    proc = run_torchrun("-m", 2, args, timeout=180)
+    proc = run_torchrun("-m", ranks, args, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    losses, params, grads = single_process()
-    for config in CONFIGS:
+    losses, params, grads, output = reference
+    for config in configs:
         stem = config.replace(":", "_")
-        ranks = [torch.load(tmp_path / f"{stem}_rank{r}.pt", weights_only=True) for r in (0, 1)]
-        assert ranks[0]["losses"] == []  # only the last rank sees the loss
-        assert ranks[1]["losses"] == pytest.approx(losses, rel=1e-5), config
-        got_params = {**ranks[0]["params"], **ranks[1]["params"]}
-        got_grads = {**ranks[0]["grads"], **ranks[1]["grads"]}
+        got = [torch.load(tmp_path / f"{stem}_rank{r}.pt", weights_only=True)
+               for r in range(ranks)]
+        assert all(g["losses"] == [] and g["output"] is None for g in got[:-1])  # last only
+        assert got[-1]["losses"] == pytest.approx(losses, rel=1e-5), config
+        torch.testing.assert_close(got[-1]["output"], output, msg=f"{config} output")
+        got_params = {k: v for g in got for k, v in g["params"].items()}
+        got_grads = {k: v for g in got for k, v in g["grads"].items()}
         assert sorted(got_params) == sorted(params), config  # canonical keys, all layers
-        assert set(ranks[0]["params"]).isdisjoint(ranks[1]["params"])  # each layer on one rank
+        assert sum(len(g["params"]) for g in got) == len(params)  # each layer on one rank
         for k in params:
             torch.testing.assert_close(got_params[k], params[k], msg=f"{config} {k}")
         for k in grads:
             torch.testing.assert_close(got_grads[k], grads[k], msg=f"{config} {k}")
+
+
+def test_micro_batch_groups_follow_tensor_split() -> None:
+    for rows in range(1, 30):
+        for chunks in range(1, 12):
+            groups = micro_batch_groups(rows, chunks)
+            sizes = [each for count, each in groups for _ in range(count)]
+            expected = [len(t) for t in torch.tensor_split(torch.arange(rows), min(rows, chunks))]
+            assert sizes == expected, (rows, chunks)
+            assert len(groups) <= 2 and all(count >= 1 for count, _ in groups)
+    assert micro_batch_groups(10, 4) == [(2, 3), (2, 2)]
+    with pytest.raises(ConfigError, match="cannot split 0 rows"):
+        micro_batch_groups(0, 4)
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,9 @@
 """`torchgpu train --strategy pipeline --nproc 2` on CPU: one stage per gloo process on
-torch.distributed.pipelining. The step losses and final weights match the one-process
-run (every rank walks the one-process batch order), the file saved by rank 0 holds the
-whole model under the plain model's keys, and only rank 0 reports."""
+torch.distributed.pipelining. The step losses, final weights and test metrics match the
+one-process run (every rank walks the one-process batch order) on batches that --chunks
+does not divide, a smaller last batch with no even split for 1F1B (once skipped) and an
+odd test split (once evaluated on a stale row); the file saved by rank 0 holds the whole
+model under the plain model's keys, and only rank 0 reports."""
 
 from __future__ import annotations
 
@@ -15,9 +17,10 @@ from safetensors.torch import load_file
 from tests.procs import run_cli
 from torchgpu.models import HousingNet
 
-# 96 training rows: batch 20 leaves a last batch of 16, which gets its own schedule.
-COMMON = ["--example", "housing", "--data-size", "120", "--epochs", "2", "--batch-size", "20",
-          "--progress", "plain"]
+# 123 rows: 98 training rows in batches of 13 (last one 7, prime), 25 test rows (odd);
+# --accumulate 2 checks that torch's per-step gradient division stays off.
+COMMON = ["--example", "housing", "--data-size", "123", "--epochs", "2", "--batch-size", "13",
+          "--accumulate", "2", "--progress", "plain"]
 
 
 def _steps(out: Path) -> list[float]:
@@ -38,13 +41,15 @@ def single(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 def test_two_stage_processes_match_one_process(tmp_path: Path, single: Path) -> None:
-    # --chunks 8 caps the micro-batches: 20 rows run as 5 equal ones, the last 16 as 8
+    # 1F1B, 4 micro-batches: 13 rows run as 1 x 4 (GPipe) then 3 x 3 (1F1B), the last 7
+    # rows as 3 x 2 (1F1B) then 1 x 1 (GPipe); the 25 test rows forward in one piece.
     out = tmp_path / "stages"
     done = run_cli(["train", *COMMON, "--strategy", "pipeline", "--nproc", "2",
-                    "--chunks", "8", "--out", str(out)], timeout=120)
+                    "--schedule", "1f1b", "--chunks", "4", "--out", str(out)], timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("trained housing (pipeline, 2 process(es)") == 1  # rank 0 only
-    assert done.stderr.count("pipeline over 2 processes") == 1
+    assert done.stderr.count("pipeline over 2 processes (1f1b") == 1
+    assert len(_steps(out)) == len(_steps(single)) == 8  # no batch skipped
     assert _steps(out) == pytest.approx(_steps(single), rel=1e-5)
     a, b = load_file(out / "model.safetensors"), load_file(single / "model.safetensors")
     assert a.keys() == b.keys()
@@ -53,7 +58,8 @@ def test_two_stage_processes_match_one_process(tmp_path: Path, single: Path) -> 
     HousingNet(13, out_dim=1).load_state_dict(a, strict=True)
     summary = json.loads((out / "summary.json").read_text())
     one = json.loads((single / "summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["global_batch"] == 20
-    assert summary["pipeline"]["stages"] == 2 and summary["pipeline"]["skipped_batches"] == 0
-    assert summary["final"]["test_loss"] == pytest.approx(one["final"]["test_loss"], rel=1e-5)
-    assert summary["final"]["test_r2"] == pytest.approx(one["final"]["test_r2"], rel=1e-4)
+    assert summary["world_size"] == 2 and summary["global_batch"] == 26
+    assert summary["pipeline"]["stages"] == 2 and summary["pipeline"]["chunks"] == 4
+    assert summary["steps"] == one["steps"] == 8 and summary["skipped_steps"] == 0
+    for key in ("train_loss", "test_loss", "test_r2"):
+        assert summary["final"][key] == pytest.approx(one["final"][key], rel=1e-5), key

@@ -1,4 +1,4 @@
-"""Importing torchgpu's device layer, and using its read-only calls, never initialises
+"""Importing every torchgpu module, and using its read-only calls, never initialises
 CUDA. In a child process, torch.cuda._lazy_init is replaced by a function that fails
 loudly, so the check means something even on a CPU-only build of torch."""
 
@@ -9,19 +9,22 @@ import sys
 
 from tests.procs import test_env as child_env
 
-MODULES = [
-    "torchgpu",
-    "torchgpu.visible",
-    "torchgpu.sizes",
-    "torchgpu.nvml",
-    "torchgpu.devices",
-    "torchgpu.transfer",
-    "torchgpu.cli.devices",
-    "torchgpu.cli.select",
-    "torchgpu.cli.env",
-    "torchgpu.cli.doctor",
-    "torchgpu.cli.common_model",
-]
+
+def _all_modules() -> list[str]:
+    """Every module of the package (so a new module is checked without editing this list),
+    except ``__main__``, which runs the CLI when imported."""
+    import pkgutil
+
+    import torchgpu
+
+    names = ["torchgpu"]
+    for info in pkgutil.walk_packages(torchgpu.__path__, "torchgpu."):
+        if not info.name.endswith("__main__"):
+            names.append(info.name)
+    return names
+
+
+MODULES = _all_modules()
 
 CHILD = f"""
 import contextlib, io, torch

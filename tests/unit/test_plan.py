@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import math
+import shlex
 from dataclasses import dataclass
 
 import pytest
 
+from torchgpu.cli.train import config_from_argv
 from torchgpu.errors import PlanError, UsageError
-from torchgpu.planning.decide import SMALL_STEP_BYTES, Workload
+from torchgpu.planning.commands import run_device, train_command, train_settings
+from torchgpu.planning.decide import SMALL_STEP_BYTES, Workload, bf16_would_fit
 from torchgpu.planning.footprint import Footprint, LayerFootprint
 from torchgpu.planning.planner import plan_from_footprint
 from torchgpu.planning.strategies import all_candidates, halvings, partition_by_capacity
 from torchgpu.planning.targets import DeviceTarget, parse_devices
+from torchgpu.train.config import TrainConfig, validate
+from torchgpu.train.split_flags import device_list, parse_balance
 
 GiB = 1024**3
 MiB = 1024**2
@@ -179,8 +184,7 @@ def test_several_devices_give_ddp_with_the_batch_shared() -> None:
     )
     assert (
         result.command
-        == "torchgpu train --example resnet50 --strategy ddp --gpus 0,1,2,3 --nproc 4 "
-        "--batch-size 8"
+        == "torchgpu train --example resnet50 --strategy ddp --nproc 4 --batch-size 8"
     )
     assert "least estimated slowdown" in result.reason
 
@@ -223,10 +227,9 @@ def test_model_that_needs_two_stages() -> None:
     assert result.balance == (1, 1)
     assert result.chunks == 8
     assert result.devices == ("gpu0", "gpu1")
-    assert (
-        result.command
-        == "torchgpu train --example resnet50 --strategy pipeline --gpus 0,1 --chunks 8 "
-        "--batch-size 16"
+    assert result.command == (
+        "torchgpu train --example resnet50 --strategy pipeline --devices cuda:0,cuda:1 "
+        "--balance 1,1 --chunks 8 --batch-size 16 --activation-checkpointing"
     )
     rows = {c.label: c for c in result.candidates}
     assert rows["model (split)"].fits  # fits too, but one device works at a time
@@ -243,6 +246,11 @@ def test_heterogeneous_devices_balance_by_capacity() -> None:
     # (3, 3) split would need 24 GiB on the small device
     assert result.balance == (5, 1)
     assert result.chosen.per_device_bytes[0] > result.chosen.per_device_bytes[1]
+    # the command runs this cut, with the checkpointing the row was priced with
+    assert result.command == (
+        "torchgpu train --example resnet50 --strategy pipeline --devices cuda:0,cuda:1 "
+        "--balance 5,1 --chunks 8 --batch-size 8 --activation-checkpointing"
+    )
 
 
 def test_model_that_fits_nowhere_names_the_numbers() -> None:
@@ -252,6 +260,130 @@ def test_model_that_fits_nowhere_names_the_numbers() -> None:
     assert "40.0 GiB" in message  # model states
     assert "14.4 GiB usable" in message and "16.0 GiB less 10% headroom" in message
     assert "gpu0" in message
+    # the states overflow: bf16 keeps them in fp32, so it is not suggested
+    assert "--precision bf16" not in message and "would not help" in message
+
+
+def test_bf16_is_suggested_only_when_the_activations_overflow() -> None:
+    # states 2 GiB; one sample saves 2 GiB even checkpointed: 4 GiB > 3.6 GiB usable,
+    # but with half the activation bytes (bf16) 3 GiB would fit
+    acts = footprint(0.5, 8.0, 2.0, batch=1)
+    assert bf16_would_fit(all_candidates(acts, hypothetical("1x4GiB"), 1), acts,
+                          hypothetical("1x4GiB")) is not None
+    with pytest.raises(PlanError) as info:
+        plan(acts, "1x4GiB", 1)
+    assert "--precision bf16" in str(info.value)
+    assert "single + checkpointing would fit" in str(info.value)
+    # already bf16: nothing more to suggest
+    with pytest.raises(PlanError) as info:
+        plan_from_footprint(acts, hypothetical("1x4GiB"), Workload(1, precision="bf16"))
+    assert "bf16" not in str(info.value)
+    # states of 3.5 GiB with tiny activations on the same device: bf16 cannot help
+    states = footprint(0.875, 0.001, batch=1)
+    with pytest.raises(PlanError) as info:
+        plan(states, "1x3GiB", 1)
+    assert "--precision bf16" not in str(info.value) and "would not help" in str(info.value)
+
+
+# ---------------------------------------------------- the command runs exactly the plan
+def _train_config(command: str) -> TrainConfig:
+    """``command`` parsed by ``torchgpu train``'s own parser and validated."""
+    argv = shlex.split(command)
+    assert argv[:2] == ["torchgpu", "train"]
+    config = config_from_argv(argv[2:])
+    validate(config)
+    return config
+
+
+def _infos_0_2() -> list[FakeInfo]:
+    return [FakeInfo("cuda", 0, 80 * GiB, 80 * GiB), FakeInfo("cuda", 2, 80 * GiB, 80 * GiB)]
+
+
+@pytest.mark.parametrize(
+    ("spec", "fp", "batch", "precision"),
+    [
+        ("1x80GiB,1x24GiB", footprint(12.0, 0.01, batch=8, layers=6), 8, "fp32"),
+        ("4x80GiB", footprint(1.0, 0.25, batch=32, layers=4), 32, "bf16"),
+        ("1x16GiB,1x80GiB", footprint(0.5, 20.0, 3.0, batch=1, layers=2), 4, "fp32"),
+        ("cuda:0,cuda:2", footprint(1.0, 0.5, batch=64, layers=4), 64, "fp32"),
+    ],
+)
+def test_every_rows_command_parses_to_that_row(
+    spec: str, fp: Footprint, batch: int, precision: str
+) -> None:
+    targets = parse_devices(spec, inventory=_infos_0_2)
+    workload = Workload(batch, example="resnet50", precision=precision)
+    result = plan_from_footprint(fp, targets, workload)
+    assert result.settings == train_settings(result.chosen, targets)
+    assert result.command == train_command(result.chosen, workload, targets)
+    names = {t.name: run_device(t) for t in targets}
+    rows = [c for c in result.candidates if c.applicable]
+    assert {c.strategy for c in rows} == {"single", "ddp", "fsdp", "model", "pipeline"}
+    for row in rows:
+        command = train_command(row, workload, targets)
+        assert command is not None
+        config = _train_config(command)
+        settings = train_settings(row, targets)
+        assert {k: getattr(config, k) for k in settings.config_changes()} == (
+            settings.config_changes()
+        ), command
+        assert (config.example, config.precision) == ("resnet50", precision)
+        assert (config.strategy, config.batch_size, config.accumulate) == (
+            row.strategy, row.micro_batch, row.accumulate
+        ), command
+        assert config.activation_checkpointing == row.checkpointing, command
+        used = [names[n] for n in row.devices]
+        if row.strategy in ("model", "pipeline"):
+            assert config.devices is not None and config.balance is not None
+            assert device_list(config.devices) == used
+            assert parse_balance(config.balance) == list(row.balance or ())
+            assert config.chunks == (row.chunks if row.strategy == "pipeline" else None)
+            assert config.device == "auto" and config.nproc is None
+        elif row.strategy in ("ddp", "fsdp"):
+            assert config.nproc == len(used) and config.devices is None
+            ids = [u.split(":")[1] for u in used]
+            visible = config.gpus.split(",") if config.gpus else [str(i) for i in range(len(ids))]
+            assert visible == ids, command  # rank k trains on visible GPU k
+        else:
+            assert config.device == used[0] or (config.device == "auto" and used[0] == "cuda:0")
+            assert config.nproc is None and config.devices is None
+
+
+def test_model_split_command_and_real_single_device() -> None:
+    fp = footprint(1.0, 0.25, batch=8, layers=4)
+    targets = parse_devices("cuda:0,cuda:2", inventory=_infos_0_2)
+    rows = {c.label: c for c in all_candidates(fp, targets, 8)}
+    workload = Workload(8, example="lenet")
+    assert train_command(rows["model (split)"], workload, targets) == (
+        "torchgpu train --example lenet --strategy model --devices cuda:0,cuda:2 "
+        "--balance 2,2 --batch-size 8"
+    )
+    assert train_command(rows["single"], workload, targets) == (
+        "torchgpu train --example lenet --strategy single --device cuda:0 --batch-size 8"
+    )
+
+
+def test_custom_model_gets_python_instead_of_a_command() -> None:
+    fp = footprint(12.0, 0.01, batch=8, layers=6)
+    result = plan_from_footprint(
+        fp, hypothetical("1x80GiB,1x24GiB"), Workload(8, model="pkg.models:Net.build")
+    )
+    assert result.strategy == "pipeline" and result.command is None
+    assert result.python is not None
+    lines = result.python.splitlines()
+    assert lines[:2] == ["from pkg.models import Net", "from torchgpu import Pipeline"]
+    assert (
+        "model = Pipeline(Net.build(), devices=['cuda:0', 'cuda:1'], balance=[5, 1], "
+        "chunks=8, checkpoint='except_last')"
+    ) in lines
+    compile(result.python, "<plan>", "exec")  # valid Python
+    accum = plan_from_footprint(
+        footprint(1.0, 0.5, batch=64), hypothetical("1x24GiB"), Workload(64, model="m.py:f")
+    )
+    assert accum.python is not None and accum.accumulate == 2
+    assert "f = runpy.run_path('m.py')['f']" in accum.python
+    assert "GradAccumulator(model, optimizer, steps=2)" in accum.python
+    compile(accum.python, "<plan>", "exec")
 
 
 def test_real_device_commands() -> None:
@@ -268,6 +400,11 @@ def test_real_device_commands() -> None:
         footprint(1.0, 0.25, batch=32), targets, Workload(32, model="pkg.mod:build")
     )
     assert custom.command is None
+    assert custom.python is not None
+    assert "torchrun --nproc-per-node 2" in custom.python
+    assert "CUDA_VISIBLE_DEVICES=0,2" in custom.python
+    assert "wrap_data_parallel(model, 'ddp')" in custom.python
+    assert "from pkg.mod import build" in custom.python
 
 
 # ---------------------------------------------------------------- measured, end to end

@@ -131,9 +131,9 @@ def _verify_targets(path: Path) -> list[Path] | str:
         return [parent / name]
     good = newest_verified(parent)
     what = f"names {name!r}, which does not exist" if name else "is empty or unreadable"
-    return (f"{parent / LATEST} {what}, so --resume has no checkpoint to load there"
-            + (f"; the newest checkpoint that verifies is {good}: resume with --resume {good}"
-               if good is not None else "; no checkpoint there verifies"))
+    return (f"{parent / LATEST} {what}: the latest checkpoint of the run is missing. "
+            + (f"The newest checkpoint that verifies is {good}; resume from it with --resume "
+               f"{good}" if good is not None else "No checkpoint there verifies"))
 
 
 def _verify(path: Path) -> int:
@@ -163,7 +163,8 @@ def _verify(path: Path) -> int:
     if len(targets) == 1 and targets[0] != path:  # reached through `latest`: offer another
         good = newest_verified(targets[0].parent, exclude=targets[0])
         if good is not None:
-            problems[0] += f". The newest checkpoint that verifies is {good}"
+            problems[0] += (f". The newest checkpoint that verifies is {good}; resume from it "
+                            f"with --resume {good}")
     head = f"{len(problems)} of {len(targets)} checkpoints are damaged: " if len(
         targets) > 1 else ""
     return fail(head + "; ".join(problems), EXIT_FAILURE)

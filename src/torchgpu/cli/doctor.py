@@ -10,7 +10,8 @@ found. Never initialises CUDA.
 ``torchgpu doctor --model module:factory --input-shape 2,3,128,128 [--devices
 cuda:0,cuda:1]`` instead runs the fake-device placement check of
 :func:`torchgpu.placement.check_placement` and exits 0 when the placement is sound, 1
-when a module or tensor is on the wrong device.
+when a module or tensor is on the wrong device, 2 when it could not check (the factory
+raised, or the forward failed for another reason, such as a wrong --input-shape).
 
 The checks are a pure function, :func:`find_problems`, over an :class:`EnvSnapshot`.
 """
@@ -355,6 +356,8 @@ def _placement(model: str, input_shape: str | None, devices: str | None) -> int:
     # Imported here: the placement check is heavy and only needed with --model.
     placement: Any = importlib.import_module("torchgpu.placement")
     report = placement.check_placement(factory, shape, device_list)
+    if getattr(report, "error", None):  # not checked: the factory or --input-shape is wrong
+        raise UsageError(f"--model {model}: {report.error}")
     print(report.format())
     return 0 if report.ok else 1
 

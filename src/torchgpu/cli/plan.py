@@ -7,18 +7,23 @@
 
 Prints a table of every strategy (single, + accumulation, + activation checkpointing,
 ddp, fsdp, model split, pipeline) with its memory on each device and whether it fits,
-then the chosen plan, why, and the exact ``torchgpu train`` command. ``--json`` prints
-the document of :mod:`torchgpu.planning.report` instead. Exit codes: 0 a plan was
-found, 1 nothing fits (the table still prints, the numbers go to stderr), 2 bad flags.
+then the chosen plan, why, and the exact ``torchgpu train`` command that runs it (for
+``--model``, which ``torchgpu train`` cannot load, the same settings as torchgpu Python
+calls). A factory that fails, or a forward that does not take ``--input-shape``, is a
+usage error (exit 2, one paragraph). ``--json`` prints the document of
+:mod:`torchgpu.planning.report` instead. Exit codes: 0 a plan was found, 1 nothing fits
+(the table still prints, the numbers go to stderr), 2 bad flags.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import textwrap
 
 import torch
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from torchgpu.cli.common import ArgumentParser
@@ -97,26 +102,26 @@ def main(argv: list[str]) -> int:
     if example is None and args.model is None:
         example = "housing"
     if args.model is not None:
-        from torchgpu.cli.common_model import resolve_factory
+        from torchgpu.planning.custom import build_custom_model, measure_custom_model
 
         shape = parse_shape(args.input_shape)
-        model = resolve_factory(args.model)()
-        if not isinstance(model, torch.nn.Module):
-            raise UsageError(
-                f"--model {args.model} returned {type(model).__name__}, not an nn.Module"
-            )
+        model = build_custom_model(args.model)  # UsageError (exit 2) if the factory fails
         batch = args.batch_size or shape[0]
         sample = torch.empty(batch, *shape[1:], device="meta")  # shapes only: nothing allocated
+        footprint = measure_custom_model(
+            model, args.model, sample, optimizer=args.optimizer, precision=args.precision
+        )
     else:
         from torchgpu.models import build_model
+        from torchgpu.planning.measure import measure_footprint
 
         assert example is not None
         model = build_model(example)
         batch = args.batch_size or EXAMPLE_BATCH_SIZES[example]
         sample = torch.empty(batch, *EXAMPLE_INPUT_SHAPES[example], device="meta")
-    from torchgpu.planning.measure import measure_footprint
-
-    footprint = measure_footprint(model, sample, optimizer=args.optimizer, precision=args.precision)
+        footprint = measure_footprint(
+            model, sample, optimizer=args.optimizer, precision=args.precision
+        )
     workload = Workload(
         batch, example=example, model=args.model, precision=args.precision, optimizer=args.optimizer
     )
@@ -204,15 +209,11 @@ def _render(
         return
     console.print(f"[bold]plan:[/bold] {plan.reason}")
     if plan.command is not None:
-        console.print(f"[bold]run:[/bold]  {plan.command}", soft_wrap=True)
-    else:
+        console.print("[bold]run:[/bold]  " + escape(plan.command), soft_wrap=True)
+    elif plan.python is not None:
         console.print(
-            "[bold]run:[/bold]  `torchgpu train` trains built-in examples and CSV files; use these "
-            f"settings in your own script: strategy={plan.strategy}, nproc={plan.nproc}, "
-            f"micro-batch={plan.micro_batch}, accumulate={plan.accumulate}, activation "
-            f"checkpointing={'on' if plan.activation_checkpointing else 'off'}"
-            + (
-                f", chunks={plan.chunks}, balance={list(plan.balance or ())}" if plan.chunks else ""
-            ),
+            "[bold]run:[/bold]  `torchgpu train` has no --model (it trains the built-in "
+            "examples and CSV files); set your model up with torchgpu's Python API:",
             soft_wrap=True,
         )
+        console.print(textwrap.indent(plan.python, "    "), soft_wrap=True, markup=False)

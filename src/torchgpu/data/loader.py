@@ -1,8 +1,9 @@
 """make_loader: one DataLoader recipe for one process, DDP ranks, CPU and CUDA.
 
 Under DDP each rank gets a :class:`~torch.utils.data.distributed.DistributedSampler`
-shard. The caller must call ``loader.sampler.set_epoch(epoch)`` at the start of every
-epoch (see :func:`set_epoch`), or every epoch repeats the first epoch's order.
+shard (or, with ``pad=False``, an unpadded :class:`~torchgpu.data.shards.ShardBatches`
+shard). The caller must call :func:`set_epoch` at the start of every epoch, or every
+epoch repeats the first epoch's order.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def make_loader(
     device: torch.device | str | None = None,
     num_workers: int = 0,
     drop_last: bool = False,
+    pad: bool = True,
 ) -> DataLoader[Any]:
     """A DataLoader over ``dataset`` with ``batch_size`` samples per batch (per rank).
 
@@ -47,6 +49,12 @@ def make_loader(
       ``ceil(len / world_size)`` samples (without ``drop_last`` the sampler pads by
       repeating the first samples so every rank has as many). Call
       :func:`set_epoch` each epoch.
+    - ``dist`` with ``pad=False`` (and no ``drop_last``): no sample is repeated; rank
+      ``r`` gets positions ``r, r + W, ...`` of the same seeded order
+      (:class:`~torchgpu.data.shards.ShardBatches`, whose ``layout`` gives every
+      batch's size on every rank). Every rank yields the same number of batches, so a
+      rank's last batch may be short or empty (zero rows); weight each rank's loss by
+      its samples (the training loop does) for results equal to one process's.
     - otherwise, with ``shuffle``: a random order drawn from a ``torch.Generator``
       seeded with ``seed``, so runs repeat exactly and the global RNG is not touched.
     - ``pin_memory`` only when ``device`` is CUDA (pinning for the CPU costs time and
@@ -72,6 +80,18 @@ def make_loader(
             f"{n} samples give {per_rank}{where}, fewer than one batch of {batch_size}, and "
             f"drop_last is set so no batch would be made: use a batch size of {max(per_rank, 1)} "
             "or less, or more data"
+        )
+    if distributed and not pad and not drop_last:
+        assert dist is not None
+        from torchgpu.data.shards import EmptyBatchCollate, ShardBatches
+
+        return DataLoader(
+            dataset,
+            batch_sampler=ShardBatches(n, batch_size, rank=dist.rank,
+                                       world_size=dist.world_size, shuffle=shuffle, seed=seed),
+            collate_fn=EmptyBatchCollate(dataset),
+            num_workers=num_workers,
+            pin_memory=pin,
         )
     if distributed:
         assert dist is not None
@@ -108,6 +128,7 @@ def set_epoch(loader: DataLoader[Any], epoch: int) -> None:
 
     Does nothing for other samplers (their seeded generator already advances per epoch).
     """
-    sampler = loader.sampler
-    if isinstance(sampler, DistributedSampler):
-        sampler.set_epoch(epoch)
+    for sampler in (loader.sampler, loader.batch_sampler):  # ShardBatches: the latter
+        setter = getattr(sampler, "set_epoch", None)
+        if setter is not None:
+            setter(epoch)

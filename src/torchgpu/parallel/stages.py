@@ -9,10 +9,16 @@ point-to-point operations — gloo on CPU, NCCL on GPU. Launch with torchrun::
     torchrun --nproc-per-node 2 -m torchgpu.parallel.stages --demo --configs gpipe:4
 
 Per step, rank 0 gives the input batch, the last rank the target; both are split
-into ``chunks`` micro-batches along dim 0 (``torch.tensor_split`` sizes). The loss
-function is applied per micro-batch and gradients are divided by ``chunks``, so with
-a mean-reduced loss and ``chunks`` dividing the batch, the loss (mean of micro-batch
-losses) and gradients equal the single-process full-batch ones.
+into ``chunks`` micro-batches along dim 0 (``torch.tensor_split`` sizes). torch's
+stages size their receive buffers from the first micro-batch they see and keep them
+(uneven micro-batches are not supported there), so every distinct micro-batch shape
+gets its own stages and schedule over the same modules, and a batch that ``chunks``
+does not divide runs as two schedules of equal micro-batches back to back (batch 10,
+chunks 4: two of 3 rows, then two of 2). Each micro-batch's loss is weighted by its
+rows / batch rows and torch's gradient division is off (``scale_grads=False``), so
+with a loss that averages over rows the summed loss and the gradients equal the
+single-process full-batch ones for every batch size. A run of fewer micro-batches
+than 1F1B needs runs as GPipe (interleaved: looped BFS) — the same gradients.
 
 Schedule rules (checked up front by :func:`check_schedule`): 1F1B needs
 ``chunks >= stages`` (every stage must have a micro-batch in flight before the first
@@ -35,11 +41,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from torchgpu.errors import ConfigError
-from torchgpu.parallel.chunks import ChunkChoice, sweep_chunks
+from torchgpu.errors import ConfigError, DistributedError
+from torchgpu.parallel.chunks import ChunkChoice, micro_batch_groups, sweep_chunks
 from torchgpu.parallel.model import BalanceSpec, as_layers, named_layers, resolve_balance
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b")
+#: Batch shapes whose schedules (and torch stages) are kept; the least recent is dropped.
+MAX_CACHED_SHAPES = 8
 
 
 def check_schedule(schedule: str, chunks: int, num_ranks: int, stages_per_rank: int = 1) -> None:
@@ -101,12 +109,14 @@ class StagePipeline:
     """This rank's share of a multi-process pipeline.
 
     Build it on every rank with the same model (same seed or weights) after the
-    process group exists; ``step(x, target)`` runs one forward+backward over all
-    ranks (rank 0 uses ``x``, the last rank ``target``) and returns the mean loss on
-    the last rank, None elsewhere. Gradients accumulate in :meth:`parameters`; step
-    the optimizer yourself. ``balance`` counts layers per *stage* (ranks x
-    stages_per_rank); ``"size"``/``"time"`` are measured on rank 0 with ``sample``
-    and broadcast so every rank cuts identically.
+    process group exists. ``step(x, target)`` runs one forward+backward of the whole
+    batch over all ranks (rank 0 uses ``x``, the last rank ``target``) and returns the
+    batch loss on the last rank, None elsewhere; :meth:`forward` runs the forward pass
+    only. Any batch size works, also one that ``chunks`` does not divide or that differs
+    from the previous batch (see the module docstring). Gradients accumulate in
+    :meth:`parameters`; step the optimizer yourself. ``balance`` counts layers per
+    *stage* (ranks x stages_per_rank); ``"size"``/``"time"`` are measured on rank 0 with
+    ``sample`` and broadcast so every rank cuts identically.
     """
 
     def __init__(
@@ -138,8 +148,10 @@ class StagePipeline:
         self.modules: list[nn.Sequential] = [stages[i].to(self.device) for i in self.indices]
         self.is_first = 0 in self.indices
         self.is_last = self.num_stages - 1 in self.indices
-        self._built: dict[int, Any] = {}
+        # (training?, micro-batches, rows each) -> torch schedule over fresh stages
+        self._built: OrderedDict[tuple[bool, int, int], Any] = OrderedDict()
         self._chunks = chunks
+        self._batch_rows = 0  # rows of the batch in flight: the loss weights' denominator
 
     def _agree_balance(
         self, layers: list[nn.Module], balance: BalanceSpec, sample: Any
@@ -164,43 +176,171 @@ class StagePipeline:
         check_schedule(self.schedule_name, value, self.world_size, self.stages_per_rank)
         self._chunks = value
 
-    def _schedule(self) -> Any:
-        """torch's schedule for the current ``chunks`` (built once per value)."""
-        if self._chunks in self._built:
-            return self._built[self._chunks]
+    def group_schedule(self, count: int) -> str:
+        """The schedule that runs a run of ``count`` equal micro-batches: the configured
+        one, except 1F1B below the stage count -> ``gpipe`` and interleaved 1F1B with
+        ``count`` not a multiple of the ranks -> ``loopedbfs`` (same gradients)."""
+        if self.schedule_name == "1f1b" and count < self.num_stages:
+            return "gpipe"
+        if self.schedule_name == "interleaved1f1b" and count % self.world_size:
+            return "loopedbfs"
+        return self.schedule_name
+
+    def _schedule(self, training: bool, count: int, each: int) -> Any:
+        """torch's schedule for ``count`` micro-batches of ``each`` rows, built once per
+        shape on new ``PipelineStage``s over the same modules: a stage fixes its receive
+        buffers' shapes at its first step, so another shape needs other stages."""
+        key = (training, count, each)
+        if key in self._built:
+            self._built.move_to_end(key)
+            return self._built[key]
         from torch.distributed.pipelining import (
             PipelineStage,
             Schedule1F1B,
             ScheduleGPipe,
             ScheduleInterleaved1F1B,
+            ScheduleLoopedBFS,
         )
 
         stages: list[Any] = [
             PipelineStage(m, i, self.num_stages, self.device, group=self.group)
             for m, i in zip(self.modules, self.indices, strict=True)
         ]
+        kind = self.group_schedule(count) if training else "gpipe"
+        # scale_grads=False: the loss is pre-weighted by rows/batch rows, and torch's
+        # division by the micro-batch count would also shrink gradients accumulated earlier.
+        opts: dict[str, Any] = (
+            {"loss_fn": self._weighted_loss(each), "scale_grads": False} if training else {}
+        )
         sched: Any
-        if self.schedule_name == "interleaved1f1b":
-            sched = ScheduleInterleaved1F1B(
-                stages, n_microbatches=self._chunks, loss_fn=self.loss_fn
-            )
-        elif self.schedule_name == "1f1b":
-            sched = Schedule1F1B(stages[0], n_microbatches=self._chunks, loss_fn=self.loss_fn)
+        if self.stages_per_rank > 1:
+            multi = ScheduleInterleaved1F1B if kind == "interleaved1f1b" else ScheduleLoopedBFS
+            sched = multi(stages, n_microbatches=count, **opts)
+        elif kind == "1f1b":
+            sched = Schedule1F1B(stages[0], n_microbatches=count, **opts)
         else:
-            sched = ScheduleGPipe(stages[0], n_microbatches=self._chunks, loss_fn=self.loss_fn)
-        self._built[self._chunks] = sched
+            sched = ScheduleGPipe(stages[0], n_microbatches=count, **opts)
+        self._built[key] = sched
+        if len(self._built) > MAX_CACHED_SHAPES:  # same order on every rank: same batches
+            self._built.popitem(last=False)
         return sched
 
-    def step(self, x: Any = None, target: Any = None) -> torch.Tensor | None:
-        """One forward+backward of the whole batch; the mean loss on the last rank."""
-        sched = self._schedule()
-        args = (x.to(self.device),) if self.is_first else ()
-        if not self.is_last:
-            sched.step(*args)
-            return None
+    def _weighted_loss(self, each: int) -> Callable[[Any, Any], torch.Tensor]:
+        def loss(output: Any, target: Any) -> torch.Tensor:
+            return self.loss_fn(output, target) * (each / self._batch_rows)
+
+        return loss
+
+    def _rows(self, x: Any, target: Any, rows: int | None, training: bool) -> int:
+        """The batch's rows, agreed on every rank (see :meth:`step`)."""
+        if self.is_first and not isinstance(x, torch.Tensor):
+            raise ConfigError(
+                f"rank {self.rank} holds the first stage, so it needs the input batch: "
+                f"call step(x, ...) / forward(x) with a tensor, got {type(x).__name__}"
+            )
+        if training and self.is_last and not isinstance(target, torch.Tensor):
+            raise ConfigError(
+                f"rank {self.rank} holds the last stage, so it needs the labels: call "
+                f"step(x, target) with a tensor, got {type(target).__name__}"
+            )
+        seen = {"x": int(x.shape[0])} if self.is_first else {}
+        if training and self.is_last:
+            seen["target"] = int(target.shape[0])
+        if rows is not None:
+            if isinstance(rows, bool) or not isinstance(rows, int):
+                raise ConfigError(f"rows={rows!r} must be the batch's row count (an int)")
+            seen["rows"] = rows
+        if len(set(seen.values())) > 1:
+            raise ConfigError(
+                f"the batch sizes disagree on rank {self.rank} "
+                f"({', '.join(f'{k} has {v} rows' for k, v in seen.items())}): pass the "
+                "same batch's input, labels and rows"
+            )
+        n = next(iter(seen.values()), 0)
+        # Every rank must learn n; without rows= the ranks that lack x (and the labels)
+        # take rank 0's. rows= must be given on every rank or on none (one collective).
+        lacking = self.world_size > (2 if training else 1)
+        if rows is None and lacking and dist.is_initialized():
+            n = self._broadcast_rows(n, seen)
+        if n < 1:
+            raise ConfigError(
+                f"a batch of {n} rows cannot run through the pipeline: give at least one "
+                "row (and rows=N on ranks without the input or labels)"
+            )
+        return n
+
+    def _broadcast_rows(self, n: int, seen: dict[str, int]) -> int:
+        on = self.device if self.device.type == "cuda" else torch.device("cpu")
+        box = torch.tensor([n if self.rank == 0 else 0], dtype=torch.int64, device=on)
+        src = 0 if self.group is None else dist.get_global_rank(self.group, 0)
+        dist.broadcast(box, src=src, group=self.group)
+        agreed = int(box.item())
+        if seen and agreed != n:
+            raise ConfigError(
+                f"rank 0's input has {agreed} rows but rank {self.rank}'s batch has {n}: "
+                "every rank must step the same batch"
+            )
+        return agreed
+
+    def step(
+        self, x: Any = None, target: Any = None, *, rows: int | None = None
+    ) -> torch.Tensor | None:
+        """One forward+backward of the whole batch; the batch loss on the last rank.
+
+        The batch splits into ``chunks`` micro-batches (``torch.tensor_split`` sizes);
+        when ``chunks`` does not divide it, the larger micro-batches run as one schedule
+        and the rest as a second, right after. Each micro-batch's loss is weighted by its
+        share of the rows, so with a loss that averages over rows the returned loss and
+        the gradients equal the single-process full-batch ones. ``rows`` is the batch's
+        row count: pass it on every rank or on none (then, with more than two ranks, one
+        small broadcast from rank 0 tells the middle ranks)."""
+        n = self._rows(x, target, rows, training=True)
+        self._batch_rows = n
         losses: list[torch.Tensor] = []
-        sched.step(*args, target=target.to(self.device), losses=losses)
-        return torch.stack([loss.detach() for loss in losses]).mean()
+        start = 0
+        for count, each in micro_batch_groups(n, self._chunks):
+            sched, stop = self._schedule(True, count, each), start + count * each
+            args = (x[start:stop].to(self.device),) if self.is_first else ()
+            if self.is_last:
+                got: list[torch.Tensor] = []
+                sched.step(*args, target=target[start:stop].to(self.device), losses=got)
+                losses += got
+            else:
+                sched.step(*args)
+            start = stop
+        if not self.is_last:
+            return None
+        return torch.stack([loss.detach() for loss in losses]).sum()
+
+    def forward(
+        self, x: Any = None, *, rows: int | None = None, chunks: int | None = None
+    ) -> Any:
+        """The model's output for the batch ``x`` on the last rank (None elsewhere): the
+        forward pass only, without gradients, in ``chunks`` micro-batches (default
+        :attr:`chunks`). ``rows``: as in :meth:`step` (ranks without ``x`` need it, or
+        it is broadcast from rank 0)."""
+        m = self._chunks if chunks is None else chunks
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ConfigError(f"chunks={m!r} must be a positive integer (micro-batches)")
+        n = self._rows(x, None, rows, training=False)
+        outputs: list[Any] = []
+        start = 0
+        with torch.no_grad():
+            for count, each in micro_batch_groups(n, m):
+                stop = start + count * each
+                args = (x[start:stop].to(self.device),) if self.is_first else ()
+                outputs.append(self._schedule(False, count, each).step(*args))
+                start = stop
+        if not self.is_last:
+            return None
+        out = outputs[0] if len(outputs) == 1 else _concat(outputs)
+        got = _first_dim(out)
+        if got != n:  # a receive buffer of another shape would leave stale rows
+            raise DistributedError(
+                f"the pipeline returned {got} rows for a batch of {n}: the stages "
+                "disagree on the batch; every rank must run the same batches"
+            )
+        return out
 
     def parameters(self) -> Iterator[nn.Parameter]:
         """Parameters of this rank's stage(s)."""
@@ -218,6 +358,19 @@ class StagePipeline:
         for m in self.modules:
             m.train(mode)
         return self
+
+
+def _concat(parts: list[Any]) -> Any:
+    """Join outputs along dim 0 (tensors, or tuples/lists of them)."""
+    if isinstance(parts[0], torch.Tensor):
+        return torch.cat(parts)
+    return type(parts[0])(_concat(list(items)) for items in zip(*parts, strict=True))
+
+
+def _first_dim(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return int(obj.shape[0])
+    return _first_dim(obj[0])
 
 
 def choose_stage_chunks(
@@ -283,14 +436,17 @@ def demo_batch(batch: int, width: int, seed: int) -> tuple[torch.Tensor, torch.T
 
 def run_demo(args: argparse.Namespace) -> None:
     """Train the demo model ``args.steps`` SGD steps for each ``schedule:chunks[:spr]``
-    config and save each rank's losses, weights and last gradients to ``args.out``."""
+    config (step ``i`` on a batch of ``batches[i % len(batches)]`` rows; the optimizer
+    steps every ``args.accumulate`` batches) and save each rank's losses, weights, the
+    last gradients before the final update and the forward output of the last batch to
+    ``args.out``."""
     rank = dist.get_rank()
     device = (
         torch.device("cpu")
         if args.device == "cpu"
         else torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     )
-    x, y = demo_batch(args.batch, args.width, args.seed)
+    sizes = [int(b) for b in str(args.batches or args.batch).split(",")]
     for config in args.configs.split(","):
         name, chunks, *rest = config.split(":")
         spr = int(rest[0]) if rest else 1
@@ -303,19 +459,23 @@ def run_demo(args: argparse.Namespace) -> None:
             stages_per_rank=spr,
         )
         opt = torch.optim.SGD(pipe.parameters(), lr=args.lr)
-        losses = []
-        for _ in range(args.steps):
-            opt.zero_grad()
+        losses, grads = [], {}
+        for i in range(args.steps):
+            x, y = demo_batch(sizes[i % len(sizes)], args.width, args.seed)
             loss = pipe.step(x, y)
             if loss is not None:
                 losses.append(float(loss))
-            opt.step()
-        grads = {
-            n: p.grad.detach().cpu()
-            for m in pipe.modules
-            for n, p in m.named_parameters()
-            if p.grad is not None
-        }
+            if (i + 1) % args.accumulate == 0 or i + 1 == args.steps:
+                grads = {
+                    n: p.grad.detach().cpu().clone()
+                    for m in pipe.modules
+                    for n, p in m.named_parameters()
+                    if p.grad is not None
+                }
+                opt.step()
+                opt.zero_grad()
+        pipe.train(False)
+        output = pipe.forward(x)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         torch.save(
@@ -323,6 +483,7 @@ def run_demo(args: argparse.Namespace) -> None:
                 "losses": losses,
                 "params": {k: v.cpu() for k, v in pipe.state_dict().items()},
                 "grads": grads,
+                "output": None if output is None else output.cpu(),
                 "balance": list(pipe.balance),
             },
             out / f"{config.replace(':', '_')}_rank{rank}.pt",
@@ -339,6 +500,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--batches", default=None, help="rows per step, cycled: 12,8")
+    parser.add_argument("--accumulate", type=int, default=1, help="batches per update")
     parser.add_argument("--width", type=int, default=16)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)

@@ -62,18 +62,23 @@ class TrainSettings:
 
     def argv(self) -> list[str]:
         """The ``torchgpu train`` flags for these settings (defaults left out)."""
+        defaults = {"activation_checkpointing": False, "accumulate": 1, "device": "auto"}
+        changes = self.config_changes()
         out: list[str] = []
-        for name, value in self.config_changes().items():
+        for name in _FLAG_ORDER:
+            value = changes.get(name)
+            if value is None or (name in defaults and value == defaults[name]):
+                continue  # not set, or train's default: the flag would change nothing
             flag = "--" + name.replace("_", "-")
-            if value is True:
-                out.append(flag)
-            elif value is False or (name == "accumulate" and value == 1):
-                continue
-            elif name == "device" and value == "auto":
-                continue
-            else:
-                out += [flag, str(value)]
+            out += [flag] if value is True else [flag, str(value)]
         return out
+
+
+# Where the devices are, then how they are used, then the batch: as people write it.
+_FLAG_ORDER = (
+    "strategy", "device", "gpus", "nproc", "devices", "balance", "chunks",
+    "batch_size", "accumulate", "activation_checkpointing",
+)  # fmt: skip
 
 
 def run_device(target: DeviceTarget) -> str:

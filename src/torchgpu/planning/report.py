@@ -1,6 +1,8 @@
 """The plan as a JSON-ready document (``torchgpu plan --json``).
 
-Schema 1 (new keys may be added; existing keys keep their meaning; bytes are ints)::
+Schema 1 (new keys may be added; existing keys keep their meaning; bytes are ints;
+``train_settings`` holds the TrainConfig fields the plan sets, as ``torchgpu train
+--strategy auto`` applies them)::
 
     {
       "schema": 1,
@@ -22,7 +24,8 @@ Schema 1 (new keys may be added; existing keys keep their meaning; bytes are int
       "plan": {"strategy": str, "label": str, "micro_batch": int, "accumulate": int,
                "activation_checkpointing": bool, "devices": [str], "nproc": int,
                "chunks": int | null, "balance": [int] | null, "effective_batch": int,
-               "reason": str, "command": str | null} | null,
+               "reason": str, "command": str | null, "python": str | null,
+               "train_settings": {str: str | int | bool}} | null,
       "error": str | null                  # why no plan (nothing fits)
     }
 """
@@ -119,6 +122,8 @@ def document(
             "effective_batch": plan.effective_batch,
             "reason": plan.reason,
             "command": plan.command,
+            "python": plan.python,
+            "train_settings": plan.settings.config_changes(),
         },
         "error": error,
     }

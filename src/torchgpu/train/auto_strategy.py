@@ -2,10 +2,12 @@
 
 The rule stays what it was when the model fits on one device: ``ddp`` with several
 processes, else ``single``. When it does not fit, the plan of
-:func:`torchgpu.planning.planner.plan_for_training` is applied: its strategy, micro-batch,
-accumulation, activation checkpointing, and for ``ddp``/``fsdp`` its process count, for
-``model``/``pipeline`` its devices, chunks and balance. The decision is logged as one
-line (``--strategy auto: ...``).
+:func:`torchgpu.planning.planner.plan_for_training` is applied through ``plan.settings``
+(:func:`torchgpu.planning.commands.train_settings`, which also writes the command
+``torchgpu plan`` prints, so both run the same thing): its strategy, micro-batch,
+accumulation, activation checkpointing, and its device (``single``), process count
+(``ddp``/``fsdp``) or stage devices, balance and chunks (``model``/``pipeline``). The
+decision is logged as one line (``--strategy auto: ...``).
 
 Planning costs about a second (the estimator measures activations on fake tensors), so it
 is skipped when a cheap bound shows the step is trivially small: one real forward of a
@@ -137,13 +139,10 @@ def decide_strategy(
 
 
 def _apply(config: TrainConfig, plan: Any, world_size: int, launching: bool) -> TrainConfig:
-    """``config`` running ``plan`` (strategy, micro-batch, accumulation, checkpointing...)."""
-    changes: dict[str, Any] = {
-        "strategy": plan.strategy,
-        "batch_size": plan.micro_batch,
-        "accumulate": plan.accumulate,
-        "activation_checkpointing": plan.activation_checkpointing,
-    }
+    """``config`` running ``plan``: the settings of ``plan.settings``
+    (:func:`torchgpu.planning.commands.train_settings`, the same translation that writes
+    ``torchgpu plan``'s command), less ``nproc`` when this process cannot start others."""
+    changes: dict[str, Any] = plan.settings.config_changes()
     if plan.strategy in ("ddp", "fsdp"):
         if plan.nproc > world_size and not launching:
             raise UsageError(
@@ -151,17 +150,11 @@ def _apply(config: TrainConfig, plan: Any, world_size: int, launching: bool) -> 
                 f"{plan.nproc} processes but {world_size} run: start them with "
                 f"`{plan.command or 'torchgpu train --nproc ' + str(plan.nproc)}`."
             )
-        if launching:
-            changes["nproc"] = plan.nproc
-    elif plan.strategy in ("model", "pipeline"):
-        if world_size > 1:
-            raise UsageError(
-                f"--strategy auto: the plan is {plan.strategy} over {', '.join(plan.devices)} in "
-                f"one process, but {world_size} processes run: drop --nproc."
-            )
-        changes["devices"] = ",".join(plan.devices)
-        changes["device"] = "auto"
-        if plan.balance:
-            changes["balance"] = ",".join(str(n) for n in plan.balance)
-        changes["chunks"] = plan.chunks if plan.strategy == "pipeline" else None
+        if not launching:
+            changes.pop("nproc", None)  # the processes exist already (torchrun workers)
+    elif plan.strategy in ("model", "pipeline") and world_size > 1:
+        raise UsageError(
+            f"--strategy auto: the plan is {plan.strategy} over {', '.join(plan.devices)} in "
+            f"one process, but {world_size} processes run: drop --nproc."
+        )
     return dataclasses.replace(config, **changes)

@@ -109,7 +109,10 @@ class LoopBackoff:
                  device: torch.device | str | None = None, distributed: bool = False,
                  on_event: Callable[[BackoffEvent], None] | None = None,
                  agree: Agree | None = None) -> None:
-        self.model, self.acc, self.loss_fn = model, accumulator, loss_fn
+        from torchgpu.train.tail import EmptySafeLoss
+
+        # An empty batch (a DDP rank's share of the epoch's last batch) gives a zero loss.
+        self.model, self.acc, self.loss_fn = model, accumulator, EmptySafeLoss(loss_fn)
         self.batch_size = batch_size
         self.accumulate = accumulate
         self.micro_batch = batch_size
@@ -224,7 +227,7 @@ class LoopBackoff:
                 if self.poisoned is not None:
                     stepped = self._stand_in(xi, last)
                     continue
-                weight = int(xi.shape[0]) / n
+                weight = int(xi.shape[0]) / n if n else 1.0
                 in_forward = True
                 try:
                     with self._no_sync(last):
@@ -237,10 +240,12 @@ class LoopBackoff:
                         in_forward = False
                         if self.poison_loss is not None and not math.isfinite(value):
                             loss = self.poison_loss(loss)  # DDP: the guard decides
-                        if last:
-                            stepped = acc.backward(loss * weight if weight != 1.0 else loss)
-                        else:
+                        if last:  # (the window's sample weighting, if any, by ``n``)
+                            stepped = acc.backward(loss * weight if weight != 1.0 else loss, n)
+                        elif acc.window_samples is None:
                             self._backward(loss * (weight / acc.steps))
+                        else:
+                            self._backward(loss * (weight * n / acc.window_samples))
                 except Exception as error:
                     if self._ddp is None or not is_oom(error):
                         raise

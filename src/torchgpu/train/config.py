@@ -211,11 +211,6 @@ def validate(config: TrainConfig) -> None:
             f"--keep-last {config.keep_last} only applies with --save-every N: "
             "add --save-every to write checkpoints."
         )
-    if config.chunks is not None and config.strategy != "pipeline":
-        raise UsageError(
-            f"--chunks {config.chunks} only applies to --strategy pipeline "
-            f"(got --strategy {config.strategy})."
-        )
     from torchgpu.train.split_flags import validate_split_flags
 
     validate_split_flags(config)

@@ -49,8 +49,10 @@ from torchgpu.oom import is_oom
 from torchgpu.train.agreement import FiniteGuard, NonFiniteGradients, RankAgreement
 from torchgpu.train.backoff import BatchOutcome
 from torchgpu.train.state import StopFlag, TrainState
+from torchgpu.train.tail import TailWindows
 
 if TYPE_CHECKING:
+    from torchgpu.data.shards import ShardLayout
     from torchgpu.train.backoff import LoopBackoff
 
 UI_INTERVAL_S = 0.1  # progress refresh period; the loop reads the clock, not the UI
@@ -64,9 +66,12 @@ class Accumulator(Protocol):
 
     def micro_step(self) -> AbstractContextManager[Any]: ...
 
-    def backward(self, loss: Tensor) -> bool: ...
+    def backward(self, loss: Tensor, samples: int | None = None) -> bool: ...
 
-    def set_steps(self, steps: int) -> None: ...
+    def set_steps(self, steps: int, window_samples: float | None = None) -> None: ...
+
+    @property
+    def window_samples(self) -> float | None: ...
 
     def reset(self) -> None: ...
 
@@ -113,6 +118,10 @@ class LoopParts:
     # DDP agreement on stop/losses; None = run_epoch makes one per call. Pass one to
     # keep its adaptive period across epochs.
     agreement: RankAgreement | None = None
+    # How the epoch's samples fall on the ranks (torchgpu.data.shards): from the first
+    # window holding a short micro-batch on, micro-batches are weighted by their samples
+    # (torchgpu.train.tail). None: equal weights (exact when all batches are full).
+    layout: ShardLayout | None = None
 
 
 @dataclass(frozen=True)
@@ -144,13 +153,14 @@ def start_epoch(loader: Iterable[Any], seed: int, epoch: int, skip: int = 0) -> 
     """Iterate ``loader`` in epoch ``epoch``'s order, skipping the first ``skip`` batches.
 
     Re-seeds the loader's generator with :func:`epoch_seed` and calls the sampler's
-    ``set_epoch`` (DistributedSampler), so the order depends only on (seed, epoch) —
+    (DistributedSampler) or batch sampler's (ShardBatches) ``set_epoch``, so the order depends only on (seed, epoch) —
     never on how many epochs this process has run. Skipped batches are still loaded
     (the order must be consumed exactly), then dropped.
     """
-    sampler = getattr(loader, "sampler", None)
-    if sampler is not None and hasattr(sampler, "set_epoch"):
-        sampler.set_epoch(epoch)
+    for name in ("sampler", "batch_sampler"):  # DistributedSampler; ShardBatches
+        sampler = getattr(loader, name, None)
+        if sampler is not None and hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
     generator = getattr(loader, "generator", None)
     if isinstance(generator, torch.Generator):
         generator.manual_seed(epoch_seed(seed, epoch))
@@ -222,6 +232,9 @@ def run_epoch(
     move = parts.move_batches
     target_device = parts.target_device
     window = parts.accumulate
+    tail = TailWindows(parts.layout, window, batches_per_epoch, loss_fn)
+    tail_from = tail.start  # sys.maxsize without a layout or a short batch
+    logged = 1.0  # the factor of this batch's loss in the logged means (tail: its share)
     if records is None:
         records = []
     backoff = parts.backoff
@@ -250,7 +263,11 @@ def run_epoch(
     next_ui = started + UI_INTERVAL_S
     try:
         for x, y in batches:
-            if window > 1 and acc.pending == 0:
+            n = x.shape[0]
+            if state.batch_in_epoch >= tail_from:  # windows holding a short micro-batch
+                loss_fn = tail.loss_fn  # an empty batch (a DDP rank's share) gives zero
+                logged = tail.batch(acc, state.batch_in_epoch, n)
+            elif window > 1 and acc.pending == 0:
                 # At a boundary: the epoch's last window is as long as what is left of it.
                 left = batches_per_epoch - state.batch_in_epoch
                 wanted = left if 0 < left < window else window
@@ -273,14 +290,14 @@ def run_epoch(
                     loss = loss_fn(model(x), y)
                     value = loss.item()
                     bad = not math.isfinite(value)
-                    stepped = _backward_bad(acc, guard, loss) if bad else acc.backward(loss)
+                    stepped = _backward_bad(acc, guard, loss) if bad else acc.backward(loss, n)
                 elif replaced is None:
                     with micro_step():
                         with autocast():
                             loss = loss_fn(model(x), y)
                         value = loss.item()
                         bad = not math.isfinite(value)
-                        stepped = _backward_bad(acc, guard, loss) if bad else acc.backward(loss)
+                        stepped = _backward_bad(acc, guard, loss) if bad else acc.backward(loss, n)
             except NonFiniteGradients:  # DDP: the boundary's all-reduced grads are not finite
                 acc.reset()
                 if loss is None:  # raised inside the back-off's pieces: no local value here
@@ -307,7 +324,6 @@ def run_epoch(
                 routed = backoff.active
                 if again is not None:
                     replaced, stepped = again, again.stepped
-            n = x.shape[0]
             state.batch_in_epoch += 1
             state.samples += n
             micro += 1
@@ -324,9 +340,9 @@ def run_epoch(
                     continue
                 window_bad = True  # DDP: kept out of the sums; the boundary decides
             else:
-                state.epoch_loss_sum += value
+                state.epoch_loss_sum += value * logged
                 state.epoch_loss_count += 1
-                window_sum += value
+                window_sum += value * logged
                 window_count += 1
             if replaced is not None and replaced.window is not None:
                 # The window was replayed after a back-off: its losses were recomputed.
@@ -389,7 +405,7 @@ def _backward_bad(acc: Accumulator, guard: FiniteGuard | None, loss: Tensor) -> 
 
 
 def _restore_window(acc: Accumulator, window: int) -> None:
-    if acc.steps != window and acc.pending == 0:
+    if (acc.steps != window or acc.window_samples is not None) and acc.pending == 0:
         acc.set_steps(window)
 
 

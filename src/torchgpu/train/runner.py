@@ -38,6 +38,11 @@ class Shard:
     Always "distributed", even for one process, so the order of epoch ``e`` is the same
     permutation ``randperm(n, seed + e)`` for every world size: the global batch of a
     DDP run holds exactly the samples of the one-process run with the global batch.
+    The shard is unpadded (``make_loader(pad=False)``, :mod:`torchgpu.data.shards`):
+    when the training set does not split evenly, ranks hold different numbers of the
+    last batch's samples (possibly none), and the loop weights each rank's loss by its
+    samples (:mod:`torchgpu.train.tail`), so DDP trains the one-process weights
+    (to float rounding) for every dataset size, not only for multiples of the world.
     """
 
     rank: int
@@ -212,7 +217,7 @@ def _run(
                           clip_norm=config.clip_norm)
     train_loader = make_loader(data.train, config.batch_size, shuffle=True, seed=config.seed,
                                dist=Shard(rank, world), device=device,
-                               num_workers=config.num_workers)
+                               num_workers=config.num_workers, pad=False)
     test_subset = data.test
     test_loader = make_loader(test_subset, max(config.batch_size, 256), shuffle=False,
                               device=device)
@@ -232,7 +237,8 @@ def _run(
                                               accumulate=config.accumulate, device=device,
                                               distributed=agree, out_dir=out_dir,
                                               position=lambda: (state.step, state.epoch)),
-                      agreement=RankAgreement(world) if agree else None)
+                      agreement=RankAgreement(world) if agree else None,
+                      layout=getattr(train_loader.batch_sampler, "layout", None))
     is_main = out_dir is not None
     progress = (NullProgress() if config.json else
                 make_progress(config.progress, is_main=is_main, memory=_memory_reader(device)))

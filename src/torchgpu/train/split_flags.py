@@ -119,6 +119,12 @@ def validate_split_flags(config: Any) -> None:
             f"--chunks {config.chunks!r} is not a micro-batch count: pass a positive "
             "integer or auto."
         )
+    if config.chunks is not None and strategy != "pipeline":
+        raise UsageError(
+            f"--chunks {config.chunks} only applies to --strategy pipeline (got --strategy "
+            f"{strategy}): it sets the micro-batches of a pipeline. Use --strategy pipeline "
+            "(with --devices or --nproc) or drop --chunks."
+        )
     if config.schedule is not None:
         if config.schedule not in SCHEDULES:
             raise ConfigError(

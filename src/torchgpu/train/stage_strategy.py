@@ -15,11 +15,13 @@ forward-only schedule over the held-out split; the last rank computes the metric
 and broadcasts them. At the end the stages' weights are gathered on rank 0 under the
 plain model's keys, so ``model.safetensors`` loads into the unsplit model.
 
-Micro-batches are equal (torch's stages size their receive buffers from the first
-one): a batch runs in the largest number of micro-batches up to ``--chunks`` that divides
-its rows and suits the schedule; a batch with no such number (1F1B needs one per stage)
-is skipped on every rank and counted in the summary. A smaller last batch gets its own
-schedule (torch's stages fix their shapes on the first step). Only fp32 is supported.
+Every batch runs in ``--chunks`` micro-batches, whatever its size: the smaller last
+batch, an odd test split and a batch that ``--chunks`` does not divide (which runs as
+two schedules of equal micro-batches; see :mod:`torchgpu.parallel.stages`) — no batch
+is skipped and the losses, gradients and metrics equal the one-process run's. Without
+``--chunks`` the default (4 per stage) becomes the nearest equal split of the batch
+when one is at least half as many (one schedule per step); ``--chunks auto`` sweeps the
+equal splits. Only fp32 is supported.
 """
 
 from __future__ import annotations
@@ -52,9 +54,9 @@ LossFn = Callable[[Any, Any], Tensor]
 
 
 def chunk_ok(m: int, rows: int, schedule: str, ranks: int, stages: int) -> bool:
-    """Whether ``schedule`` can run ``rows`` rows as ``m`` equal micro-batches: ``m``
-    divides ``rows`` (torch's stages size their receive buffers from the first
-    micro-batch), 1F1B has one per stage, interleaved 1F1B a multiple of the ranks. Pure."""
+    """Whether ``rows`` rows split into ``m`` *equal* micro-batches that ``schedule``
+    runs as one schedule: ``m`` divides ``rows``, 1F1B has one per stage, interleaved
+    1F1B a multiple of the ranks. Pure."""
     if m < 1 or rows % m:
         return False
     if schedule == "1f1b" and m < stages:
@@ -63,16 +65,29 @@ def chunk_ok(m: int, rows: int, schedule: str, ranks: int, stages: int) -> bool:
 
 
 def chunks_for_rows(chunks: int, rows: int, schedule: str, ranks: int, stages: int) -> int | None:
-    """Micro-batches for a batch of ``rows`` rows: the largest ``m <= chunks`` that
-    :func:`chunk_ok` accepts; None when there is none (the batch is skipped). Pure."""
+    """The largest ``m <= chunks`` that :func:`chunk_ok` accepts for ``rows`` rows (one
+    schedule of equal micro-batches); None when there is none (always some for gpipe). Pure."""
     for m in range(min(chunks, rows), 0, -1):
         if chunk_ok(m, rows, schedule, ranks, stages):
             return m
     return None
 
 
+def default_stage_chunks(batch_rows: int, schedule: str, ranks: int, stages: int) -> int:
+    """Micro-batches when ``--chunks`` is not given: 4 per stage (at most one per row,
+    at least what the schedule needs), or the nearest equal split of the batch below
+    that when it keeps at least half as many. Pure."""
+    wanted = default_chunks(batch_rows, stages)
+    if schedule == "1f1b":
+        wanted = max(wanted, stages)
+    elif schedule == "interleaved1f1b":
+        wanted = -(-wanted // ranks) * ranks
+    even = chunks_for_rows(wanted, batch_rows, schedule, ranks, stages)
+    return even if even is not None and 2 * even >= wanted else wanted
+
+
 class StageTrainer:
-    """This rank's stage(s), one :class:`StagePipeline` per batch shape, and its optimizer."""
+    """This rank's stage(s) (one :class:`StagePipeline`, any batch shape) and its optimizer."""
 
     def __init__(self, model: nn.Module, config: TrainConfig, device: torch.device,
                  loss_fn: LossFn, data: Any) -> None:
@@ -89,67 +104,44 @@ class StageTrainer:
         x, y = sample_batch(data, config.batch_size)
         self.sample = (x, y)
         if isinstance(config.chunks, int):
-            wanted = config.chunks
+            self.chunks = config.chunks
         else:
-            wanted = default_chunks(config.batch_size, self.stages)
-        first = chunks_for_rows(wanted, int(x.shape[0]), self.schedule, self.ranks, self.stages)
-        if first is None:
-            raise UsageError(
-                f"--schedule {self.schedule} cannot run batches of {x.shape[0]} rows on "
-                f"{self.stages} stages with at most {wanted} micro-batches: they must be equal "
-                f"(a divisor of the batch), at least one per stage for 1f1b and a multiple of "
-                f"the {self.ranks} processes for interleaved1f1b. Pick --batch-size and "
-                "--chunks to match (e.g. --batch-size 16 --chunks 4), or --schedule gpipe."
-            )
+            self.chunks = default_stage_chunks(int(x.shape[0]), self.schedule, self.ranks,
+                                               self.stages)
         balance = parse_balance(config.balance) if config.balance is not None else None
-        self.first = StagePipeline(model, device=device, loss_fn=loss_fn, schedule=self.schedule,
-                                   chunks=first, balance=balance, stages_per_rank=self.spr,
-                                   sample=x)
-        self.balance = list(self.first.balance)
-        self.wanted = wanted  # the ceiling for every batch shape
-        self.chunks = first  # what the first (full) batch runs
-        self.pipes: dict[int, Any] = {int(x.shape[0]): self.first}
-        self.params = list(self.first.parameters())
+        self.pipe = StagePipeline(model, device=device, loss_fn=loss_fn, schedule=self.schedule,
+                                  chunks=self.chunks, balance=balance,
+                                  stages_per_rank=self.spr, sample=x)
+        self.balance = list(self.pipe.balance)
+        self.params = list(self.pipe.parameters())
         self.optimizer = build.make_optimizer(nn.ParameterList(self.params), config.lr)
         self.chunk_table: str | None = None
-        self._eval: dict[int, Any] = {}
 
     # -- schedules -------------------------------------------------------------------
     def sweep_chunks(self) -> None:
-        """``--chunks auto``: the split-size sweep over ranks on the sample batch."""
-        from torchgpu.parallel.chunks import default_candidates
+        """``--chunks auto``: the split-size sweep over ranks on the sample batch, over
+        the equal splits of at least two rows that the schedule runs in one go."""
+        from torchgpu.parallel.chunks import even_candidates
         from torchgpu.parallel.stages import choose_stage_chunks
 
         x, y = self.sample
         rows = int(x.shape[0])
-        candidates = [m for m in default_candidates(rows)
+        candidates = [m for m in even_candidates(rows)
                       if chunk_ok(m, rows, self.schedule, self.ranks, self.stages)]
-        choice = choose_stage_chunks(self.first, x, y, candidates)
-        self.first.chunks = self.chunks = self.wanted = choice.chunks
+        choice = choose_stage_chunks(self.pipe, x, y, candidates or [self.chunks])
+        self.pipe.chunks = self.chunks = choice.chunks
         self.chunk_table = choice.format()
 
-    def pipe_for(self, rows: int) -> Any | None:
-        """The StagePipeline for batches of ``rows`` rows (None: the schedule cannot)."""
-        from torchgpu.parallel.stages import StagePipeline
-
-        if rows not in self.pipes:
-            m = chunks_for_rows(self.wanted, rows, self.schedule, self.ranks, self.stages)
-            self.pipes[rows] = None if m is None else StagePipeline(
-                self.model, device=self.device, loss_fn=self.loss_fn, schedule=self.schedule,
-                chunks=m, balance=self.balance, stages_per_rank=self.spr)
-        return self.pipes[rows]
-
     # -- one step ----------------------------------------------------------------------
-    def forward_backward(self, x: Tensor, y: Tensor, stop_wanted: bool) -> tuple[bool, bool, float]:
-        """Run one batch through the pipeline; returns ``(ran, stop_seen, loss)`` agreed
-        on every rank (``loss`` is NaN-safe: non-finite only if the last rank saw it)."""
-        pipe = self.pipe_for(int(x.shape[0]))
-        if pipe is None:
-            return False, self._agree(0.0, stop_wanted)[1], math.nan
-        loss = pipe.step(x if pipe.is_first else None, y if pipe.is_last else None)
+    def forward_backward(self, x: Tensor, y: Tensor, stop_wanted: bool) -> tuple[bool, float]:
+        """Run one batch through the pipeline; returns ``(stop_seen, loss)`` agreed on
+        every rank (``loss`` is NaN when the last rank saw a non-finite one)."""
+        pipe = self.pipe
+        loss = pipe.step(x if pipe.is_first else None, y if pipe.is_last else None,
+                         rows=int(x.shape[0]))
         value = float(loss) if loss is not None else 0.0
         bad, stop_seen, value = self._agree(value, stop_wanted)
-        return True, stop_seen, (math.nan if bad else value)
+        return stop_seen, (math.nan if bad else value)
 
     def _agree(self, value: float, stop_wanted: bool) -> tuple[bool, bool, float]:
         flags_device = self.device if self.device.type == "cuda" else torch.device("cpu")
@@ -181,38 +173,24 @@ class StageTrainer:
         self.optimizer.zero_grad(set_to_none=True)
 
     # -- evaluation --------------------------------------------------------------------
-    def _eval_schedule(self, rows: int) -> Any:
-        """A forward-only schedule (no loss function) over the same stage modules."""
-        if rows not in self._eval:
-            from torch.distributed.pipelining import (
-                PipelineStage,
-                ScheduleGPipe,
-                ScheduleLoopedBFS,
-            )
-
-            m = max(1, min(rows, self.ranks))
-            stages: list[Any] = [PipelineStage(mod, i, self.stages, self.device)
-                      for mod, i in zip(self.first.modules, self.first.indices, strict=True)]
-            self._eval[rows] = (ScheduleGPipe(stages[0], n_microbatches=m) if self.spr == 1
-                                else ScheduleLoopedBFS(stages, n_microbatches=m))
-        return self._eval[rows]
-
     def evaluate(self, batches: Iterable[tuple[Tensor, Tensor]], task: str) -> EvalResult:
-        """Held-out metrics on every rank (computed on the last, broadcast from it)."""
+        """Held-out metrics on every rank (computed on the last, broadcast from it). Each
+        batch runs forward-only in the largest equal split up to one micro-batch per stage,
+        so every row of every batch counts once."""
         outputs: list[tuple[Tensor, Tensor]] = []
-        self.first.train(False)
+        pipe = self.pipe
+        pipe.train(False)
         try:
-            with torch.no_grad():
-                for x, y in batches:
-                    sched = self._eval_schedule(int(x.shape[0]))
-                    args = (x.to(self.device),) if self.first.is_first else ()
-                    out = sched.step(*args)
-                    if self.first.is_last:
-                        outputs.append((out.detach(), y.to(self.device)))
+            for x, y in batches:
+                rows = int(x.shape[0])
+                m = chunks_for_rows(self.stages, rows, "gpipe", self.ranks, self.stages) or 1
+                out = pipe.forward(x if pipe.is_first else None, rows=rows, chunks=m)
+                if pipe.is_last:
+                    outputs.append((out.detach(), y.to(self.device)))
         finally:
-            self.first.train(True)
+            pipe.train(True)
         result: EvalResult | None = None
-        if self.first.is_last:
+        if pipe.is_last:
             result = evaluate(nn.Identity(), outputs, self.loss_fn, task=task,
                               device=self.device)
         box: list[Any] = [result]
@@ -224,7 +202,7 @@ class StageTrainer:
     def full_state(self) -> dict[str, Tensor]:
         """The whole model's weights under the plain model's keys, on rank 0 (empty
         elsewhere): each rank sends the tensors its stages own. Collective."""
-        own = {id(t) for m in self.first.modules for t in [*m.parameters(), *m.buffers()]}
+        own = {id(t) for m in self.pipe.modules for t in [*m.parameters(), *m.buffers()]}
         mine = {k: v.detach().to("cpu").contiguous()
                 for k, v in self.model.state_dict(keep_vars=True).items()
                 if isinstance(v, Tensor) and id(v) in own}
@@ -288,7 +266,6 @@ def train_stages(config: TrainConfig, env: DistEnv, device: torch.device, data: 
     batches_per_epoch = len(train_loader)
     window = config.accumulate
     train_seconds = 0.0
-    skipped_batches = 0
     started = time.perf_counter()
     progress.start(config.epochs, batches_per_epoch, 0)
     try:
@@ -298,11 +275,9 @@ def train_stages(config: TrainConfig, env: DistEnv, device: torch.device, data: 
                 t0 = time.perf_counter()
                 pending, window_sum, samples, stopped = 0, 0.0, 0, False
                 for x, y in start_epoch(train_loader, config.seed, epoch):
-                    ran, stop_seen, value = trainer.forward_backward(x, y, stop.is_set())
+                    stop_seen, value = trainer.forward_backward(x, y, stop.is_set())
                     state.batch_in_epoch += 1
-                    if not ran:
-                        skipped_batches += 1
-                    elif not math.isfinite(value):
+                    if not math.isfinite(value):
                         if config.on_nonfinite == "stop":
                             raise NonFiniteLossError(
                                 f"a non-finite loss at step {state.step + 1} (epoch {epoch + 1}, "
@@ -356,7 +331,7 @@ def train_stages(config: TrainConfig, env: DistEnv, device: torch.device, data: 
                                            else None)
     summary["pipeline"] = {"processes": trainer.ranks, "stages": trainer.stages,
                            "schedule": trainer.schedule, "balance": trainer.balance,
-                           "chunks": trainer.chunks, "skipped_batches": skipped_batches}
+                           "chunks": trainer.chunks}
     if out_dir is not None:
         if records:
             metrics.plot_losses(out_dir / metrics.PLOT_FILE, records,
