@@ -4,6 +4,7 @@ stderr and environment variables of a real run are the point."""
 
 from __future__ import annotations
 
+import fractions
 import json
 import os
 from pathlib import Path
@@ -195,7 +196,6 @@ def test_inspect_run_dir_reports_an_incomplete_latest(
         assert info["complete"] is False and info["path"] == str(bad) and info["step"] == 2
 
 
-@pytest.mark.slow
 def test_a_fallback_is_a_note_not_a_python_warning(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -221,3 +221,13 @@ def test_small_input_checks_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture
                          capsys)
     assert code == 2 and str(missing) in err and "Traceback" not in err
     assert not (tmp_path / "nonexist").exists()
+
+
+def test_convert_with_trust_says_so_in_a_note(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    torch.save({"w": torch.ones(2), "n": fractions.Fraction(1, 3)}, tmp_path / "odd.pt")
+    code, out, err = cli(["ckpt", "convert", str(tmp_path / "odd.pt"), str(tmp_path / "o.pt"),
+                          "--trust-checkpoint"], capsys)
+    assert code == 0 and out.startswith("wrote"), err
+    assert err.startswith("note:") and "full unpickler" in err and "Warning" not in err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -93,6 +94,136 @@ def test_custom_model(capsys: pytest.CaptureFixture[str]) -> None:
     assert doc["workload"]["batch_size"] == 4
     assert doc["footprint"]["layers"] == 5
     assert doc["plan"]["command"] is None  # torchgpu train has no --model
+    python = doc["plan"]["python"]  # ... so the plan comes as torchgpu calls
+    assert python.splitlines()[0] == "from tests.cli.plan_models import mlp"
+    assert "model = mlp().to('cuda:0')" in python
+    compile(python, "<plan>", "exec")
+    assert doc["plan"]["train_settings"] == {
+        "strategy": "single",
+        "batch_size": 4,
+        "accumulate": 1,
+        "activation_checkpointing": False,
+    }
+
+
+def test_table_prints_the_pipeline_command_with_its_cut(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = run(
+        capsys,
+        "--example",
+        "resnet50",
+        "--batch-size",
+        "64",
+        "--devices",
+        "1x1GiB,1x400MiB",
+        "--json",
+    )
+    assert code == 0, err
+    plan = json.loads(out)["plan"]
+    assert plan["strategy"] == "pipeline" and plan["balance"] == [4, 2]  # by capacity
+    assert "of 360.0 MiB usable on gpu1" in plan["reason"]
+    command = plan["command"]
+    assert f"--balance {','.join(map(str, plan['balance']))}" in command
+    assert ("--activation-checkpointing" in command) == plan["activation_checkpointing"]
+    assert "--devices cuda:0,cuda:1" in command
+
+
+_FACTORIES = """
+import torch
+from torch import nn
+
+
+class SeedSplit(nn.Module):  # seed 002 style: places its own layers on two GPUs
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 16).to("cuda:0")
+        self.b = nn.Linear(16, 2, device="cuda:1")
+
+    def forward(self, x):
+        return self.b(self.a(x.to("cuda:0")).cuda(1))
+
+
+def seed_split():
+    return SeedSplit()
+
+
+def raises():
+    raise ValueError("bad arg")
+
+
+def runtime():
+    torch.cuda.current_device()  # needs a GPU even where one exists
+    return nn.Linear(8, 2)
+"""
+
+
+@pytest.fixture()
+def factories(tmp_path: Path) -> str:
+    path = tmp_path / "factories.py"
+    path.write_text(_FACTORIES)
+    return str(path)
+
+
+def test_a_model_that_places_itself_on_gpus_is_planned(
+    capsys: pytest.CaptureFixture[str], factories: str
+) -> None:
+    code, out, err = run(
+        capsys, "--model", f"{factories}:seed_split", "--input-shape", "4,8", "--devices", "2x1GiB"
+    )
+    assert code == 0, err
+    assert "Traceback" not in err
+    # measured as one model: 8*16+16 + 16*2+2 = 178 fp32 parameters
+    assert "run:" in out and "has no --model" in out
+    assert f"seed_split = runpy.run_path({factories!r})['seed_split']" in out
+    assert not torch.cuda.is_initialized()
+    code, out, err = run(
+        capsys,
+        "--model",
+        f"{factories}:seed_split",
+        "--input-shape",
+        "4,8",
+        "--devices",
+        "2x1GiB",
+        "--json",
+    )
+    params = json.loads(out)["footprint"]["param_bytes"]
+    assert 178 * 4 <= params <= 178 * 4 + 2 * 4 * 512  # 512-byte blocks per tensor
+
+
+@pytest.mark.parametrize(
+    ("factory", "shape", "needles"),
+    [
+        ("raises", "2,8", ["raises() failed: ValueError: bad arg", "Fix the factory"]),
+        ("seed_split", "2,9", ["failed in a: RuntimeError", "Check --input-shape", "2,9"]),
+    ],
+)
+def test_failing_factory_or_forward_is_exit_2_in_one_paragraph(
+    capfd: pytest.CaptureFixture[str],
+    factories: str,
+    factory: str,
+    shape: str,
+    needles: list[str],
+) -> None:
+    code = main(
+        ["plan", "--model", f"{factories}:{factory}", "--input-shape", shape, "--devices", "2x1GiB"]
+    )
+    out, err = capfd.readouterr()
+    assert code == 2 and out == ""
+    assert "Traceback" not in err and "fake_tensor" not in err
+    assert len(err.strip().splitlines()) == 1
+    for needle in needles:
+        assert needle in err
+
+
+def test_cuda_runtime_calls_are_named(capsys: pytest.CaptureFixture[str], factories: str) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("the factory's torch.cuda call succeeds on a GPU machine")
+    code, out, err = run(
+        capsys, "--model", f"{factories}:runtime", "--input-shape", "2,8", "--devices", "1x1GiB"
+    )
+    assert code == 2 and out == "" and "runtime() failed" in err and "torch.cuda" in err
+    assert "Traceback" not in err
 
 
 @pytest.mark.parametrize(

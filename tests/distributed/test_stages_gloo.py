@@ -60,7 +60,7 @@ def reference() -> tuple[list[float], dict[str, torch.Tensor], dict[str, torch.T
 def test_gloo_ranks_match_single_process(tmp_path: Path, ranks: int, reference: Any) -> None:
     configs = RUNS[ranks]
     args = [
-        "torchgpu.parallel.stages", "--demo", "--configs", ",".join(configs),
+        "torchgpu.parallel.stages_demo", "--configs", ",".join(configs),
         "--steps", str(STEPS), "--batches", ",".join(map(str, BATCHES)),
         "--accumulate", str(ACCUMULATE), "--width", str(WIDTH), "--layers", str(LAYERS),
         "--lr", str(LR), "--out", str(tmp_path),
@@ -134,3 +134,74 @@ def test_1f1b_refused_before_any_communication() -> None:
         )
     check_schedule("1f1b", 2, 2)
     check_schedule("gpipe", 1, 8)
+
+
+def test_step_arguments_are_checked_before_any_communication() -> None:
+    def pipe(rank: int) -> StagePipeline:
+        return StagePipeline(demo_model(4, 2, 0), device="cpu", loss_fn=nn.functional.mse_loss,
+                             chunks=2, rank=rank, world_size=2)
+
+    x, y = demo_batch(10, 4, 0)
+    with pytest.raises(ConfigError, match="rank 0 holds the first stage"):
+        pipe(0).step(None, y)
+    with pytest.raises(ConfigError, match="rank 1 holds the last stage, so it needs the labels"):
+        pipe(1).step(None, None)
+    with pytest.raises(ConfigError, match="x has 10 rows, rows has 8 rows"):
+        pipe(0).step(x, None, rows=8)
+    with pytest.raises(ConfigError, match="a batch of 0 rows"):
+        pipe(0).step(x[:0], None)
+    with pytest.raises(ConfigError, match="chunks=0 must be a positive integer"):
+        pipe(0).forward(x, chunks=0)
+
+
+def test_sweep_candidates_and_true_rows() -> None:
+    from torchgpu.parallel.chunks import ChunkRow, even_candidates, sweep_chunks
+
+    assert even_candidates(30) == [1, 2, 3, 6]  # equal splits of >= 2 rows
+    assert even_candidates(16) == [1, 2, 4, 8]
+    assert even_candidates(3) == [1]
+    choice = sweep_chunks(lambda m: lambda: None, [4, 8, 24], 30, steps=1, warmup=0)
+    rows = {r.chunks: (r.micro_batch_rows, r.min_micro_batch_rows) for r in choice.table}
+    assert rows == {4: (8, 7), 8: (4, 3), 24: (2, 1)}
+    table = choice.format().splitlines()
+    assert table[0].split()[:2] == ["M", "rows"]
+    assert [line.split()[1] for line in table[1:]] == ["7-8", "3-4", "1-2"]
+    assert ChunkRow(4, 5, 0.1, 0.1, 0.1).rows_label() == "5"  # built without the minimum
+
+
+def test_one_rank_batchnorm_sees_each_micro_batch_once(tmp_path: Path) -> None:
+    """In process (a 1-rank gloo group): uneven micro-batches and a second batch size,
+    against the model run on the same micro-batches by hand. torch's shape inference
+    of every new stage must not add BatchNorm updates."""
+    import copy
+
+    import torch.distributed as dist
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 2))
+    ref = copy.deepcopy(model)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        pipe = StagePipeline(model, device="cpu", loss_fn=nn.functional.mse_loss, chunks=4)
+        for rows in (10, 8, 10):
+            x, y = torch.randn(rows, 4), torch.randn(rows, 2)
+            loss = pipe.step(x, y)
+            expected = 0.0
+            for xs, ys in zip(torch.tensor_split(x, 4), torch.tensor_split(y, 4), strict=True):
+                part = nn.functional.mse_loss(ref(xs), ys) * (len(xs) / rows)
+                part.backward()  # type: ignore[no-untyped-call]
+                expected += part.item()
+            assert loss is not None and float(loss) == pytest.approx(expected, rel=1e-6)
+        assert int(model[1].num_batches_tracked) == int(ref[1].num_batches_tracked) == 12
+        for a, b in zip([*model.parameters(), *model.buffers()],
+                        [*ref.parameters(), *ref.buffers()], strict=True):
+            torch.testing.assert_close(a, b)
+            if isinstance(a, nn.Parameter):
+                torch.testing.assert_close(a.grad, b.grad)
+        pipe.train(False)
+        ref.eval()
+        x = torch.randn(7, 4)
+        torch.testing.assert_close(pipe.forward(x, chunks=3), ref(x).detach())
+    finally:
+        dist.destroy_process_group()

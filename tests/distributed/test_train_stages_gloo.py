@@ -63,3 +63,14 @@ def test_two_stage_processes_match_one_process(tmp_path: Path, single: Path) -> 
     assert summary["steps"] == one["steps"] == 8 and summary["skipped_steps"] == 0
     for key in ("train_loss", "test_loss", "test_r2"):
         assert summary["final"][key] == pytest.approx(one["final"][key], rel=1e-5), key
+
+
+def test_default_chunks_prefer_an_equal_split() -> None:
+    from torchgpu.train.stage_strategy import default_stage_chunks
+
+    assert default_stage_chunks(20, "gpipe", 2, 2) == 5  # 8 wanted; 5 x 4 rows is one schedule
+    assert default_stage_chunks(16, "gpipe", 2, 2) == 8
+    assert default_stage_chunks(13, "gpipe", 2, 2) == 8  # prime: 8 uneven micro-batches
+    assert default_stage_chunks(1, "1f1b", 2, 2) == 2  # at least one per stage
+    assert default_stage_chunks(6, "interleaved1f1b", 2, 4) == 6  # a multiple of the ranks
+    assert default_stage_chunks(7, "interleaved1f1b", 2, 4) == 8

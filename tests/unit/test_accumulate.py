@@ -86,6 +86,65 @@ def test_flush_steps_a_partial_window_as_its_mean() -> None:
     assert acc.flush() is False  # nothing pending
 
 
+def _unequal_micro_batches(x: torch.Tensor, y: torch.Tensor,
+                           sizes: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return list(zip(x.split(sizes), y.split(sizes), strict=True))
+
+
+@pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
+def test_unequal_micro_batches_weighted_by_samples_equal_one_big_batch(opt_name: str) -> None:
+    sizes = [10, 10, 12]
+    windows = [_data(sum(sizes), seed=s) for s in range(2)]
+    ref = _model()
+    _big_batch_steps(ref, OPTIMIZERS[opt_name](ref), windows)
+
+    def accumulate(weighted: bool) -> nn.Module:
+        model = _model()
+        acc = GradAccumulator(model, OPTIMIZERS[opt_name](model), steps=3)
+        for x, y in windows:
+            if weighted:
+                acc.set_steps(3, window_samples=sum(sizes))
+            for xs, ys in _unequal_micro_batches(x, y, sizes):
+                with acc.micro_step():
+                    loss = nn.functional.mse_loss(model(xs), ys)
+                    acc.backward(loss, samples=len(xs))
+        assert acc.optimizer_steps == 2
+        return model
+
+    assert _max_diff(ref, accumulate(weighted=True)) < 1e-6
+    # Negative control: equal weights (no window_samples; ``samples`` is then ignored).
+    assert _max_diff(ref, accumulate(weighted=False)) > 1e-4
+
+
+def test_weighted_flush_and_empty_micro_batch() -> None:
+    x, y = _data(22)
+    ref = _model()
+    _big_batch_steps(ref, OPTIMIZERS["sgd"](ref), [(x, y)])
+
+    model = _model()
+    acc = GradAccumulator(model, OPTIMIZERS["sgd"](model), steps=4)
+    acc.set_steps(4, window_samples=40)  # more than will come: flush rescales to the seen 22
+    for xs, ys in (*_unequal_micro_batches(x, y, [8, 14]), (x[:0], y[:0])):
+        with acc.micro_step():
+            out = model(xs)
+            loss = nn.functional.mse_loss(out, ys) if len(xs) else out.sum() * 0.0
+            assert acc.backward(loss, samples=len(xs)) is False
+    assert acc.loss_scale(8) == pytest.approx(8 / 40) and acc.loss_scale() == 0.25
+    assert acc.flush() is True
+    assert _max_diff(ref, model) < 1e-6
+    assert acc.window_samples == 40.0  # kept until the next set_steps
+    acc.set_steps(4)
+    assert acc.window_samples is None
+
+
+@pytest.mark.parametrize("bad", [0, -3.0, float("nan"), float("inf")])
+def test_bad_window_samples_are_refused(bad: float) -> None:
+    model = _model()
+    acc = GradAccumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), 2)
+    with pytest.raises(ConfigError, match="window_samples"):
+        acc.set_steps(2, window_samples=bad)
+
+
 def test_clipping_matches_clipping_the_big_batch() -> None:
     x, y = _data(12)
     y = y * 100.0  # large gradients so clipping bites

@@ -249,10 +249,10 @@ def test_write_report_files_and_schema(tmp_path: Path) -> None:
 
 
 @pytest.mark.gpu
-def test_cuda_event_clock_and_sync_time_gpu_work() -> None:
+def test_cuda_sync_times_gpu_work() -> None:
     import torch
 
-    from torchgpu.bench.timer import cuda_event_clock, cuda_sync
+    from torchgpu.bench.timer import cuda_sync
 
     device = torch.device("cuda", 0)
     a = torch.randn(2048, 2048, device=device)
@@ -260,8 +260,206 @@ def test_cuda_event_clock_and_sync_time_gpu_work() -> None:
     def product() -> None:
         torch.mm(a, a)
 
-    seconds = cuda_event_clock(device)(product)
-    assert seconds > 0
     m = measure_interleaved({"mm": product}, rounds=3,
                             warmup=1, sync=cuda_sync([device]))
     assert m["mm"].n == 3 and m["mm"].min > 0
+
+
+# --- threads ---------------------------------------------------------------------------
+
+
+def test_worker_threads_recorded_per_variant() -> None:
+    import torch
+
+    clock = FakeClock()
+    log: list[str] = []
+    variants = make_variants(clock, {"here": [1.0], "workers": [2.0]}, log)
+    m = measure_interleaved(variants, 1, 0, clock=clock, threads={"workers": 7})
+    assert m["workers"].threads == 7
+    assert m["here"].threads == torch.get_num_threads()
+    assert m["here"].with_threads(5).threads == 5 and m["here"].with_threads(5).samples == (1.0,)
+
+
+# --- ratios of rates (work per sample differs) ------------------------------------------
+
+
+def test_rate_ratio_compares_work_per_second_not_sample_seconds() -> None:
+    from torchgpu.bench.timer import rate_ratios
+
+    # A GPU sample repeats the product 64x, the CPU's once: seconds alone mislead.
+    cpu = Measurement.from_samples("cpu", [2.0, 4.0])
+    gpu = Measurement.from_samples("gpu", [0.5, 0.5])
+    (r,) = rate_ratios({"cpu": cpu, "gpu": gpu}, {"cpu": 1.0, "gpu": 64.0}, [("gpu", "cpu")])
+    assert r.samples == (64 / 0.5 / (1 / 2.0), 64 / 0.5 / (1 / 4.0))  # (256, 512)
+    assert r.median == 384.0
+    (naive,) = pairwise_ratios({"cpu": cpu, "gpu": gpu}, [("cpu", "gpu")])
+    assert naive.median == 6.0  # what dividing the seconds reported: 64x too low
+    with pytest.raises(KeyError, match="no work given for gpu"):
+        rate_ratios({"cpu": cpu, "gpu": gpu}, {"cpu": 1.0}, [("gpu", "cpu")])
+
+
+def test_matmul_speedup_is_the_tflops_ratio_with_different_repeats() -> None:
+    """CPU stand-in for the GPU-only arithmetic: a cuda-named variant with 64x the repeats."""
+    import torch
+
+    from torchgpu.bench.suites.matmul import _tflops, flops_per_sample, repeats, speedups
+
+    n = 512
+    cpu_reps, gpu_reps = repeats(n, torch.device("cpu")), repeats(n, torch.device("cuda", 0))
+    assert (cpu_reps, gpu_reps) == (1, 64)
+    names = {"cpu": "cpu n=512 float32", "gpu": "cuda:0 n=512 float32"}
+    timed = {names["cpu"]: Measurement.from_samples(names["cpu"], [0.02, 0.03, 0.025]),
+             names["gpu"]: Measurement.from_samples(names["gpu"], [0.004, 0.005, 0.004])}
+    flops = {names["cpu"]: flops_per_sample(n, cpu_reps),
+             names["gpu"]: flops_per_sample(n, gpu_reps)}
+    (ratio,) = speedups(timed, flops, names["cpu"])
+    assert ratio.numerator == names["gpu"] and ratio.denominator == names["cpu"]
+    cpu_tflops = timed[names["cpu"]].derive(_tflops(flops[names["cpu"]]), "TFLOP/s")
+    gpu_tflops = timed[names["gpu"]].derive(_tflops(flops[names["gpu"]]), "TFLOP/s")
+    expected = [g / c for g, c in zip(gpu_tflops.samples, cpu_tflops.samples, strict=True)]
+    assert ratio.samples == pytest.approx(expected)
+    assert ratio.median == pytest.approx(64 * 0.025 / 0.004)
+    assert speedups(timed, flops, "cpu n=1024 float32") == []  # no CPU row at that size
+
+
+# --- transfer arithmetic (GPU-only rows, checked on CPU) ---------------------------------
+
+
+def test_transfer_hidden_fraction_and_bandwidth_arithmetic() -> None:
+    from torchgpu.bench.suites.transfer import gb_per_s, hidden_fractions, prefetch_names
+
+    assert hidden_fractions([3.0, 3.0, 3.0, 2.0], [2.0, 3.5, 0.0, 2.0], [2.0, 2.0, 1.0, 0.0]) \
+        == [0.5, 0.0, 1.0, 0.0]  # half hidden; slower than serial; clipped; nothing copied
+    assert gb_per_s(2 * 10**9)(0.5) == 4.0 and math.isinf(gb_per_s(1)(0.0))
+    names = prefetch_names(__import__("torch").device("cuda", 1))
+    assert names["hidden"] == "copy hidden by Prefetcher cuda:1"
+    assert len(set(names.values())) == 5
+
+
+# --- verdicts ---------------------------------------------------------------------------
+
+
+def test_verdicts_say_faster_slower_and_whether_the_claim_holds() -> None:
+    from torchgpu.bench.timer import Ratio
+    from torchgpu.bench.verdict import (
+        inverted,
+        rate_verdict,
+        time_factor,
+        time_verdict,
+        value_verdict,
+    )
+
+    slower = Ratio("model", "single", (1.04, 1.06, 1.05), 1.05, 1.04, 1.06)
+    text = time_verdict("model", "single", slower, seed="1.07x slower", expect="slower")
+    assert text == ("model vs single: 1.05x slower [1.04x slower .. 1.06x slower] "
+                    "(seed: 1.07x slower): claim holds")
+    faster = Ratio("pipe", "single", (0.5, 0.8), 0.65, 0.5, 0.8)
+    assert time_verdict("pipe", "single", faster, expect="faster").endswith("claim holds")
+    assert time_verdict("pipe", "single", faster, expect="slower").endswith("does not hold here")
+    mixed = Ratio("a", "b", (0.9, 1.1), 1.0, 0.9, 1.1)
+    assert "unclear" in time_verdict("a", "b", mixed, expect="faster")
+    assert time_factor(0.5) == "2.00x faster" and time_factor(2.0) == "2.00x slower"
+    bw = Ratio("pinned", "pageable", (2.0, 2.5), 2.25, 2.0, 2.5)
+    assert rate_verdict("pinned", "pageable", bw, "bandwidth", expect="higher") == (
+        "pinned vs pageable: 2.25x the bandwidth [2.00x .. 2.50x]: claim holds")
+    assert value_verdict("2 segments", "none", 50, 200, "bytes") == "2 segments vs none: 0.25x the bytes"
+    back = inverted(faster)
+    assert (back.numerator, back.samples, back.median) == ("single", (2.0, 1.25), 1.625)
+
+
+# --- plots ------------------------------------------------------------------------------
+
+
+def test_plot_error_bars_only_where_there_is_spread(tmp_path: Path) -> None:
+    from torchgpu.bench.plots import _errors, write_plot
+    from torchgpu.bench.result import Series
+
+    assert _errors([(5.0, 0.0, 0.0), (3.0, 0.0, 0.0)], 1.0) is None
+    assert _errors([(5.0, 1.0, 2.0)], 0.5) == [[0.5], [1.0]]
+    ms = {f"{d} n={n}": Measurement.from_samples(f"{d} n={n}", [n / 100, n / 90],
+                                                 unit="TFLOP/s")
+          for d in ("cpu", "cuda:0") for n in (256, 1024, 8192)}
+    plot = Plot("lines.png", "line", "mm", "TFLOP/s", names=(), yscale="log", xscale="log2",
+                series=tuple(Series(d, tuple(f"{d} n={n}" for n in (256, 1024, 8192)),
+                                    (256.0, 1024.0, 8192.0)) for d in ("cpu", "cuda:0")))
+    assert plot.all_names() == tuple(ms)
+    assert write_plot(plot, ms, tmp_path, "cpu (test); quick") == tmp_path / "lines.png"
+    assert (tmp_path / "lines.png").read_bytes()[:4] == b"\x89PNG"
+    sweep = Plot("sweep.png", "line", "sweep", "s", names=("cpu n=256", "cpu n=1024"),
+                 x=(1.0, 60.0), value="mean", best="min", xscale="log", reference="cpu n=8192")
+    assert write_plot(sweep, ms, tmp_path) is not None
+    only_reference = Plot("ref.png", "line", "r", "s", names=("absent",), x=(1.0,),
+                          reference="cpu n=256")
+    assert write_plot(only_reference, ms, tmp_path) is None
+
+
+# --- report, noise, out directory --------------------------------------------------------
+
+
+def test_pressure_is_clamped_and_flags_noise(tmp_path: Path) -> None:
+    psi = tmp_path / "cpu"
+    psi.write_text(SAMPLE_PSI)
+    clock = FakeClock()
+    monitor = PressureMonitor(psi, clock=clock)
+    monitor.start()
+    clock.now += 1.0
+    psi.write_text(SAMPLE_PSI.replace("total=8300434", "total=9400434"))  # 1.1 s stalled in 1 s
+    pressure = monitor.stop()
+    assert pressure is not None and pressure.stalled_fraction == 1.0 and pressure.noisy
+    from torchgpu.bench.timer import NOISY_STALLED_FRACTION, is_noisy
+
+    assert not is_noisy(NOISY_STALLED_FRACTION) and is_noisy(NOISY_STALLED_FRACTION + 0.01)
+    assert not is_noisy(None)
+
+
+def test_report_records_provenance_verdicts_and_warns_when_noisy(tmp_path: Path) -> None:
+    from torchgpu.bench.report import noise_warning, render_markdown, write_report
+    from torchgpu.bench.timer import CpuPressure
+
+    ms = (Measurement.from_samples("a", [1.0, 2.0]),)
+    result = SuiteResult(suite="demo", quick=False, devices=("cpu",), measurements=ms,
+                         verdicts=("a vs b: 1.05x slower",))
+    calm = CpuPressure(1.0, 2.0, 100_000, 1.0, 0.1)
+    doc = write_report(result, tmp_path, calm, wall_s=1.0, argv=["torchgpu", "bench", "demo"],
+                       threads=3)
+    assert doc["argv"] == ["torchgpu", "bench", "demo"] and doc["threads"] == 3
+    assert doc["torchgpu"] and doc["verdicts"] == ["a vs b: 1.05x slower"]
+    assert "cuda" in doc and (doc["git"] is None or isinstance(doc["git"], str))
+    assert doc["noisy"] is False and noise_warning(doc) is None
+    md = (tmp_path / "report.md").read_text()
+    assert "## Verdicts" in md and "- a vs b: 1.05x slower" in md
+    assert "command: `torchgpu bench demo`" in md and "unreliable" not in md
+    loud = {**doc, "noisy": True, "cpu_pressure": {**doc["cpu_pressure"],
+                                                   "stalled_fraction": 0.93}}
+    warning = noise_warning(loud)
+    assert warning is not None and "93%" in warning and "threshold is 20%" in warning
+    assert render_markdown(loud).splitlines()[2] == f"**{warning}**"
+
+
+def test_git_revision_outside_a_checkout_is_none(tmp_path: Path) -> None:
+    from torchgpu.bench.report import git_revision
+
+    assert git_revision(tmp_path) is None
+
+
+def test_prepare_out_refuses_files_and_non_empty_dirs(tmp_path: Path) -> None:
+    from torchgpu.bench.runner import check_threads, prepare_out
+    from torchgpu.errors import UsageError
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(UsageError, match="is a file, not a directory"):
+        prepare_out(afile)
+    with pytest.raises(UsageError, match="cannot create"):
+        prepare_out(afile / "sub")
+    old = tmp_path / "old"
+    old.mkdir()
+    for name in ("results.json", "report.md", "peak.png", "mine.txt"):
+        (old / name).write_text("x")
+    with pytest.raises(UsageError, match="not empty .*--force"):
+        prepare_out(old)
+    assert prepare_out(old, force=True) == old
+    assert sorted(p.name for p in old.iterdir()) == ["mine.txt"]  # only a run's files go
+    assert prepare_out(tmp_path / "new" / "deep").is_dir()
+    with pytest.raises(UsageError, match="--threads 0"):
+        check_threads(0)

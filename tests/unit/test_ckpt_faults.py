@@ -288,6 +288,8 @@ def test_orphan_moved_aside_copy_is_restored_when_its_name_is_free(tmp_path: Pat
     os.rename(tmp_path / "step-1", aside)
     assert find_checkpoint(tmp_path) == tmp_path / "step-1"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-1"]
+    os.rename(tmp_path / "step-1", aside)  # the same, found by naming the checkpoint itself
+    assert find_checkpoint(tmp_path / "step-1") == tmp_path / "step-1"
     model = _model(3)
     load_checkpoint(tmp_path / "step-1", model=model)
     assert _same(model, old)
@@ -326,7 +328,6 @@ RENAME_KILL_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow
 def test_sigkill_between_the_renames_of_an_overwrite_keeps_the_old_checkpoint(
     tmp_path: Path,
 ) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -136,9 +138,74 @@ def test_factory_errors_are_reported_and_bad_devices_refused() -> None:
         raise ValueError("no such layer")
 
     report = check_placement(broken, (1,), DEVICES)
-    assert report.problems == ["model_factory() failed: ValueError: no such layer"]
+    assert (report.ok, report.kind, report.problems) == (False, "error", [])
+    assert report.error is not None
+    assert report.error.startswith("model_factory() failed: ValueError: no such layer. Fix")
+    assert report.format().startswith("placement not checked: model_factory() failed")
     with pytest.raises(DeviceSpecError, match="'gpu1'"):
         check_placement(Small, (3, 4), ["gpu1"])
+
+
+def test_a_wrong_input_shape_is_an_error_not_a_placement_problem(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    report = check_placement(Small, (3, 5), DEVICES)  # the first layer takes 4 features
+    assert (report.ok, report.kind, report.problems) == (False, "error", [])
+    assert report.error is not None
+    assert "failed in a: RuntimeError" in report.error and "3,5" in report.error
+    assert "not a placement problem" in report.error and "input shape" in report.error
+    assert "BROKEN" not in report.format()
+    # torch logs the failed fake operation with a traceback; the check silences it
+    out, err = capfd.readouterr()
+    assert "fake_tensor" not in err + out and "Traceback" not in err + out
+    import logging
+
+    assert not logging.getLogger("torch._subclasses.fake_tensor").disabled  # restored
+
+
+def test_kinds() -> None:
+    assert check_placement(Small, (3, 4), DEVICES).kind == "ok"
+    assert check_placement(LeftBehindLayer3, (2, 3, 64, 64), DEVICES).kind == "broken"
+    assert check_placement(MixedInputs, (2, 4), DEVICES).kind == "broken"  # about devices
+
+
+def test_a_cuda_runtime_call_says_why_it_fails() -> None:
+    def needs_the_runtime() -> nn.Module:
+        # what torch.cuda.set_device(1) raises on a CPU-only build
+        raise AssertionError("Torch not compiled with CUDA enabled")
+
+    report = check_placement(needs_the_runtime, (3, 4), DEVICES)
+    assert report.kind == "error" and report.error is not None
+    assert "must not call the CUDA runtime" in report.error
+    plain = check_placement(lambda: nn.Linear("x", 2), (3, 4), DEVICES)  # type: ignore[arg-type]
+    assert plain.kind == "error" and "CUDA runtime" not in (plain.error or "")
+
+
+def test_doctor_maps_errors_to_exit_2_and_broken_placement_to_1(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from torchgpu.cli.main import main
+
+    models = tmp_path / "models.py"
+    models.write_text(
+        "from torch import nn\n"
+        "def good():\n"
+        "    m = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))\n"
+        "    m[0].to('cuda:0'); m[1].to('cuda:1'); return m\n"
+        "def boom():\n"
+        "    raise RuntimeError('factory failed')\n"
+    )
+    args = ["doctor", "--devices", "cuda:0,cuda:1", "--model"]
+    # nn.Sequential does not move between its layers: a real placement bug
+    assert main([*args, f"{models}:good", "--input-shape", "2,8"]) == 1
+    assert "BROKEN" in capfd.readouterr().out
+    assert main([*args, f"{models}:good", "--input-shape", "2,9"]) == 2
+    out, err = capfd.readouterr()
+    assert out == "" and "check the input shape" in err and "Traceback" not in err
+    assert "fake_tensor.py" not in err and len(err.strip().splitlines()) == 1
+    assert main([*args, f"{models}:boom", "--input-shape", "2,8"]) == 2
+    out, err = capfd.readouterr()
+    assert out == "" and "boom" in err and "factory failed" in err and "BROKEN" not in err
 
 
 def test_the_check_leaves_no_trace() -> None:

@@ -268,8 +268,12 @@ def test_bf16_is_suggested_only_when_the_activations_overflow() -> None:
     # states 2 GiB; one sample saves 2 GiB even checkpointed: 4 GiB > 3.6 GiB usable,
     # but with half the activation bytes (bf16) 3 GiB would fit
     acts = footprint(0.5, 8.0, 2.0, batch=1)
-    assert bf16_would_fit(all_candidates(acts, hypothetical("1x4GiB"), 1), acts,
-                          hypothetical("1x4GiB")) is not None
+    assert (
+        bf16_would_fit(
+            all_candidates(acts, hypothetical("1x4GiB"), 1), acts, hypothetical("1x4GiB")
+        )
+        is not None
+    )
     with pytest.raises(PlanError) as info:
         plan(acts, "1x4GiB", 1)
     assert "--precision bf16" in str(info.value)
@@ -329,7 +333,9 @@ def test_every_rows_command_parses_to_that_row(
         ), command
         assert (config.example, config.precision) == ("resnet50", precision)
         assert (config.strategy, config.batch_size, config.accumulate) == (
-            row.strategy, row.micro_batch, row.accumulate
+            row.strategy,
+            row.micro_batch,
+            row.accumulate,
         ), command
         assert config.activation_checkpointing == row.checkpointing, command
         used = [names[n] for n in row.devices]

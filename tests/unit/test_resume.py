@@ -166,9 +166,9 @@ def test_negative_controls_make_the_equivalence_fail(
 
         monkeypatch.setattr(TrainState, "from_dict", staticmethod(no_position))
     else:
-        from torch.utils.data.distributed import DistributedSampler
+        from torchgpu.data.shards import ShardBatches  # the training loader's sampler
 
-        monkeypatch.setattr(DistributedSampler, "set_epoch", lambda self, epoch: None)
+        monkeypatch.setattr(ShardBatches, "set_epoch", lambda self, epoch: None)
     assert not _identical(train(_config(out, resume="")), reference[1])
 
 

@@ -101,8 +101,90 @@ def test_plan_with_a_pipeline_sets_devices_chunks_balance(housing: Any) -> None:
                    for i in range(4))
     plan_fn = _fake_plan(_states(64 * MiB, 60 * MiB, layers, scale=200), "2x600MiB")
     c = decide_strategy(_config(), 1, housing, plan_fn=plan_fn, small_step_bytes=0).config
-    assert (c.strategy, c.devices, c.chunks, c.balance) == ("pipeline", "gpu0,gpu1", 8, "2,2")
+    assert (c.strategy, c.devices, c.chunks, c.balance) == ("pipeline", "cuda:0,cuda:1", 8, "2,2")
     assert c.activation_checkpointing and c.device == "auto"
+
+
+@pytest.mark.parametrize(
+    ("footprint", "devices", "launching", "label"),
+    [
+        (_states(300 * MiB, 40 * MiB), "1x100MiB", False, "single + accumulation"),
+        (_states(300 * MiB, 290 * MiB), "2x200MiB", True, "ddp"),
+        (_states(300 * MiB, 40 * MiB), "1x2MiB,1x300MiB", False, "single + accumulation"),
+        (  # a pipeline with an uneven cut
+            _states(
+                64 * MiB,
+                60 * MiB,
+                tuple(
+                    LayerFootprint(f"l{i}", 50 * MiB, 50 * MiB, 100 * MiB, 16 * MiB, 4 * MiB)
+                    for i in range(6)
+                ),
+                scale=300,
+            ),
+            "1x1200MiB,1x400MiB",
+            False,
+            "pipeline",
+        ),
+    ],
+)
+def test_auto_runs_what_the_printed_command_runs(
+    housing: Any, footprint: Footprint, devices: str, launching: bool, label: str
+) -> None:
+    """`train --strategy auto` and `torchgpu plan`'s command share one translation."""
+    import shlex
+
+    from torchgpu.cli.train import config_from_argv
+
+    decision = decide_strategy(
+        _config(), 1, housing, plan_fn=_fake_plan(footprint, devices), small_step_bytes=0,
+        launching=launching,
+    )
+    plan = decision.plan
+    assert plan is not None and plan.command is not None and plan.chosen.label == label
+    argv = shlex.split(plan.command)[2:]
+    printed = resolve(config_from_argv([*argv, "--out", "unused"]))
+    fields = ("strategy", "batch_size", "accumulate", "activation_checkpointing", "device",
+              "gpus", "nproc", "devices", "balance", "chunks", "precision", "example")
+    # auto applies a plan only when one device does not fit (else it keeps its rule)
+    assert not next(c for c in plan.candidates if c.label == "single").fits
+    auto = decision.config
+    assert {f: getattr(auto, f) for f in fields} == {f: getattr(printed, f) for f in fields}
+    assert auto.strategy == plan.strategy and auto.batch_size == plan.micro_batch
+    if plan.strategy == "pipeline":
+        assert plan.balance == (5, 1) and auto.balance == "5,1"  # not train's even default
+        assert auto.activation_checkpointing  # the row was priced with except_last
+    if devices == "1x2MiB,1x300MiB":  # single on the larger, second device
+        assert plan.devices == ("gpu1",) and auto.device == "cuda:1"
+
+
+def test_the_printed_pipeline_command_builds_the_planned_pipeline(housing: Any) -> None:
+    """The command's --balance/--chunks/--activation-checkpointing reach the Pipeline that
+    `torchgpu train` builds (stage devices cpu,cpu stand in for cuda:0,cuda:1)."""
+    import shlex
+
+    from torchgpu.cli.train import config_from_argv
+    from torchgpu.parallel.pipeline import Pipeline
+    from torchgpu.planning.commands import train_command
+    from torchgpu.planning.measure import measure_footprint
+    from torchgpu.planning.strategies import all_candidates
+    from torchgpu.train.build import build_model
+    from torchgpu.train.split_strategies import build_split_model
+
+    config = _config(device="cpu")
+    model = build_model(config, housing)
+    fp = measure_footprint(model, housing.train.tensors[0][:16])
+    targets = parse_devices("1x1GiB,1x100MiB")
+    row = next(c for c in all_candidates(fp, targets, 16) if c.strategy == "pipeline")
+    assert row.balance is not None and len(set(row.balance)) > 1  # uneven: by capacity
+    command = train_command(row, Workload(16, example="housing"), targets)
+    assert command is not None
+    argv = shlex.split(command)[2:]
+    argv[argv.index("--devices") + 1] = "cpu,cpu"
+    parsed = resolve(config_from_argv([*argv, "--out", "unused"]))
+    pipe = build_split_model(build_model(parsed, housing), housing, parsed, torch.device("cpu"))
+    assert isinstance(pipe, Pipeline)
+    assert tuple(pipe.balance) == row.balance
+    assert (pipe.chunks, pipe.checkpoint) == (row.chunks, "except_last")
 
 
 def test_planner_devices() -> None:

@@ -69,6 +69,22 @@ def test_accumulation_equals_the_big_batch_with_a_partial_last_window(tmp_path: 
     assert plain.state.step == 20  # type: ignore[attr-defined]
 
 
+def test_accumulation_equals_the_big_batch_when_the_last_micro_batch_is_short(
+    tmp_path: Path,
+) -> None:
+    # 84 training rows: batch 8 x 3 -> windows 8+8+8 (x3) and a last one of 8+4; batch 24
+    # -> 24 (x3) and a last batch of 12, the same samples. Equal weights (4 counted as
+    # much as 8) would differ by ~6e-3; weighting by samples makes the steps equal.
+    small = _run(tmp_path, "acc", data_size=105, epochs=2, batch_size=8, accumulate=3,
+                 strategy="single")
+    big = _run(tmp_path, "big", data_size=105, epochs=2, batch_size=24, strategy="single")
+    assert small.state.step == big.state.step == 8  # type: ignore[attr-defined]
+    assert small.state.samples == big.state.samples == 2 * 84  # type: ignore[attr-defined]
+    for key, value in _weights(big.model).items():  # type: ignore[attr-defined]
+        torch.testing.assert_close(_weights(small.model)[key], value, rtol=0, atol=1e-6)  # type: ignore[attr-defined]
+    assert small.state.step_losses[:3] == pytest.approx(big.state.step_losses[:3], rel=1e-6)  # type: ignore[attr-defined]
+
+
 def test_activation_checkpointing_flag_is_applied_and_bitwise_equal(tmp_path: Path) -> None:
     plain = _run(tmp_path, "p", data_size=120, epochs=2, batch_size=16)
     ckpt = _run(tmp_path, "c", data_size=120, epochs=2, batch_size=16,

@@ -1,16 +1,21 @@
 """Write a suite's results: ``results.json`` (stable schema), ``report.md``, PNG plots, and a
 rich table for the console.
 
-results.json schema (``"schema": "torchgpu.bench/1"``)::
+results.json schema (``"schema": "torchgpu.bench/2"``)::
 
-    suite, quick, created (UTC ISO time), wall_s,
-    torch, python, platform, cpu (model name), cpu_count,
-    devices: [{"spec", "name"}], device_names: [str], threads (torch intra-op threads),
+    suite, quick, created (UTC ISO time), wall_s, argv (the command line, or null),
+    torchgpu (version), git (``git describe --always`` plus "-dirty", or null),
+    torch, cuda (torch.version.cuda or null), python, platform, cpu (model name), cpu_count,
+    devices: [{"spec", "name"}], device_names: [str],
+    threads (torch intra-op threads of the measuring process; each measurement records
+    its own, worker processes included),
     cpu_pressure: {avg10_start, avg10_end, stalled_us, wall_s, stalled_fraction} | null,
+    noisy (stalled_fraction above noisy_threshold: timings unreliable), noisy_threshold,
     config: {...}, measurements: [Measurement.to_json()], ratios: [Ratio.to_json()],
-    notes: [str], plots: [Plot.to_json()]
+    verdicts: [str], notes: [str], plots: [Plot.to_json()]
 
-Plots use matplotlib's Agg backend only (no display needed).
+Version 2 added argv, torchgpu, git, cuda, noisy, noisy_threshold and verdicts; matmul's
+ratios became TFLOP/s ratios (GPU/CPU) instead of time ratios.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,10 +32,11 @@ from typing import Any
 
 import torch
 
-from torchgpu.bench.result import Plot, SuiteResult, best_index, plot_value
-from torchgpu.bench.timer import CpuPressure, Measurement, Ratio, dumps
+from torchgpu.bench.plots import write_plot
+from torchgpu.bench.result import SuiteResult
+from torchgpu.bench.timer import NOISY_STALLED_FRACTION, CpuPressure, Measurement, Ratio, dumps
 
-SCHEMA = "torchgpu.bench/1"
+SCHEMA = "torchgpu.bench/2"
 
 
 def default_out(name: str, now: _dt.datetime | None = None) -> Path:
@@ -59,14 +66,49 @@ def device_name(spec: str) -> str:
     return device.type
 
 
+def git_revision(where: Path | None = None) -> str | None:
+    """``git describe --always`` of the checkout holding torchgpu (plus ``-dirty`` when
+    tracked files differ from HEAD), or None outside a git checkout or without git.
+
+    Read-only on purpose: ``describe --dirty`` and ``status`` may rewrite the index, which
+    would race with someone committing in the same checkout.
+    """
+    here = where or Path(__file__).resolve().parent
+    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
+
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", "-C", str(here), *args], capture_output=True, text=True,
+                              timeout=10, env=env, check=False)
+
+    try:
+        described = git("describe", "--always")
+        if described.returncode != 0 or not described.stdout.strip():
+            return None
+        dirty = git("diff-index", "--quiet", "HEAD", "--").returncode == 1
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return described.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def torchgpu_version() -> str:
+    from torchgpu import __version__
+
+    return str(__version__)
+
+
 def results_document(
     result: SuiteResult,
     pressure: CpuPressure | None,
     wall_s: float,
     plots: Sequence[str] = (),
     created: _dt.datetime | None = None,
+    argv: Sequence[str] | None = None,
+    threads: int | None = None,
 ) -> dict[str, Any]:
-    """The results.json content for ``result`` (see the module docstring for the schema)."""
+    """The results.json content for ``result`` (see the module docstring for the schema).
+
+    ``threads``: the intra-op thread count the run was given (default: torch's current).
+    """
     when = created or _dt.datetime.now(_dt.timezone.utc)
     devices = [{"spec": spec, "name": device_name(spec)} for spec in result.devices]
     return {
@@ -75,21 +117,40 @@ def results_document(
         "quick": result.quick,
         "created": when.isoformat(timespec="seconds"),
         "wall_s": wall_s,
+        "argv": list(argv) if argv is not None else None,
+        "torchgpu": torchgpu_version(),
+        "git": git_revision(),
         "torch": torch.__version__,
+        "cuda": torch.version.cuda,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "cpu": cpu_model_name(),
         "cpu_count": os.cpu_count() or 1,
         "devices": devices,
         "device_names": sorted({d["name"] for d in devices}),
-        "threads": torch.get_num_threads(),
+        "threads": torch.get_num_threads() if threads is None else threads,
         "cpu_pressure": pressure.to_json() if pressure is not None else None,
+        "noisy": pressure.noisy if pressure is not None else False,
+        "noisy_threshold": NOISY_STALLED_FRACTION,
         "config": result.config,
         "measurements": [m.to_json() for m in result.measurements],
         "ratios": [r.to_json() for r in result.ratios],
+        "verdicts": list(result.verdicts),
         "notes": list(result.notes),
         "plots": [p.to_json() for p in result.plots if p.filename in plots],
     }
+
+
+def noise_warning(doc: dict[str, Any]) -> str | None:
+    """The "timings unreliable" sentence for a noisy run, else None."""
+    pressure = doc.get("cpu_pressure")
+    if not doc.get("noisy") or not pressure:
+        return None
+    threshold = float(doc.get("noisy_threshold", NOISY_STALLED_FRACTION))
+    return (f"timings unreliable: the CPU was contended for "
+            f"{pressure['stalled_fraction'] * 100:.0f}% of the run (runnable tasks waiting "
+            f"for a CPU, from /proc/pressure/cpu; the threshold is {threshold * 100:.0f}%). "
+            "Rerun on an idle machine before trusting these figures.")
 
 
 def load_results(path: Path) -> dict[str, Any]:
@@ -143,14 +204,19 @@ def render_markdown(doc: dict[str, Any]) -> str:
     """report.md text from a results document (so it can be re-rendered from JSON)."""
     measurements = [Measurement.from_json(m) for m in doc["measurements"]]
     ratios = [Ratio.from_json(r) for r in doc["ratios"]]
-    lines = [
-        f"# torchgpu bench {doc['suite']}{' (quick)' if doc['quick'] else ''}",
-        "",
+    lines = [f"# torchgpu bench {doc['suite']}{' (quick)' if doc['quick'] else ''}", ""]
+    warning = noise_warning(doc)
+    if warning:
+        lines += [f"**{warning}**", ""]
+    lines += [
         f"- devices: {', '.join(d['spec'] + ' (' + d['name'] + ')' for d in doc['devices'])}",
-        f"- torch {doc['torch']}, Python {doc['python']}, {doc['cpu_count']} CPUs, "
-        f"{doc['threads']} torch threads per process",
+        f"- torchgpu {doc.get('torchgpu')} (git {doc.get('git') or 'n/a'}), torch "
+        f"{doc['torch']} (CUDA {doc.get('cuda') or 'none'}), Python {doc['python']}, "
+        f"{doc['cpu_count']} CPUs, {doc['threads']} torch thread(s) per process",
         f"- created {doc['created']}, wall time {doc['wall_s']:.1f} s",
     ]
+    if doc.get("argv"):
+        lines.append(f"- command: `{' '.join(doc['argv'])}`")
     pressure = doc.get("cpu_pressure")
     if pressure:
         lines.append(
@@ -163,6 +229,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
     if doc["config"]:
         cfg = ", ".join(f"{k}={v}" for k, v in doc["config"].items())
         lines.append(f"- config: {cfg}")
+    if doc.get("verdicts"):
+        lines += ["", "## Verdicts", ""] + [f"- {v}" for v in doc["verdicts"]]
     lines += ["", "## Measurements", "",
               "Median of the rounds, with [min .. max]; variants interleaved per round.", "",
               "| variant | median | min .. max | n | threads | details |",
@@ -186,54 +254,15 @@ def render_markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_plot(plot: Plot, measurements: dict[str, Measurement], out: Path) -> Path | None:
-    """Draw ``plot`` to ``out/plot.filename``; returns the path, or None if nothing to draw."""
-    present = [n for n in plot.names if n in measurements]
-    if not present:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    points = [plot_value(measurements[n], plot.value) for n in present]
-    centres = [p[0] * plot.scale for p in points]
-    errors = [[p[1] * plot.scale for p in points], [p[2] * plot.scale for p in points]]
-    best = best_index(centres, plot.best)
-    fig, ax = plt.subplots(figsize=(max(4.5, 1.1 * len(present) + 2), 4))
-    try:
-        if plot.kind == "bar":
-            labels = [plot.labels[plot.names.index(n)] if plot.labels else n for n in present]
-            xs = list(range(len(present)))
-            colors = ["tab:green" if i == best else "tab:blue" for i in xs]
-            ax.bar(xs, centres, yerr=errors, align="center", alpha=0.6, ecolor="red",
-                   capsize=8, width=0.6, color=colors)
-            ax.set_xticks(xs)
-            ax.set_xticklabels(labels, rotation=20 if len(present) > 3 else 0, ha="right"
-                               if len(present) > 3 else "center")
-        else:
-            xs_line = [plot.x[plot.names.index(n)] for n in present]
-            ax.plot(xs_line, centres, color="tab:blue")
-            ax.errorbar(xs_line, centres, yerr=errors, ecolor="red", fmt="ro", capsize=4)
-            ax.set_xticks(xs_line)
-            ax.set_xlabel(plot.xlabel)
-            if best is not None:
-                ax.plot([xs_line[best]], [centres[best]], marker="*", markersize=16,
-                        color="tab:green", label=f"best: {xs_line[best]:g}")
-                ax.legend()
-        ax.set_title(plot.title)
-        ax.set_ylabel(plot.ylabel)
-        ax.yaxis.grid(True)
-        fig.tight_layout()
-        path = out / plot.filename
-        fig.savefig(path, dpi=100)
-    finally:
-        plt.close(fig)
-    return path
+def plot_subtitle(result: SuiteResult) -> str:
+    """Devices and size for every plot's title, e.g. "cpu (AMD EPYC), quick"."""
+    devices = ", ".join(f"{spec} ({device_name(spec)})" for spec in result.devices)
+    return f"{devices}; {'quick' if result.quick else 'full size'}"
 
 
 def write_report(
-    result: SuiteResult, out: Path, pressure: CpuPressure | None, wall_s: float
+    result: SuiteResult, out: Path, pressure: CpuPressure | None, wall_s: float,
+    argv: Sequence[str] | None = None, threads: int | None = None,
 ) -> dict[str, Any]:
     """Write results.json, report.md and the PNGs under ``out``; return the results document.
 
@@ -242,8 +271,10 @@ def write_report(
     """
     out.mkdir(parents=True, exist_ok=True)
     by_name = dict(result.by_name())
-    written = [p.filename for p in result.plots if write_plot(p, by_name, out) is not None]
-    doc = results_document(result, pressure, wall_s, plots=written)
+    subtitle = plot_subtitle(result)
+    written = [p.filename for p in result.plots
+               if write_plot(p, by_name, out, subtitle) is not None]
+    doc = results_document(result, pressure, wall_s, plots=written, argv=argv, threads=threads)
     (out / "report.md").write_text(render_markdown(doc))
     tmp = out / "results.json.tmp"
     tmp.write_text(dumps(doc) + "\n")
@@ -258,15 +289,19 @@ def print_table(doc: dict[str, Any], out: Path | None = None) -> None:
 
     console = Console()
     table = Table(title=f"torchgpu bench {doc['suite']}" + (" (quick)" if doc["quick"] else ""))
-    for column in ("variant", "median", "min .. max", "n", "details"):
-        table.add_column(column, justify="right" if column in ("median", "n") else "left")
+    for column in ("variant", "median", "min .. max", "n", "threads", "details"):
+        table.add_column(column, justify="right" if column in ("median", "n", "threads")
+                         else "left")
     for data in doc["measurements"]:
         m = Measurement.from_json(data)
-        table.add_row(m.name, format_value(m.median, m.unit), _spread(m), str(m.n), _extras(m))
+        table.add_row(m.name, format_value(m.median, m.unit), _spread(m), str(m.n),
+                      str(m.threads), _extras(m))
     console.print(table)
     for data in doc["ratios"]:
         r = Ratio.from_json(data)
         console.print(f"  {r.name}: {r.median:.3f}  [{r.min:.3f} .. {r.max:.3f}]")
+    for verdict in doc.get("verdicts", []):
+        console.print(f"  verdict: {verdict}", highlight=False)
     for note in doc["notes"]:
         console.print(f"  note: {note}", highlight=False)
     pressure = doc.get("cpu_pressure")
@@ -276,6 +311,9 @@ def print_table(doc: dict[str, Any], out: Path | None = None) -> None:
             f"{pressure['wall_s']:.1f} s (some-avg10 {pressure['avg10_end']:.1f}%)",
             highlight=False,
         )
+    warning = noise_warning(doc)
+    if warning:
+        console.print(f"  [bold red]{warning}[/]", highlight=False)
     if out is not None:
         console.print(f"  written to {out}/ (results.json, report.md, plots)", highlight=False)
 

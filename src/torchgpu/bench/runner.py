@@ -1,5 +1,5 @@
-"""Run one suite by name: resolve devices, bracket it with CPU-pressure readings, write the
-report. The CLI is a thin layer over :func:`run_suite`."""
+"""Run one suite by name: resolve devices, pin the thread count, bracket the run with
+CPU-pressure readings, write the report. The CLI is a thin layer over :func:`run_suite`."""
 
 from __future__ import annotations
 
@@ -16,6 +16,14 @@ from torchgpu.bench.suites import SUITES
 from torchgpu.bench.timer import PressureMonitor
 from torchgpu.errors import UsageError
 
+# Every CPU variant, in this process and in worker processes alike, runs with this many
+# intra-op threads unless told otherwise: comparisons stay fair (a 2-thread variant against
+# 1-thread workers measured OpenMP stalls on a loaded machine, not the technique).
+DEFAULT_THREADS = 1
+
+# What a bench run writes into its directory (plus the PNGs its results.json names).
+RUN_FILES = ("results.json", "report.md", "results.json.tmp")
+
 
 def suite_names() -> list[str]:
     return list(SUITES)
@@ -31,6 +39,52 @@ def check_suite(name: str) -> str:
     return name
 
 
+def check_threads(threads: int) -> int:
+    """``threads`` if it is at least 1, else :class:`UsageError`."""
+    if threads < 1:
+        raise UsageError(
+            f"--threads {threads}: need at least 1 intra-op thread per process; pass e.g. "
+            f"--threads 1 (the default) or --threads {max(1, torch.get_num_threads())}"
+        )
+    return threads
+
+
+def prepare_out(out: Path, force: bool = False) -> Path:
+    """Make ``out`` ready for a run: create it, or refuse what would mix two runs' files.
+
+    A file at ``out``, a directory that cannot be created, or a non-empty directory
+    without ``force`` raise :class:`UsageError`. With ``force`` the files an earlier bench
+    run wrote there (results.json, report.md, *.png) are removed first, so no stale plot
+    (say a GPU ``peak.png``) sits next to the new report; other files are left alone.
+    """
+    if out.exists() and not out.is_dir():
+        raise UsageError(
+            f"--out {out} is a file, not a directory: give a directory path (it is created "
+            f"if missing), e.g. --out runs/bench-{out.stem or 'run'}"
+        )
+    if out.is_dir():
+        entries = sorted(p.name for p in out.iterdir())
+        if entries and not force:
+            shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
+            raise UsageError(
+                f"--out {out} is not empty ({shown}): a new run there would mix its files "
+                "with these. Give a new directory, or pass --force to replace an earlier "
+                "bench run's results.json, report.md and PNGs in it"
+            )
+        for name in entries:
+            path = out / name
+            if path.is_file() and (name in RUN_FILES or name.endswith(".png")):
+                path.unlink()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(
+            f"--out {out}: cannot create the directory ({error.strerror or error}); give a "
+            "directory you can write to, e.g. --out runs/bench"
+        ) from error
+    return out
+
+
 def default_devices() -> list[torch.device]:
     """Every visible CUDA device, else the CPU. Asking initialises nothing at import time."""
     if torch.cuda.is_available():
@@ -43,19 +97,33 @@ def run_suite(
     quick: bool,
     out: Path,
     devices: Sequence[torch.device] | None = None,
+    threads: int = DEFAULT_THREADS,
+    argv: Sequence[str] | None = None,
 ) -> tuple[SuiteResult, dict[str, Any]]:
     """Run suite ``name`` on ``devices`` (default: :func:`default_devices`) and write its
-    results.json, report.md and plots under ``out``. Returns the result and the document."""
+    results.json, report.md and plots under ``out``. Returns the result and the document.
+
+    ``threads``: torch's intra-op thread count for this process while the suite runs
+    (restored after) and for every worker process it starts. ``argv`` is recorded as
+    the command line. ``out`` is created if missing (see :func:`prepare_out` for the
+    checks the CLI makes first).
+    """
     from torchgpu.bench.report import write_report
 
     module = importlib.import_module(SUITES[check_suite(name)][0])
+    check_threads(threads)
     chosen = list(devices) if devices else default_devices()
     out.mkdir(parents=True, exist_ok=True)
-    monitor = PressureMonitor()
-    monitor.start()
-    started = time.perf_counter()
-    result: SuiteResult = module.run(quick, chosen, out)
-    wall_s = time.perf_counter() - started
-    pressure = monitor.stop()
-    doc = write_report(result, out, pressure, wall_s)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        monitor = PressureMonitor()
+        monitor.start()
+        started = time.perf_counter()
+        result: SuiteResult = module.run(quick, chosen, out, threads)
+        wall_s = time.perf_counter() - started
+        pressure = monitor.stop()
+        doc = write_report(result, out, pressure, wall_s, argv=argv, threads=threads)
+    finally:
+        torch.set_num_threads(previous)
     return result, doc

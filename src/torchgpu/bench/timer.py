@@ -4,7 +4,9 @@ Honest timing on a shared, noisy machine needs four things, all here:
 
 * warm-up calls before any sample, so allocator, autotuner and cache effects are paid once;
 * a synchronise around every sample on accelerators (CUDA work is asynchronous: without it
-  the host clock measures kernel *launches*, not the work);
+  the host clock measures kernel *launches*, not the work). Work spread over two GPUs
+  (model parallel, pipelines) must be waited for on both, which is why this synchronises
+  devices rather than timing CUDA events on one stream;
 * variants interleaved round by round, in a shuffled (seeded) order per round, so slow drift
   and bursts of contention hit every variant alike instead of whichever ran last;
 * ratios taken pair by pair within a round (both samples saw the same machine state), then
@@ -104,6 +106,10 @@ class Measurement:
         """A copy with ``values`` merged into ``extra``."""
         return Measurement(**{**self.__dict__, "extra": {**self.extra, **values}})
 
+    def with_threads(self, threads: int) -> Measurement:
+        """A copy recording ``threads`` (e.g. the worker processes' count, not the parent's)."""
+        return Measurement(**{**self.__dict__, "threads": threads})
+
     def to_json(self) -> dict[str, Any]:
         """A JSON-safe dict; :meth:`from_json` inverts it."""
         return {
@@ -199,7 +205,7 @@ def measure_interleaved(
     *,
     seed: int = 0,
     clock: Clock = time.perf_counter,
-    threads: int | None = None,
+    threads: int | Mapping[str, int] | None = None,
 ) -> dict[str, Measurement]:
     """Time every variant ``rounds`` times, interleaved, after ``warmup`` untimed calls each.
 
@@ -209,6 +215,10 @@ def measure_interleaved(
     returns a number has timed itself (e.g. inside worker processes, between barriers):
     that number of seconds is its sample instead of the clock's reading. Returns one
     :class:`Measurement` (seconds) per variant, in the order of ``variants``.
+
+    ``threads`` is recorded in each measurement: one count for all, a mapping for
+    variants that run elsewhere (worker processes; unnamed variants get this process's
+    count), or None for torch's current count in this process.
     """
     if rounds < 1:
         raise ValueError(f"rounds={rounds}: need at least 1 measured round")
@@ -231,8 +241,14 @@ def measure_interleaved(
                 sync()
             elapsed = clock() - start
             samples[name].append(float(own) if own is not None else elapsed)
+    own_threads = torch.get_num_threads()
+    per_variant: dict[str, int] = (
+        {name: threads.get(name, own_threads) for name in names}
+        if isinstance(threads, Mapping)
+        else {name: own_threads if threads is None else threads for name in names}
+    )
     return {
-        name: Measurement.from_samples(name, samples[name], unit="s", threads=threads)
+        name: Measurement.from_samples(name, samples[name], unit="s", threads=per_variant[name])
         for name in names
     }
 
@@ -265,6 +281,37 @@ def pairwise_ratios(
     return ratios
 
 
+def rate_ratios(
+    timed: Mapping[str, Measurement],
+    work: Mapping[str, float],
+    pairs: Sequence[tuple[str, str]],
+) -> list[Ratio]:
+    """Per round, the numerator's rate over the denominator's: ``(w_n / t_n) / (w_d / t_d)``.
+
+    ``timed`` holds seconds per sample; ``work[name]`` is what one sample of ``name`` does
+    (FLOPs, bytes, samples). Use this, not :func:`pairwise_ratios` on the seconds, when the
+    variants do different amounts of work per sample (e.g. a small product repeated more
+    times on a GPU than on the CPU): > 1 means the numerator gets more work done per second.
+    """
+    names = list(dict.fromkeys(name for pair in pairs for name in pair))
+    missing = [name for name in names if name not in work]
+    if missing:
+        raise KeyError(f"rate ratio: no work given for {', '.join(missing)}")
+    rates = {
+        name: timed[name].derive(_per_second(work[name]), unit="work/s")
+        for name in names
+        if name in timed
+    }
+    return pairwise_ratios(rates, pairs)
+
+
+def _per_second(work: float) -> Callable[[float], float]:
+    def rate(seconds: float) -> float:
+        return work / seconds if seconds > 0 else math.inf
+
+    return rate
+
+
 def cuda_sync(devices: Sequence[torch.device]) -> Callable[[], None]:
     """A ``sync`` that waits for every CUDA device in ``devices`` (no-op for CPU devices).
 
@@ -284,26 +331,6 @@ def cuda_sync(devices: Sequence[torch.device]) -> Callable[[], None]:
 
 def _no_sync() -> None:
     return None
-
-
-def cuda_event_clock(device: torch.device) -> Callable[[Callable[[], None]], float]:
-    """Time one call with CUDA events on ``device``'s current stream; returns seconds.
-
-    Use for single-device GPU work where host-side overhead should not count; for work
-    spanning devices prefer :func:`measure_interleaved` with :func:`cuda_sync`.
-    """
-
-    def timed(fn: Callable[[], None]) -> float:
-        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        stop = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        with torch.cuda.device(device):
-            start.record()
-            fn()
-            stop.record()
-        stop.synchronize()
-        return float(start.elapsed_time(stop)) / 1000.0
-
-    return timed
 
 
 # --- CPU pressure (Linux PSI) -------------------------------------------------------------
@@ -354,7 +381,8 @@ class CpuPressure:
 
     ``stalled_us`` is the growth of the ``some`` total (µs in which at least one runnable
     task waited for a CPU) between start and end; ``stalled_fraction`` divides it by the
-    run's wall time. ``avg10_start``/``avg10_end`` are the kernel's 10-second averages (%).
+    run's wall time, clamped to [0, 1] (the two readings are not taken at exactly the
+    clock's instants). ``avg10_start``/``avg10_end`` are the kernel's 10-second averages (%).
     """
 
     avg10_start: float
@@ -365,6 +393,23 @@ class CpuPressure:
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+    @property
+    def noisy(self) -> bool:
+        """Whether the run was contended enough that its timings are unreliable."""
+        return is_noisy(self.stalled_fraction)
+
+
+# Above this share of wall time with runnable tasks waiting for a CPU, timings are flagged
+# unreliable. A judgement call, not a measured boundary: a fifth of the run spent waiting
+# for a CPU can move a ratio by more than the effects the suites look for (2-7%), and on
+# the project's shared 2-core machine loaded runs stalled 80-100% with 6-8x swings.
+NOISY_STALLED_FRACTION = 0.2
+
+
+def is_noisy(stalled_fraction: float | None) -> bool:
+    """True when ``stalled_fraction`` exceeds :data:`NOISY_STALLED_FRACTION`."""
+    return stalled_fraction is not None and stalled_fraction > NOISY_STALLED_FRACTION
 
 
 class PressureMonitor:
@@ -391,7 +436,7 @@ class PressureMonitor:
             avg10_end=end["some"].avg10,
             stalled_us=stalled,
             wall_s=wall_s,
-            stalled_fraction=stalled / (wall_s * 1e6) if wall_s > 0 else 0.0,
+            stalled_fraction=min(1.0, stalled / (wall_s * 1e6)) if wall_s > 0 else 0.0,
         )
 
 

@@ -2,7 +2,9 @@
 
 A :class:`WorkerGroup` spawns ``world_size`` processes on 127.0.0.1 that form a process
 group (gloo on CPU, NCCL on GPUs) with :func:`torchgpu.init_distributed`, build their
-share of the work once, then wait. Each :meth:`WorkerGroup.run_once` is one timed sample:
+share of the work once, then wait. Entering the group only starts the processes; the
+first sample waits for them to be ready, so a suite can build its in-process variants
+while the workers import torch. Each :meth:`WorkerGroup.run_once` is one timed sample:
 every rank passes a barrier, runs its step, synchronises its GPU, passes a second
 barrier; rank 0's elapsed time between the barriers is the sample. Because the workers
 wait between samples, the parent can interleave them round by round with in-process
@@ -16,6 +18,7 @@ sample's work and ``stats()`` returns a JSON-safe dict (e.g. peak memory) on req
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import os
 import queue
@@ -75,9 +78,17 @@ def _worker(
                     results.put(("stats", rank, stats()))
                 else:
                     break
+            # Free the work (DDP reducers hold the group) before the group is destroyed.
+            del step, stats
+            gc.collect()
     except BaseException as error:
         results.put(("error", rank, f"{type(error).__name__}: {error}"))
         raise
+    # The group is gone and every reply is flushed: skip the interpreter's teardown of
+    # torch (seconds on a loaded machine, paid once per worker per suite).
+    results.close()
+    results.join_thread()
+    os._exit(0)
 
 
 class WorkerGroup:
@@ -98,9 +109,10 @@ class WorkerGroup:
         self._results: Any = self._ctx.Queue()
         self._commands: list[Any] = []
         self._procs: list[Any] = []
+        self._ready = False
 
     def __enter__(self) -> WorkerGroup:
-        self.start()
+        self.launch()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -108,8 +120,15 @@ class WorkerGroup:
         self.close()
 
     def start(self) -> None:
+        """Start the processes and wait until every rank has built its work."""
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        """Start the processes without waiting for them (see :meth:`wait_ready`)."""
         from torchgpu.distributed import free_port
 
+        self._ready = False
         port = free_port()
         for rank, device in enumerate(self.devices):
             commands = self._ctx.Queue()
@@ -121,12 +140,19 @@ class WorkerGroup:
             proc.start()
             self._commands.append(commands)
             self._procs.append(proc)
+
+    def wait_ready(self) -> None:
+        """Block until every rank reported ready (once; later calls return at once)."""
+        if self._ready:
+            return
         ready = self._collect("ready", self.world_size)
         if len(ready) != self.world_size:
             raise RuntimeError(f"only {len(ready)} of {self.world_size} workers started")
+        self._ready = True
 
     def run_once(self) -> float:
         """One timed sample: rank 0's seconds between the barriers around every rank's step."""
+        self.wait_ready()
         for commands in self._commands:
             commands.put("run")
         ((_, seconds),) = self._collect("time", 1)
@@ -134,6 +160,7 @@ class WorkerGroup:
 
     def stats(self) -> list[dict[str, Any]]:
         """Every rank's ``stats()``, in rank order."""
+        self.wait_ready()
         for commands in self._commands:
             commands.put("stats")
         return [value for _, value in sorted(self._collect("stats", self.world_size),

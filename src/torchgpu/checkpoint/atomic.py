@@ -200,6 +200,18 @@ def _restore(entry: Path) -> bool:
     return True
 
 
+def restore_moved_aside(final: Path) -> bool:
+    """If ``final`` is missing because its writer died between the two renames of an
+    overwrite, rename the moved-aside copy back; returns whether ``final`` now exists."""
+    if final.exists() or not final.parent.is_dir():
+        return final.exists()
+    for entry in iter_orphans(final.parent):
+        match = _ORPHAN.match(entry.name)
+        if match is not None and match["name"] == final.name:
+            _restore(entry)
+    return final.exists()
+
+
 def clean_orphans(parent: Path) -> list[Path]:
     """Delete orphan temporaries in ``parent`` and put back a moved-aside old checkpoint
     whose replacement never landed (see the module docstring); returns what was removed."""

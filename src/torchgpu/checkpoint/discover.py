@@ -65,10 +65,11 @@ def find_checkpoint(path: str | Path) -> Path | None:
     file is followed; if that names a missing or incomplete directory, the newest
     complete one is used with a warning), or a run directory with a ``checkpoints/``
     subdirectory. Orphan temporaries (left by dead writers on this host) are never
-    returned, and are deleted.
+    returned, and are deleted; an old checkpoint a dead writer had moved aside to
+    overwrite it, and whose replacement never landed, is renamed back first.
     """
     path = Path(path)
-    if not path.is_dir():
+    if not path.is_dir() and not atomic.restore_moved_aside(path):
         return None
     if is_checkpoint_dir(path):
         # Named explicitly: returned as is, so loading reports exactly what is damaged

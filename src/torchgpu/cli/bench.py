@@ -1,8 +1,10 @@
-"""``torchgpu bench NAME|all [--quick] [--json] [--out DIR] [--device SPEC ...]``.
+"""``torchgpu bench NAME|all [--quick] [--json] [--out DIR] [--force] [--device SPEC ...]
+[--threads N]``.
 
 Runs a benchmark suite, writes results.json, report.md and PNG plots under ``--out``
 (default ``runs/bench-<name>-<YYYYmmdd-HHMMSS>/``; for ``all`` one sub-directory per suite)
-and prints a rich table, or the results document as JSON with ``--json``.
+and prints a rich table, or the results document as JSON with ``--json``. Every output
+directory is checked before any suite runs, so a bad ``--out`` leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -35,7 +37,15 @@ def _parser() -> ArgumentParser:
     parser.add_argument("--json", action="store_true",
                         help="print the results document as JSON instead of a table")
     parser.add_argument("--out", type=Path, default=None,
-                        help="output directory (default runs/bench-NAME-TIME/)")
+                        help="output directory (default runs/bench-NAME-TIME/); must be new "
+                        "or empty unless --force")
+    parser.add_argument("--force", action="store_true",
+                        help="reuse a non-empty --out: replace an earlier run's results.json, "
+                        "report.md and PNGs there")
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="torch intra-op threads per process, for in-process variants and "
+                        "worker processes alike (default 1, so every variant is compared at "
+                        "the same per-process budget)")
     parser.add_argument("--device", action="append", default=None, metavar="SPEC",
                         help="device(s) to measure, e.g. cpu, cuda:0 or cuda:0,cuda:1 "
                         "(repeatable; default: every GPU, else the CPU)")
@@ -60,16 +70,29 @@ def _devices(specs: list[str] | None) -> list[torch.device] | None:
 def main(argv: list[str]) -> int:
     """Entry point for ``torchgpu bench``; returns the exit code."""
     from torchgpu.bench.report import default_out, print_table
-    from torchgpu.bench.runner import check_suite, run_suite
+    from torchgpu.bench.runner import (
+        DEFAULT_THREADS,
+        check_suite,
+        check_threads,
+        prepare_out,
+        run_suite,
+    )
 
     args = _parser().parse_args(argv)
     names = list(SUITES) if args.suite == "all" else [check_suite(args.suite)]
+    threads = check_threads(DEFAULT_THREADS if args.threads is None else args.threads)
     devices = _devices(args.device)
     root: Path = args.out if args.out is not None else default_out(args.suite)
+    if args.suite == "all" and root.exists() and not root.is_dir():
+        prepare_out(root)  # raises: a file where the directory should be
+    outs = {name: root / name if args.suite == "all" else root for name in names}
+    for out in outs.values():
+        prepare_out(out, force=args.force)
+    command = ["torchgpu", "bench", *argv]
     docs = []
     for name in names:
-        out = root / name if args.suite == "all" else root
-        _, doc = run_suite(name, args.quick, out, devices)
+        out = outs[name]
+        _, doc = run_suite(name, args.quick, out, devices, threads=threads, argv=command)
         docs.append(doc)
         if not args.json:
             print_table(doc, out)

@@ -49,7 +49,8 @@ def _parser() -> ArgumentParser:
     convert.add_argument("--trust-checkpoint", action="store_true",
                          help="unpickle SRC fully even if it needs unsafe globals (runs code)")
     convert.add_argument("--force", action="store_true", help="overwrite DST if it exists")
-    verify = sub.add_parser("verify", help="check every file against the manifest")
+    verify = sub.add_parser("verify", help="check files against the manifest (of the checkpoint "
+                            "`latest` names, for a run or checkpoints directory)")
     verify.add_argument("path", type=Path)
     return parser
 
@@ -165,9 +166,9 @@ def _verify(path: Path) -> int:
         if good is not None:
             problems[0] += (f". The newest checkpoint that verifies is {good}; resume from it "
                             f"with --resume {good}")
-    head = f"{len(problems)} of {len(targets)} checkpoints are damaged: " if len(
-        targets) > 1 else ""
-    return fail(head + "; ".join(problems), EXIT_FAILURE)
+    if len(targets) > 1:
+        problems[0] = f"{len(problems)} of {len(targets)} checkpoints are damaged: {problems[0]}"
+    return fail("; ".join(problems), EXIT_FAILURE)
 
 
 def main(argv: list[str]) -> int:
@@ -186,8 +187,9 @@ def main(argv: list[str]) -> int:
             _print_report(info, args.keys)
         return 0
     if args.action == "convert":
-        result = convert_checkpoint(args.src, args.dst, to=args.to, fmt=args.format,
-                                    trust=args.trust_checkpoint, overwrite=args.force)
+        result = _with_notes(lambda: convert_checkpoint(
+            args.src, args.dst, to=args.to, fmt=args.format, trust=args.trust_checkpoint,
+            overwrite=args.force))
         changes = []
         if result.stripped:
             changes.append(f"removed prefix {result.stripped!r}")

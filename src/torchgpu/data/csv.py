@@ -111,8 +111,9 @@ def csv_data(
 
     ``target`` names the column to predict; all other columns are features, standardised
     with the train split's mean and std. The split is a seeded permutation
-    (``seed``) keeping ``test_fraction`` of the rows for testing. With ``batch_size``,
-    the train split must hold at least one full batch.
+    (``seed``) keeping ``test_fraction`` of the rows for testing (at least 2 rows, so
+    R² is defined). With ``batch_size``, the train split must hold at least one full
+    batch.
     Raises :class:`DataError` (see :func:`read_numeric_csv`), also for a missing target
     column (the message lists the columns) and too few rows.
     """
@@ -130,12 +131,20 @@ def csv_data(
     t = names.index(target)
     features = np.delete(values, t, axis=1)
     feature_names = tuple(n for i, n in enumerate(names) if i != t)
-    n_train = len(split_indices(len(values), test_fraction, seed)[0])
+    train_idx, test_idx = split_indices(len(values), test_fraction, seed)
+    n_train = len(train_idx)
     if batch_size is not None and n_train < batch_size:
         raise DataError(
             f"{file} has {len(values)} data rows, so the train split holds {n_train} rows "
             f"(test fraction {test_fraction}), fewer than one batch of {batch_size}: use "
             f"--batch-size {n_train} or less, or add rows"
+        )
+    if len(test_idx) < 2:
+        needed = next(n for n in range(len(values), 10**6) if round(n * test_fraction) >= 2)
+        raise DataError(
+            f"{file} has {len(values)} data rows, so the test split holds {len(test_idx)} "
+            f"row (test fraction {test_fraction}): R² is undefined on one row; add rows "
+            f"(at least {needed})"
         )
     return regression_data(
         features,

@@ -6,7 +6,7 @@ the schedule (``ScheduleGPipe``, ``Schedule1F1B`` or ``ScheduleInterleaved1F1B``
 moves activations and gradients between ranks with the process group's
 point-to-point operations — gloo on CPU, NCCL on GPU. Launch with torchrun::
 
-    torchrun --nproc-per-node 2 -m torchgpu.parallel.stages --demo --configs gpipe:4
+    torchrun --nproc-per-node 2 -m torchgpu.parallel.stages_demo --configs gpipe:4
 
 Per step, rank 0 gives the input batch, the last rank the target; both are split
 into ``chunks`` micro-batches along dim 0 (``torch.tensor_split`` sizes). torch's
@@ -29,12 +29,10 @@ number of ranks P.
 
 from __future__ import annotations
 
-import argparse
-import os
+import math
 import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,6 +42,12 @@ from torch import nn
 from torchgpu.errors import ConfigError, DistributedError
 from torchgpu.parallel.chunks import ChunkChoice, micro_batch_groups, sweep_chunks
 from torchgpu.parallel.model import BalanceSpec, as_layers, named_layers, resolve_balance
+from torchgpu.parallel.stages_demo import demo_batch, demo_model
+
+__all__ = [
+    "MAX_CACHED_SHAPES", "SCHEDULES", "StagePipeline", "check_schedule", "choose_stage_chunks",
+    "demo_batch", "demo_model", "partition", "stage_indices",
+]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b")
 #: Batch shapes whose schedules (and torch stages) are kept; the least recent is dropped.
@@ -152,6 +156,7 @@ class StagePipeline:
         self._built: OrderedDict[tuple[bool, int, int], Any] = OrderedDict()
         self._chunks = chunks
         self._batch_rows = 0  # rows of the batch in flight: the loss weights' denominator
+        self._weight = 1.0  # step(weight=): the batch loss's factor in the gradients
 
     def _agree_balance(
         self, layers: list[nn.Module], balance: BalanceSpec, sample: Any
@@ -195,7 +200,6 @@ class StagePipeline:
             self._built.move_to_end(key)
             return self._built[key]
         from torch.distributed.pipelining import (
-            PipelineStage,
             Schedule1F1B,
             ScheduleGPipe,
             ScheduleInterleaved1F1B,
@@ -203,7 +207,7 @@ class StagePipeline:
         )
 
         stages: list[Any] = [
-            PipelineStage(m, i, self.num_stages, self.device, group=self.group)
+            _stage_class()(m, i, self.num_stages, self.device, group=self.group)
             for m, i in zip(self.modules, self.indices, strict=True)
         ]
         kind = self.group_schedule(count) if training else "gpipe"
@@ -227,7 +231,7 @@ class StagePipeline:
 
     def _weighted_loss(self, each: int) -> Callable[[Any, Any], torch.Tensor]:
         def loss(output: Any, target: Any) -> torch.Tensor:
-            return self.loss_fn(output, target) * (each / self._batch_rows)
+            return self.loss_fn(output, target) * (each * self._weight / self._batch_rows)
 
         return loss
 
@@ -283,7 +287,8 @@ class StagePipeline:
         return agreed
 
     def step(
-        self, x: Any = None, target: Any = None, *, rows: int | None = None
+        self, x: Any = None, target: Any = None, *, rows: int | None = None,
+        weight: float = 1.0,
     ) -> torch.Tensor | None:
         """One forward+backward of the whole batch; the batch loss on the last rank.
 
@@ -293,9 +298,13 @@ class StagePipeline:
         share of the rows, so with a loss that averages over rows the returned loss and
         the gradients equal the single-process full-batch ones. ``rows`` is the batch's
         row count: pass it on every rank or on none (then, with more than two ranks, one
-        small broadcast from rank 0 tells the middle ranks)."""
+        small broadcast from rank 0 tells the middle ranks). ``weight`` multiplies the
+        batch loss in the gradients only (e.g. the batch's rows, to weight batches of
+        different sizes by their samples when accumulating; the same on every rank)."""
+        if not (isinstance(weight, (int, float)) and 0 < weight < math.inf):
+            raise ConfigError(f"weight={weight!r} must be a positive finite number")
         n = self._rows(x, target, rows, training=True)
-        self._batch_rows = n
+        self._batch_rows, self._weight = n, float(weight)
         losses: list[torch.Tensor] = []
         start = 0
         for count, each in micro_batch_groups(n, self._chunks):
@@ -310,7 +319,7 @@ class StagePipeline:
             start = stop
         if not self.is_last:
             return None
-        return torch.stack([loss.detach() for loss in losses]).sum()
+        return torch.stack([loss.detach() for loss in losses]).sum() / self._weight
 
     def forward(
         self, x: Any = None, *, rows: int | None = None, chunks: int | None = None
@@ -358,6 +367,31 @@ class StagePipeline:
         for m in self.modules:
             m.train(mode)
         return self
+
+
+_STAGE_CLASS: list[type] = []
+
+
+def _stage_class() -> type:
+    """torch's ``PipelineStage``, except that its shape inference leaves the module's
+    buffers as they were: a new stage runs its module once before the first micro-batch
+    to learn the shapes (on zeros or on that micro-batch, by torch version), which would
+    otherwise add a BatchNorm running-statistics update per new micro-batch shape."""
+    if not _STAGE_CLASS:
+        from torch.distributed.pipelining import PipelineStage
+
+        class BufferKeepingStage(PipelineStage):
+            def _prepare_forward_infra(self, *args: Any, **kwargs: Any) -> Any:
+                saved = [b.detach().clone() for b in self.submod.buffers()]
+                try:
+                    return super()._prepare_forward_infra(*args, **kwargs)
+                finally:
+                    with torch.no_grad():
+                        for buf, old in zip(self.submod.buffers(), saved, strict=True):
+                            buf.copy_(old)
+
+        _STAGE_CLASS.append(BufferKeepingStage)
+    return _STAGE_CLASS[0]
 
 
 def _concat(parts: list[Any]) -> Any:
@@ -418,106 +452,12 @@ def choose_stage_chunks(
     return result
 
 
-# ------------------------------------------------------------------------ demo entry
-def demo_model(width: int, layers: int, seed: int) -> nn.Sequential:
-    """``layers`` x (Linear(width) + ReLU), seeded: the same weights on every rank."""
-    torch.manual_seed(seed)
-    mods: list[nn.Module] = []
-    for _ in range(layers):
-        mods += [nn.Linear(width, width), nn.ReLU()]
-    return nn.Sequential(*mods)
-
-
-def demo_batch(batch: int, width: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A seeded regression batch ``(x, y)``."""
-    gen = torch.Generator().manual_seed(seed + 1)
-    return torch.randn(batch, width, generator=gen), torch.randn(batch, width, generator=gen)
-
-
-def run_demo(args: argparse.Namespace) -> None:
-    """Train the demo model ``args.steps`` SGD steps for each ``schedule:chunks[:spr]``
-    config (step ``i`` on a batch of ``batches[i % len(batches)]`` rows; the optimizer
-    steps every ``args.accumulate`` batches) and save each rank's losses, weights, the
-    last gradients before the final update and the forward output of the last batch to
-    ``args.out``."""
-    rank = dist.get_rank()
-    device = (
-        torch.device("cpu")
-        if args.device == "cpu"
-        else torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-    )
-    sizes = [int(b) for b in str(args.batches or args.batch).split(",")]
-    for config in args.configs.split(","):
-        name, chunks, *rest = config.split(":")
-        spr = int(rest[0]) if rest else 1
-        pipe = StagePipeline(
-            demo_model(args.width, args.layers, args.seed),
-            device=device,
-            loss_fn=nn.functional.mse_loss,
-            schedule=name,
-            chunks=int(chunks),
-            stages_per_rank=spr,
-        )
-        opt = torch.optim.SGD(pipe.parameters(), lr=args.lr)
-        losses, grads = [], {}
-        for i in range(args.steps):
-            x, y = demo_batch(sizes[i % len(sizes)], args.width, args.seed)
-            loss = pipe.step(x, y)
-            if loss is not None:
-                losses.append(float(loss))
-            if (i + 1) % args.accumulate == 0 or i + 1 == args.steps:
-                grads = {
-                    n: p.grad.detach().cpu().clone()
-                    for m in pipe.modules
-                    for n, p in m.named_parameters()
-                    if p.grad is not None
-                }
-                opt.step()
-                opt.zero_grad()
-        pipe.train(False)
-        output = pipe.forward(x)
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        torch.save(
-            {
-                "losses": losses,
-                "params": {k: v.cpu() for k, v in pipe.state_dict().items()},
-                "grads": grads,
-                "output": None if output is None else output.cpu(),
-                "balance": list(pipe.balance),
-            },
-            out / f"{config.replace(':', '_')}_rank{rank}.pt",
-        )
-        dist.barrier()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m torchgpu.parallel.stages --demo ...`` under torchrun."""
-    parser = argparse.ArgumentParser(prog="python -m torchgpu.parallel.stages")
-    parser.add_argument("--demo", action="store_true", required=True)
-    parser.add_argument(
-        "--configs", default="gpipe:4", help="schedule:chunks[:stages_per_rank],..."
-    )
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--batches", default=None, help="rows per step, cycled: 12,8")
-    parser.add_argument("--accumulate", type=int, default=1, help="batches per update")
-    parser.add_argument("--width", type=int, default=16)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--lr", type=float, default=0.1)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    if args.device == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group("gloo" if args.device == "cpu" else "nccl")
-    try:
-        run_demo(args)
-    finally:
-        dist.destroy_process_group()
-    return 0
+    """``python -m torchgpu.parallel.stages --demo ...``: the demo of
+    :mod:`torchgpu.parallel.stages_demo`."""
+    from torchgpu.parallel.stages_demo import main as demo_main
+
+    return demo_main(argv)
 
 
 if __name__ == "__main__":

@@ -121,10 +121,9 @@ def choose(
             "spend more on process start-up and communication than they save."
         )
     best = min(fitting, key=_order)
-    room = min(best.usable_bytes)
     parts = [
-        f"{best.label} on {_devices_text(best.devices)}: needs {format_bytes(best.peak_bytes)} "
-        f"per device of {format_bytes(room)} usable, and has the least estimated slowdown "
+        f"{best.label} on {_devices_text(best.devices)}: needs {_need_text(best)}, and has "
+        "the least estimated slowdown "
         f"({best.time_factor:.2f}x one device's step time) of the {len(fitting)} strategies "
         "that fit"
     ]
@@ -139,6 +138,21 @@ def choose(
     if best.note:
         parts.append(best.note)
     return best, "; ".join(parts) + "."
+
+
+def _need_text(row: Candidate) -> str:
+    """``"1.4 GiB per device of 14.4 GiB usable"``, or each device's when they differ."""
+    if len(set(row.per_device_bytes)) <= 1 and len(set(row.usable_bytes)) <= 1:
+        return (
+            f"{format_bytes(row.peak_bytes)} per device of "
+            f"{format_bytes(min(row.usable_bytes))} usable"
+        )
+    return ", ".join(
+        f"{format_bytes(need)} of {format_bytes(room)} usable on {name}"
+        for name, need, room in zip(
+            row.devices, row.per_device_bytes, row.usable_bytes, strict=True
+        )
+    )
 
 
 def footprint_batch(candidates: Sequence[Candidate]) -> int:

@@ -109,12 +109,17 @@ def choose_strategy(config: TrainConfig, env: DistEnv, device: torch.device) -> 
 
 
 def load_data(config: TrainConfig) -> ExampleData:
-    """The example's data, or the CSV file's (DataError for a bad file, exit 2)."""
+    """The example's data, or the CSV file's (DataError for a bad file, exit 2).
+
+    ``config.batch_size`` (resolved; None with ``--batch-size auto``): a CSV whose
+    train split holds fewer rows than one batch is refused here.
+    """
     from torchgpu.data import csv_data, example_data
 
     if config.data is not None:
         assert config.target is not None
-        return csv_data(config.data, config.target, seed=config.seed)
+        return csv_data(config.data, config.target, seed=config.seed,
+                        batch_size=config.batch_size)
     return example_data(config.example or "housing", seed=config.seed, size=config.data_size)
 
 

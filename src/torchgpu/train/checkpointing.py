@@ -37,10 +37,10 @@ that changes one of them is refused with the differences named).
 
 **How a run resumes.** The model, optimizer and loaders are built exactly as in a fresh
 run (that consumes RNG), then the checkpoint's weights, optimizer and scaler states are
-loaded. The data order of epoch ``e`` is a function of ``(seed, e)`` (a
-DistributedSampler with ``set_epoch``): the sampler's state is re-derived, not stored, so
-the resumed epoch's order is re-created and its first ``batch_in_epoch`` batches are
-skipped (they are loaded and dropped); the loader's generator state is what
+loaded. The data order of epoch ``e`` is a function of ``(seed, e)`` (the
+``ShardBatches`` batch sampler with ``set_epoch``): the sampler's state is re-derived,
+not stored, so the resumed epoch's order is re-created and its first ``batch_in_epoch``
+batches are skipped (they are loaded and dropped); the loader's generator state is what
 ``epoch_rng_per_rank`` restores. The torch RNG
 is set to the epoch-start state before that epoch's iterator is created (so the
 DataLoader draws the same base seed) and every RNG is restored to its state at the save

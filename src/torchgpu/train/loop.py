@@ -153,9 +153,9 @@ def start_epoch(loader: Iterable[Any], seed: int, epoch: int, skip: int = 0) -> 
     """Iterate ``loader`` in epoch ``epoch``'s order, skipping the first ``skip`` batches.
 
     Re-seeds the loader's generator with :func:`epoch_seed` and calls the sampler's
-    (DistributedSampler) or batch sampler's (ShardBatches) ``set_epoch``, so the order depends only on (seed, epoch) —
-    never on how many epochs this process has run. Skipped batches are still loaded
-    (the order must be consumed exactly), then dropped.
+    (DistributedSampler) or batch sampler's (ShardBatches) ``set_epoch``, so the order
+    depends only on (seed, epoch) — never on how many epochs this process has run.
+    Skipped batches are still loaded (the order must be consumed exactly), then dropped.
     """
     for name in ("sampler", "batch_sampler"):  # DistributedSampler; ShardBatches
         sampler = getattr(loader, name, None)
@@ -213,7 +213,10 @@ def run_epoch(
 
     ``batches_per_epoch`` is the epoch's full length: the last window is shortened to
     the remaining micro-batches (``set_steps``), so a final partial window is a real,
-    synchronised boundary under DDP and its gradient is the mean over that window.
+    synchronised boundary under DDP and its gradient is the mean over that window
+    (with ``parts.layout``, over its samples: a window holding a short micro-batch, or
+    a DDP rank's short or empty share of the last batch, weights each micro-batch by
+    its samples, see :mod:`torchgpu.train.tail`).
     ``records`` receives ``(step, epoch, loss)`` per optimizer step (in memory).
     Returns at the epoch end, or at the first step boundary where :func:`should_stop`.
     Non-finite loss: one process raises :class:`NonFiniteLossError`

@@ -137,8 +137,9 @@ class StageTrainer:
         """Run one batch through the pipeline; returns ``(stop_seen, loss)`` agreed on
         every rank (``loss`` is NaN when the last rank saw a non-finite one)."""
         pipe = self.pipe
+        rows = int(x.shape[0])  # weight: the window sums rows x mean loss (see apply)
         loss = pipe.step(x if pipe.is_first else None, y if pipe.is_last else None,
-                         rows=int(x.shape[0]))
+                         rows=rows, weight=rows)
         value = float(loss) if loss is not None else 0.0
         bad, stop_seen, value = self._agree(value, stop_wanted)
         return stop_seen, (math.nan if bad else value)
@@ -153,11 +154,13 @@ class StageTrainer:
         got = flags.tolist()
         return got[0] > 0, got[1] > 0, got[2]
 
-    def apply(self, pending: int) -> None:
-        """Average the window's gradients, clip the global norm, step, zero."""
+    def apply(self, window_rows: int) -> None:
+        """Turn the window's summed gradients (each batch weighted by its rows) into the
+        mean over its ``window_rows`` samples — one big batch's gradient, also when the
+        epoch's short last batch is in it — clip the global norm, step, zero."""
         grads = [p.grad for p in self.params if p.grad is not None]
-        if pending > 1:
-            torch._foreach_mul_(grads, 1.0 / pending)
+        if window_rows > 1:
+            torch._foreach_mul_(grads, 1.0 / window_rows)
         clip = self.config.clip_norm
         if clip is not None:
             local = sum((g.detach().double().pow(2).sum() for g in grads),
@@ -273,7 +276,7 @@ def train_stages(config: TrainConfig, env: DistEnv, device: torch.device, data: 
             for epoch in range(config.epochs):
                 state.begin_epoch(epoch)
                 t0 = time.perf_counter()
-                pending, window_sum, samples, stopped = 0, 0.0, 0, False
+                pending, window_rows, window_sum, samples, stopped = 0, 0, 0.0, 0, False
                 for x, y in start_epoch(train_loader, config.seed, epoch):
                     stop_seen, value = trainer.forward_backward(x, y, stop.is_set())
                     state.batch_in_epoch += 1
@@ -285,7 +288,7 @@ def train_stages(config: TrainConfig, env: DistEnv, device: torch.device, data: 
                                 "stopped before the update reached the weights. Lower --lr, add "
                                 "--clip-norm, check the data, or pass --on-nonfinite skip.")
                         trainer.drop_window()
-                        pending, window_sum = 0, 0.0
+                        pending, window_rows, window_sum = 0, 0, 0.0
                         state.skipped_steps += 1
                     else:
                         n = int(x.shape[0])
@@ -294,15 +297,16 @@ def train_stages(config: TrainConfig, env: DistEnv, device: torch.device, data: 
                         state.epoch_loss_sum += value
                         state.epoch_loss_count += 1
                         pending += 1
+                        window_rows += n
                         window_sum += value
                     last = state.batch_in_epoch == batches_per_epoch
                     if pending and (pending == window or last):
-                        trainer.apply(pending)
+                        trainer.apply(window_rows)
                         state.step += 1
                         mean = window_sum / pending
                         state.step_losses.append(mean)
                         buffer.steps.append((state.step, epoch, mean))
-                        pending, window_sum = 0, 0.0
+                        pending, window_rows, window_sum = 0, 0, 0.0
                         progress.update(state, mean, samples / max(time.perf_counter() - t0,
                                                                    1e-9))
                         if stop_seen:

@@ -7,7 +7,10 @@ ranks hold different numbers of its samples (one may hold none, see
 :mod:`torchgpu.data.shards`). From the first window that can reach a short batch on,
 :class:`TailWindows` gives the accumulator each window's sample count and the loop
 weights each micro-batch by its samples, so the step equals one process's step on the
-big batch; the logged losses get the matching weights (:meth:`ShardLayout.loss_weight`).
+big batch. Under DDP the logged losses get the matching weights: the mean over ranks
+of a rank's weighted loss is the global batch's mean loss (:meth:`ShardLayout.loss_weight`),
+as one process with the global batch logs it. (A step's loss stays the mean of its
+micro-batches' losses, the definition used for every window.)
 Before that point the loop runs unchanged (nothing is computed per step).
 """
 
@@ -60,7 +63,8 @@ class TailWindows:
     def batch(self, accumulator: Any, index: int, samples: int) -> float:
         """Local batch ``index`` of ``samples`` samples is next. At a window's start, set
         the window's length (the epoch's last window is what is left) and its sample
-        count on ``accumulator``. Returns the factor for this batch's logged loss."""
+        count on ``accumulator``. Returns the factor for this batch's logged loss (1.0
+        in one process)."""
         layout = self.layout
         assert layout is not None
         if accumulator.pending == 0:

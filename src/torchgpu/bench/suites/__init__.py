@@ -1,5 +1,9 @@
 """Benchmark suites, one module per suite; each exposes
-``run(quick: bool, devices: Sequence[torch.device], out: Path) -> SuiteResult``.
+``run(quick: bool, devices: Sequence[torch.device], out: Path, threads: int) -> SuiteResult``.
+
+``threads`` is torch's intra-op thread count per process: the runner has already set it in
+this process; suites that start worker processes give them the same count and record it
+on the workers' measurements.
 
 :data:`SUITES` maps the CLI name to the module, imported only when that suite runs.
 """

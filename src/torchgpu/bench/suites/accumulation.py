@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from torchgpu.bench.result import Plot, SuiteResult
+from torchgpu.bench.suites.checkpointing import memory_time_verdicts
 from torchgpu.bench.suites.common import rounds_for, sync_for
 from torchgpu.bench.suites.resnet_run import ResNetRun, peak_bytes, workload
 from torchgpu.bench.timer import Measurement, measure_interleaved, pairwise_ratios
@@ -32,7 +33,7 @@ def micro_label(micro: int, effective: int) -> str:
     return f"micro-batch {micro} x {effective // micro}"
 
 
-def run(quick: bool, devices: Sequence[torch.device], out: Path) -> SuiteResult:
+def run(quick: bool, devices: Sequence[torch.device], out: Path, threads: int) -> SuiteResult:
     """Interleave one optimizer step per micro-batch size; record memory per size."""
     from torchgpu.accumulate import GradAccumulator
     from torchgpu.memory import saved_tensor_bytes
@@ -106,5 +107,8 @@ def run(quick: bool, devices: Sequence[torch.device], out: Path) -> SuiteResult:
         measurements=tuple(measurements), ratios=tuple(ratios), plots=tuple(plots),
         notes=tuple(notes),
         config={"model": work.name, "effective_batch": effective,
-                "micro_batches": list(micros), "rounds": plan.rounds, "warmup": plan.warmup},
+                "micro_batches": list(micros), "rounds": plan.rounds, "warmup": plan.warmup,
+                "threads": threads},
+        verdicts=tuple(memory_time_verdicts(measurements, ratios, full,
+                                            "accumulation fits big batches in less memory")),
     )

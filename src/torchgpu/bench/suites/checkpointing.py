@@ -20,7 +20,8 @@ from torch import nn
 from torchgpu.bench.result import Plot, SuiteResult
 from torchgpu.bench.suites.common import rounds_for, sync_for
 from torchgpu.bench.suites.resnet_run import ResNetRun, peak_bytes, workload
-from torchgpu.bench.timer import Measurement, measure_interleaved, pairwise_ratios
+from torchgpu.bench.timer import Measurement, Ratio, measure_interleaved, pairwise_ratios
+from torchgpu.bench.verdict import find_ratio, time_verdict, value_verdict
 
 FULL_RUN = ResNetRun(batch_size=32, image_px=128, num_batches=1, num_classes=1000)
 QUICK_RUN = ResNetRun(batch_size=32, image_px=0, num_batches=1, num_classes=10)
@@ -33,7 +34,7 @@ def segment_label(segments: int | str) -> str:
     return f"{segments} segments" if segments != "sqrt" else "sqrt segments"
 
 
-def run(quick: bool, devices: Sequence[torch.device], out: Path) -> SuiteResult:
+def run(quick: bool, devices: Sequence[torch.device], out: Path, threads: int) -> SuiteResult:
     """One model; each variant re-applies checkpointing with its segment count, then steps."""
     from torchgpu.memory import (
         apply_activation_checkpointing,
@@ -113,5 +114,34 @@ def run(quick: bool, devices: Sequence[torch.device], out: Path) -> SuiteResult:
         notes=tuple(notes),
         config={"model": work.name, "batch_size": cfg.batch_size, "layers": len(model),
                 "segments": [str(s) for s in segment_options], "rounds": plan.rounds,
-                "warmup": plan.warmup},
+                "warmup": plan.warmup, "threads": threads},
+        verdicts=tuple(memory_time_verdicts(measurements, ratios, NONE,
+                                            "checkpointing trades time for memory")),
     )
+
+
+def memory_time_verdicts(measurements: list[Measurement], ratios: list[Ratio], baseline: str,
+                         claim: str) -> list[str]:
+    """Per variant: its saved bytes (and GPU peak) relative to ``baseline``, and its time.
+
+    The claim holds for a variant that keeps fewer bytes for backward than the baseline
+    and costs more time (or the same): the trade the seed describes.
+    """
+    base = next(m for m in measurements if m.name == baseline)
+    verdicts = []
+    for m in measurements:
+        if m.name == baseline:
+            continue
+        text = value_verdict(m.name, baseline, m.extra["saved_bytes"],
+                             base.extra["saved_bytes"], "saved-activation bytes")
+        if "peak_allocated_bytes" in m.extra and "peak_allocated_bytes" in base.extra:
+            text += (f", {m.extra['peak_allocated_bytes'] / base.extra['peak_allocated_bytes']:.2f}"
+                     "x the peak allocated")
+        ratio = find_ratio(ratios, m.name, baseline)
+        if ratio is not None:
+            timing = time_verdict(m.name, baseline, ratio)
+            text += ", " + timing.split(": ", 1)[1]
+        less = m.extra["saved_bytes"] < base.extra["saved_bytes"]
+        text += f" ({claim}: {'holds' if less else 'no memory saved here'})"
+        verdicts.append(text)
+    return verdicts

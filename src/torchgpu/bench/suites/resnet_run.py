@@ -17,16 +17,31 @@ import torch
 from torch import nn
 
 from torchgpu.models import resnet50
+from torchgpu.models.resnet import ResNet
+
+RESNET50_BLOCKS = (3, 4, 6, 3)
 
 
 @dataclass(frozen=True)
 class ResNetRun:
-    """Sizes of one timed run (the seed: batch 120, 128x128 images, 3 batches, 1000 classes)."""
+    """Sizes of one timed run (the seed: batch 120, 128x128 images, 3 batches, 1000 classes).
+
+    ``blocks``: Bottleneck blocks per stage; (3, 4, 6, 3) is ResNet-50. ``--quick`` runs
+    use one block per stage: the same layer types and code paths in a quarter of the
+    layers, so CI keeps the path alive in seconds.
+    """
 
     batch_size: int
     image_px: int
     num_batches: int
     num_classes: int
+    blocks: tuple[int, int, int, int] = RESNET50_BLOCKS
+
+    @property
+    def model_name(self) -> str:
+        if tuple(self.blocks) == RESNET50_BLOCKS:
+            return "ResNet-50"
+        return f"ResNet ({'-'.join(map(str, self.blocks))} blocks)"
 
     def chunks_for(self, split_size: int) -> int:
         """Micro-batches for a split size (samples per micro-batch): ceil(batch / split)."""
@@ -34,7 +49,8 @@ class ResNetRun:
 
 
 SEED_RUN = ResNetRun(batch_size=120, image_px=128, num_batches=3, num_classes=1000)
-QUICK_RUN = ResNetRun(batch_size=8, image_px=32, num_batches=1, num_classes=10)
+QUICK_RUN = ResNetRun(batch_size=8, image_px=32, num_batches=1, num_classes=10,
+                      blocks=(1, 1, 1, 1))
 
 
 def make_batches(run: ResNetRun, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -49,10 +65,12 @@ def make_batches(run: ResNetRun, seed: int = 0) -> list[tuple[torch.Tensor, torc
 
 
 def base_model(run: ResNetRun, seed: int = 0) -> nn.Module:
-    """A ResNet-50 seeded with ``seed``: every variant builds its own with the same weights
-    (building is cheaper than ``copy.deepcopy``)."""
+    """The run's ResNet seeded with ``seed``: every variant builds its own with the same
+    weights (building is cheaper than ``copy.deepcopy``)."""
     torch.manual_seed(seed)
-    return resnet50(num_classes=run.num_classes)
+    blocks = tuple(run.blocks)
+    assert len(blocks) == 4
+    return ResNet((blocks[0], blocks[1], blocks[2], blocks[3]), num_classes=run.num_classes)
 
 
 def input_device_of(model: nn.Module) -> torch.device:

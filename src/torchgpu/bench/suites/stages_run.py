@@ -1,4 +1,4 @@
-"""The multi-process pipeline rows of the ``parallel`` suite: seed 002's ResNet-50 run
+"""The multi-process pipeline rows of the ``parallel`` suite: seed 002's ResNet run
 with one process per stage on CPU (:class:`torchgpu.parallel.stages.StagePipeline`, GPipe
 schedule on ``torch.distributed.pipelining`` over gloo), timed between barriers.
 
@@ -15,13 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchgpu.bench.suites.resnet_run import (
-    QUICK_RUN,
-    SEED_RUN,
-    ResNetRun,
-    base_model,
-    make_batches,
-)
+from torchgpu.bench.suites.resnet_run import ResNetRun, base_model, make_batches
 from torchgpu.bench.workers import Stats, Step, WorkerGroup
 
 FACTORY = "torchgpu.bench.suites.stages_run:build_stage"
@@ -52,20 +46,22 @@ def build_stage(rank: int, world_size: int, device: torch.device,
 
 
 STAGES_NAME = "pipeline, 2 processes (gloo)"
+STAGES_PROCESSES = 2
 
 
-def stage_variant(quick: bool, split: int, stack: ExitStack
+def stage_variant(cfg: ResNetRun, split: int, threads: int, stack: ExitStack, quick: bool
                   ) -> tuple[dict[str, Callable[[], float]], list[str]]:
-    """Start 2 CPU stage processes (closed by ``stack``) and return their timed variant.
+    """Start 2 CPU stage processes of ``threads`` threads each (closed by ``stack``) and
+    return their timed variant.
 
-    The variant returns rank 0's seconds, so it can be interleaved with in-process
-    variants by :func:`~torchgpu.bench.timer.measure_interleaved`.
+    The processes start in the background; the first call waits for them. The variant
+    returns rank 0's seconds, so it can be interleaved with in-process variants by
+    :func:`~torchgpu.bench.timer.measure_interleaved`.
     """
-    cfg = QUICK_RUN if quick else SEED_RUN
     chunks = cfg.chunks_for(split)
-    threads = max(1, torch.get_num_threads() // 2)
     spec = {"run": cfg.__dict__, "chunks": chunks}
-    group = stack.enter_context(WorkerGroup(FACTORY, ["cpu", "cpu"], spec, threads=threads,
+    group = stack.enter_context(WorkerGroup(FACTORY, ["cpu"] * STAGES_PROCESSES, spec,
+                                            threads=threads,
                                             timeout_s=120.0 if quick else 1800.0))
     notes = [
         f"'{STAGES_NAME}': torchgpu.parallel.stages.StagePipeline, one process per stage "

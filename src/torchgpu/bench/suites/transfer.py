@@ -3,7 +3,9 @@ how much of the copy :class:`torchgpu.transfer.Prefetcher` hides behind compute.
 
 On a machine without a GPU the suite measures host memcpy (pageable -> pageable, and
 pinned -> pageable when torch can pin, which needs CUDA) and says the GPU rows need a GPU.
-Bandwidth is bytes / time / 1e9 (GB/s, decimal, as PCIe figures are quoted).
+Host copies are at least 64 MiB: a few MiB fit in the CPU's caches and would measure cache
+bandwidth, not memory. Bandwidth is bytes / time / 1e9 (GB/s, decimal, as PCIe figures
+are quoted).
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ import torch
 
 from torchgpu.bench.result import Plot, SuiteResult
 from torchgpu.bench.suites.common import gpus, rounds_for, sync_for
-from torchgpu.bench.timer import Measurement, measure_interleaved, pairwise_ratios
+from torchgpu.bench.timer import Measurement, Ratio, measure_interleaved, pairwise_ratios
+from torchgpu.bench.verdict import find_ratio, rate_verdict
 
 MIB = 2**20
-FULL_SIZES_MIB = (4, 64, 256)
-QUICK_SIZES_MIB = (4,)
+FULL_SIZES_MIB = (4, 64, 256)  # host<->device copies
+QUICK_SIZES_MIB = (64,)
+HOST_MIN_MIB = 64  # host memcpy below this fits in cache (see the module docstring)
 
 
 def try_pinned(nbytes: int) -> tuple[torch.Tensor | None, str | None]:
@@ -38,9 +42,28 @@ def _copier(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool) -> Callabl
     return copy
 
 
+def gb_per_s(nbytes: int) -> Callable[[float], float]:
+    """Seconds per copy of ``nbytes`` -> GB/s (decimal)."""
+
+    def rate(seconds: float) -> float:
+        return nbytes / seconds / 1e9 if seconds > 0 else float("inf")
+
+    return rate
+
+
 def _rates(timed: dict[str, Measurement], nbytes: int, size_mib: int) -> list[Measurement]:
-    return [m.derive(lambda s: nbytes / s / 1e9, unit="GB/s").with_extra(
+    return [m.derive(gb_per_s(nbytes), unit="GB/s").with_extra(
         size_mib=size_mib, median_time_s=m.median) for m in timed.values()]
+
+
+def hidden_fractions(serial: Sequence[float], prefetched: Sequence[float],
+                     copy_only: Sequence[float]) -> list[float]:
+    """Per round, the share of the copy time that overlapping took off the pass:
+    ``(serial - prefetched) / copy_only``, clipped to [0, 1] (0 where nothing was copied)."""
+    return [
+        min(1.0, max(0.0, (s - p) / c)) if c > 0 else 0.0
+        for s, p, c in zip(serial, prefetched, copy_only, strict=True)
+    ]
 
 
 def host_rows(size_mib: int, quick: bool) -> tuple[list[Measurement], list[str]]:
@@ -91,6 +114,14 @@ def gpu_rows(device: torch.device, size_mib: int, quick: bool) -> list[Measureme
         index = [r.name for r in rows].index(name)
         rows[index] = rows[index].with_extra(host_return_s=sorted(returns)[len(returns) // 2])
     return rows
+
+
+def prefetch_names(device: torch.device) -> dict[str, str]:
+    """The Prefetcher rows' names on ``device`` (one set per GPU, so names stay unique)."""
+    return {"copy": f"copy only {device}", "compute": f"compute only {device}",
+            "serial": f"serial copy+compute {device}",
+            "prefetched": f"Prefetcher copy+compute {device}",
+            "hidden": f"copy hidden by Prefetcher {device}"}
 
 
 def prefetch_rows(device: torch.device, quick: bool) -> tuple[list[Measurement], list[str]]:
@@ -149,40 +180,46 @@ def prefetch_rows(device: torch.device, quick: bool) -> tuple[list[Measurement],
         for x in Prefetcher(batches, device):
             compute(x)
 
-    variants = {"copy only": copy_only, "compute only": compute_only,
-                "serial copy+compute": serial, "Prefetcher copy+compute": prefetched}
+    names = prefetch_names(device)
+    variants = {names["copy"]: copy_only, names["compute"]: compute_only,
+                names["serial"]: serial, names["prefetched"]: prefetched}
     timed = measure_interleaved(variants, plan.rounds, plan.warmup, sync)
-    hidden = [
-        min(1.0, max(0.0, (s - p) / c))
-        for s, p, c in zip(timed["serial copy+compute"].samples,
-                           timed["Prefetcher copy+compute"].samples,
-                           timed["copy only"].samples, strict=True)
-    ]
+    hidden = hidden_fractions(timed[names["serial"]].samples,
+                              timed[names["prefetched"]].samples,
+                              timed[names["copy"]].samples)
     rows = [m.with_extra(batches=n_batches, batch_mib=batch_mib, compute_reps=reps)
             for m in timed.values()]
-    rows.append(Measurement.from_samples("copy hidden by Prefetcher", hidden, unit="fraction"))
+    rows.append(Measurement.from_samples(names["hidden"], hidden, unit="fraction"))
     return rows, [f"Prefetcher on {device}: {n_batches} pinned batches of {batch_mib} MiB, "
                   "compute calibrated to about one copy's time per batch."]
 
 
-def run(quick: bool, devices: Sequence[torch.device], out: Path) -> SuiteResult:
+def run(quick: bool, devices: Sequence[torch.device], out: Path, threads: int) -> SuiteResult:
     """Host memcpy rows always; H2D/D2H and Prefetcher rows on each GPU in ``devices``."""
     sizes = QUICK_SIZES_MIB if quick else FULL_SIZES_MIB
+    host_sizes = tuple(s for s in sizes if s >= HOST_MIN_MIB)
     measurements: list[Measurement] = []
-    notes: list[str] = []
-    for size in sizes:
+    notes: list[str] = [f"host copies of {', '.join(map(str, host_sizes))} MiB: at least "
+                        f"{HOST_MIN_MIB} MiB so the copy does not fit in CPU caches."]
+    ratios: list[Ratio] = []
+    for size in host_sizes:
         rows, why = host_rows(size, quick)
         measurements += rows
         notes += [n for n in why if n not in notes]
+        by = {m.name: m for m in rows}
+        pinned, pageable = f"host memcpy pinned {size} MiB", f"host memcpy pageable {size} MiB"
+        if pinned in by:
+            ratios += pairwise_ratios(by, [(pinned, pageable)])
     cuda = gpus(devices)
-    ratios = []
     for device in cuda:
         for size in sizes:
             rows = gpu_rows(device, size, quick)
             measurements += rows
             by = {m.name: m for m in rows}
             tag = f"{device} {size} MiB"
-            ratios += pairwise_ratios(by, [(f"H2D pinned {tag}", f"H2D pageable {tag}")])
+            ratios += pairwise_ratios(by, [(f"H2D pinned {tag}", f"H2D pageable {tag}"),
+                                           (f"D2H pinned non_blocking {tag}",
+                                            f"D2H pageable {tag}")])
         rows, why = prefetch_rows(device, quick)
         measurements += rows
         notes += why
@@ -190,8 +227,9 @@ def run(quick: bool, devices: Sequence[torch.device], out: Path) -> SuiteResult:
         notes.append("no GPU among the devices: host<->device rows (H2D/D2H pageable vs "
                      "pinned, non_blocking, Prefetcher overlap) need a CUDA GPU.")
     else:
-        notes.append("ratio 'H2D pinned/H2D pageable' is a bandwidth ratio: > 1 means pinned "
-                     "is faster. host_return_s: how long the call blocked the host.")
+        notes.append("ratios 'pinned/pageable' are bandwidth ratios (GB/s over GB/s, per "
+                     "round): > 1 means pinned is faster. host_return_s: how long the call "
+                     "blocked the host.")
     bandwidth = tuple(m.name for m in measurements if m.unit == "GB/s")
     plots = [Plot(filename="bandwidth.png", kind="bar", title="copy bandwidth",
                   ylabel="GB/s, median [min..max]", names=bandwidth, best="max")]
@@ -205,6 +243,29 @@ def run(quick: bool, devices: Sequence[torch.device], out: Path) -> SuiteResult:
         devices=tuple(["cpu", *[str(d) for d in cuda]]),
         measurements=tuple(measurements), ratios=tuple(ratios), plots=tuple(plots),
         notes=tuple(notes),
-        config={"sizes_mib": list(sizes), "rounds": rounds_for(quick).rounds,
-                "warmup": rounds_for(quick).warmup},
+        config={"sizes_mib": list(sizes), "host_sizes_mib": list(host_sizes),
+                "rounds": rounds_for(quick).rounds, "warmup": rounds_for(quick).warmup,
+                "threads": threads},
+        verdicts=tuple(_verdicts(measurements, ratios, cuda, sizes)),
     )
+
+
+def _verdicts(measurements: list[Measurement], ratios: list[Ratio],
+              cuda: list[torch.device], sizes: Sequence[int]) -> list[str]:
+    if not cuda:
+        return ["pinned memory gives higher host-to-device bandwidth: not checked here (no "
+                "GPU among the devices)."]
+    verdicts = []
+    largest = max(sizes)
+    for device in cuda:
+        tag = f"{device} {largest} MiB"
+        ratio = find_ratio(ratios, f"H2D pinned {tag}", f"H2D pageable {tag}")
+        if ratio is not None:
+            verdicts.append(rate_verdict(f"H2D pinned ({tag})", "pageable", ratio, "bandwidth",
+                                         seed="pinned is faster; others measured 40-55 GB/s "
+                                         "pinned on PCIe Gen5", expect="higher"))
+    hidden = [m for d in cuda for m in measurements if m.name == prefetch_names(d)["hidden"]]
+    for m in hidden:
+        verdicts.append(f"{m.name}: the Prefetcher hides {m.median * 100:.0f}% of the copy "
+                        f"time behind compute [{m.min * 100:.0f}% .. {m.max * 100:.0f}%]")
+    return verdicts

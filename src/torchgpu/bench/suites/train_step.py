@@ -1,0 +1,100 @@
+"""What ``torchgpu train`` runs per step, assembled the way ``train/runner.py`` assembles it,
+for the ``overhead`` suite.
+
+:func:`loop_parts` builds :class:`~torchgpu.train.loop.LoopParts` with the same calls and
+arguments as the runner's ``_run`` for one process: ``build.make_optimizer`` (Adam),
+``GradAccumulator`` with the Precision and clip norm, ``build.loss_function``, the label
+device from ``output_device``, and the OOM back-off from ``train.backoff.for_run`` (armed
+for strategy "single": every window's batches are held for a replay). :func:`TrainEpoch`
+calls ``run_epoch`` with what the runner passes per epoch: the stop flag, the checkpoint
+step hook (None without ``--save-every``), a progress sink and the step-record buffer;
+on CUDA the batches go through the ``Prefetcher``, as in the runner.
+
+Left out, because they run once per epoch or per run, not per step: evaluation, metrics
+flush to disk, checkpoint files, signal handlers. A test compares these parts field by
+field with the ones a real ``train()`` call builds, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+Batches = Sequence[tuple[Tensor, Tensor]]
+
+
+def loop_parts(model: nn.Module, device: torch.device, *, batch_size: int, lr: float,
+               task: str = "regression", precision: str = "fp32", accumulate: int = 1,
+               clip_norm: float | None = None, on_nonfinite: str = "stop",
+               mode: str = "single", state: Any = None) -> Any:
+    """``LoopParts`` for ``model`` on ``device``, exactly as the runner builds them for one
+    process of strategy ``mode`` (``state``: the TrainState the back-off reports from)."""
+    from torchgpu.accumulate import GradAccumulator
+    from torchgpu.precision import Precision
+    from torchgpu.train import build
+    from torchgpu.train.backoff import for_run as backoff_for_run
+    from torchgpu.train.loop import LoopParts
+    from torchgpu.train.split_strategies import output_device
+    from torchgpu.train.state import TrainState
+
+    progress_state = state if state is not None else TrainState()
+    mixed = Precision(precision, device)
+    optimizer = build.make_optimizer(model, lr)
+    acc = GradAccumulator(model, optimizer, accumulate, precision=mixed, clip_norm=clip_norm)
+    loss_fn = build.loss_function(task)
+    target_device = output_device(model)
+    if target_device == device:
+        target_device = None
+    return LoopParts(model=model, loss_fn=loss_fn, accumulator=acc, precision=mixed,
+                     device=device, accumulate=accumulate,
+                     move_batches=device.type not in ("cpu", "cuda"),
+                     on_nonfinite=on_nonfinite, rank=0, agree=False,
+                     target_device=target_device,
+                     backoff=backoff_for_run(mode, model, acc, loss_fn, mixed,
+                                             batch_size=batch_size, accumulate=accumulate,
+                                             device=device, distributed=False, out_dir=None,
+                                             position=lambda: (progress_state.step,
+                                                               progress_state.epoch)),
+                     agreement=None)
+
+
+class TrainEpoch:
+    """One call = one epoch over ``batches`` through ``run_epoch``, as the runner calls it.
+
+    The state carries over between calls (epoch after epoch, as in a run); the step
+    records are cleared at each epoch's start, as the runner's per-epoch flush does.
+    """
+
+    def __init__(self, model: nn.Module, device: torch.device, batches: Batches, *,
+                 batch_size: int, lr: float) -> None:
+        from torchgpu.train.metrics import MetricsBuffer
+        from torchgpu.train.progress import NullProgress
+        from torchgpu.train.state import StopFlag, TrainState
+
+        self.state = TrainState()
+        self.parts = loop_parts(model, device, batch_size=batch_size, lr=lr, state=self.state)
+        self.batches = batches
+        self.device = device
+        self.stop = StopFlag()
+        self.buffer = MetricsBuffer()
+        # `--progress auto` off a terminal and `--json` runs get a sink whose update does
+        # nothing; the loop still reads the clock for it every step, as here.
+        self.progress = NullProgress()
+
+    def __call__(self) -> None:
+        from torchgpu.train.loop import run_epoch
+        from torchgpu.transfer import Prefetcher
+
+        state = self.state
+        state.begin_epoch(state.epoch)
+        self.buffer.steps.clear()
+        batches: Any = self.batches
+        if self.device.type == "cuda":  # copies overlap compute on a side stream
+            batches = iter(Prefetcher(batches, self.device))
+        run_epoch(self.parts, batches, state, batches_per_epoch=len(self.batches),
+                  stop=self.stop, on_step=None, progress=self.progress,
+                  records=self.buffer.steps)
+        state.begin_epoch(state.epoch + 1)
