@@ -137,15 +137,46 @@ def _decide_auto(config: TrainConfig) -> tuple[TrainConfig, str]:
     return decision.config, decision.note
 
 
+def _check_gpus(config: TrainConfig) -> None:
+    """After ``--gpus`` set CUDA_VISIBLE_DEVICES: refuse (exit 2) when it leaves no GPU,
+    or fewer than it names, instead of training on the CPU unasked. (Ordinals past the
+    last GPU are refused earlier when NVML can count the GPUs.) ``--device cpu`` asks
+    for the CPU: nothing to check. Never initialises CUDA."""
+    if config.gpus is None or config.device == "cpu":
+        return
+    from torchgpu import cudastatus
+    from torchgpu.errors import VisibleDevicesError
+
+    reason = cudastatus.cuda_unavailable_reason()
+    if reason:
+        raise VisibleDevicesError(
+            f"--gpus {config.gpus} was given but no GPU is visible to this process: "
+            f"{reason}. Drop --gpus, or pass --device cpu to train on the CPU."
+        )
+    named = [t.strip() for t in config.gpus.split(",") if t.strip()]
+    count = cudastatus.cuda_device_count()
+    if count < len(named):
+        exist = ", ".join(named[:count]) or "none"
+        raise VisibleDevicesError(
+            f"--gpus {config.gpus} names {len(named)} GPUs but the driver sees only "
+            f"{count} of them (it stops at the first id it lacks): {exist} exist, "
+            f"{named[count]} does not. Run `torchgpu devices` to list this machine's GPUs "
+            "and pass only those ids."
+        )
+
+
 def _preflight(config: TrainConfig, nproc: int) -> TrainConfig:
-    """Everything the workers would reject, checked once here: device, strategy, data, out."""
+    """Everything the workers would reject, checked once here: device, precision,
+    strategy, data (the CSV against the batch size), resume and out."""
     from torchgpu.distributed import DistEnv
+    from torchgpu.precision import resolve_mode
     from torchgpu.train import build
     from torchgpu.train.runner import check_out_dir
 
     world = nproc * config.nnodes
     env = DistEnv(rank=0, local_rank=0, world_size=world, local_world_size=nproc)
     device = build.choose_device(config, DistEnv())
+    resolve_mode(config.precision, device)  # fp16 off CUDA: ConfigError before launching
     if device.type == "cuda":
         import torch
 
@@ -222,6 +253,7 @@ def main(argv: list[str]) -> int:
         from torchgpu.devices import set_visible_devices
 
         set_visible_devices(config.gpus)
+        _check_gpus(config)
     if not _under_torchrun():
         auto_note = ""
         if config.strategy == "auto":  # plan before choosing how many processes to start

@@ -18,7 +18,9 @@ chunks 4: two of 3 rows, then two of 2). Each micro-batch's loss is weighted by 
 rows / batch rows and torch's gradient division is off (``scale_grads=False``), so
 with a loss that averages over rows the summed loss and the gradients equal the
 single-process full-batch ones for every batch size. A run of fewer micro-batches
-than 1F1B needs runs as GPipe (interleaved: looped BFS) — the same gradients.
+than 1F1B needs runs as GPipe (interleaved: looped BFS) — the same gradients. A new
+stage's shape inference (torch runs the stage once) leaves the module's buffers, e.g.
+BatchNorm's running statistics, untouched.
 
 Schedule rules (checked up front by :func:`check_schedule`): 1F1B needs
 ``chunks >= stages`` (every stage must have a micro-batch in flight before the first
@@ -418,7 +420,8 @@ def choose_stage_chunks(
     """The split-size sweep across ranks: every rank runs the same interleaved rounds;
     rank 0's timings decide and the choice is broadcast. Candidates the schedule cannot
     run (e.g. 1F1B below the stage count) are skipped; ``pipe.chunks`` is left unchanged.
-    Gradients accumulated by the sweep are cleared."""
+    Gradients accumulated by the sweep are cleared and buffers (BatchNorm statistics)
+    restored; the weights are never stepped."""
     ok = []
     for m in candidates:
         try:
@@ -427,6 +430,8 @@ def choose_stage_chunks(
         except ConfigError:
             continue
     original = pipe.chunks
+    buffers = [b for m in pipe.modules for b in m.buffers()]
+    saved = [b.detach().clone() for b in buffers]
 
     def make_step(m: int) -> Callable[[], None]:
         def step() -> None:
@@ -445,6 +450,9 @@ def choose_stage_chunks(
         pipe.chunks = original
         for p in pipe.parameters():
             p.grad = None
+        with torch.no_grad():
+            for buf, old in zip(buffers, saved, strict=True):
+                buf.copy_(old)
     box: list[Any] = [choice]
     if dist.is_initialized():
         dist.broadcast_object_list(box, src=0, group=pipe.group)

@@ -108,6 +108,16 @@ def choose_strategy(config: TrainConfig, env: DistEnv, device: torch.device) -> 
     return StrategyChoice(name)
 
 
+def precision_notes(config: TrainConfig, device: torch.device) -> tuple[str, ...]:
+    """A warning for ``--precision bf16`` asked for on a CPU (allowed, but usually far
+    slower than fp32 there: ``auto`` never picks it on a CPU)."""
+    if config.precision == "bf16" and device.type == "cpu":
+        return ("warning: --precision bf16 on the CPU: bf16 autocast is usually far slower "
+                "than fp32 on CPUs without native bf16 units (measured ~100x slower on one "
+                "such CPU); use --precision fp32 (or auto) unless you are testing numerics.",)
+    return ()
+
+
 def load_data(config: TrainConfig) -> ExampleData:
     """The example's data, or the CSV file's (DataError for a bad file, exit 2).
 

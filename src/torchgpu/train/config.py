@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import re
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,8 +41,6 @@ EXAMPLE_DEFAULTS: dict[str, ExampleDefaults] = {
     "resnet50": ExampleDefaults(epochs=1, batch_size=8, lr=1e-3),
 }
 CSV_DEFAULTS = ExampleDefaults(epochs=40, batch_size=32, lr=0.01)
-
-_ENDPOINT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:\d{1,5}$")
 
 
 @dataclass(frozen=True)
@@ -185,11 +183,10 @@ def validate(config: TrainConfig) -> None:
             f"--nnodes {config.nnodes} needs --rdzv-endpoint HOST:PORT, the address every "
             "node's agent meets at (the same on every node), e.g. --rdzv-endpoint 10.0.0.1:29400."
         )
-    if config.rdzv_endpoint is not None and not _ENDPOINT.match(config.rdzv_endpoint):
-        raise UsageError(
-            f"--rdzv-endpoint {config.rdzv_endpoint!r} is not HOST:PORT, "
-            "e.g. 127.0.0.1:29400 or node0.cluster:29400."
-        )
+    if config.rdzv_endpoint is not None:
+        from torchgpu.train.launch import check_endpoint
+
+        check_endpoint(config.rdzv_endpoint)  # the check `torchgpu launch` makes too
     _at_least("max_restarts", config.max_restarts, 0)
     if isinstance(config.chunks, int):
         _at_least("chunks", config.chunks, 1)
@@ -200,11 +197,16 @@ def validate(config: TrainConfig) -> None:
     _at_least("num_workers", config.num_workers, 0)
     _at_least("save_every", config.save_every, 1, " (optimizer steps between checkpoints)")
     _at_least("keep_last", config.keep_last, 1)
-    if config.lr is not None and not config.lr > 0:
-        raise ConfigError(f"--lr {config.lr} must be a positive number, e.g. --lr 0.001.")
-    if config.clip_norm is not None and not config.clip_norm > 0:
+    if config.lr is not None and not (math.isfinite(config.lr) and config.lr > 0):
         raise ConfigError(
-            f"--clip-norm {config.clip_norm} must be a positive number, e.g. --clip-norm 1.0."
+            f"--lr {config.lr} must be a positive finite number, e.g. --lr 0.001."
+        )
+    if config.clip_norm is not None and not (
+        math.isfinite(config.clip_norm) and config.clip_norm > 0
+    ):
+        raise ConfigError(
+            f"--clip-norm {config.clip_norm} must be a positive finite number, e.g. "
+            "--clip-norm 1.0."
         )
     if config.keep_last is not None and config.save_every is None:
         raise UsageError(

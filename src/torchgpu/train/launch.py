@@ -10,6 +10,7 @@ one-line reason instead of torchrun's traceback. No home-made transport.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import uuid
 from collections.abc import Sequence
@@ -18,6 +19,20 @@ from dataclasses import dataclass
 from torchgpu.errors import UsageError
 
 LOOPBACK = "127.0.0.1"
+_ENDPOINT = re.compile(r"^(?P<host>[A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>\d{1,5})$")
+
+
+def check_endpoint(endpoint: str) -> None:
+    """Raise UsageError unless ``endpoint`` is HOST:PORT (a name, an IPv4 address or a
+    bracketed IPv6 address, and a port 1..65535): the rendezvous address of
+    ``torchgpu launch`` and ``torchgpu train``, refused here rather than retried by
+    torchrun's agent until it times out."""
+    match = _ENDPOINT.match(endpoint)
+    if match is None or not 0 < int(match["port"]) <= 65535:
+        raise UsageError(
+            f"--rdzv-endpoint {endpoint!r} is not HOST:PORT with a port 1..65535, "
+            "e.g. 127.0.0.1:29400, node0.cluster:29400 or [::1]:29400."
+        )
 
 
 @dataclass(frozen=True)
@@ -56,6 +71,8 @@ def check_spec(spec: LaunchSpec) -> None:
             f"--nnodes {spec.nnodes} needs --rdzv-endpoint HOST:PORT where all node agents "
             "meet (the same value on every node), e.g. --rdzv-endpoint 10.0.0.1:29400."
         )
+    if spec.rdzv_endpoint is not None:
+        check_endpoint(spec.rdzv_endpoint)
     if spec.max_restarts < 0:
         raise UsageError(f"--max-restarts {spec.max_restarts} must be 0 or more.")
 

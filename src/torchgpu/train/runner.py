@@ -162,6 +162,7 @@ def train(config: TrainConfig, *, stop: StopFlag | None = None,
 
     memory_limit = simulated_limit(env.rank)  # test-only simulated memory, read once
     device = build.choose_device(config, env)
+    auto_notes += build.precision_notes(config, device)
     choice = build.choose_strategy(config, env, device)
     assert config.out is not None
     from torchgpu.train.faults import crash_plan_from_env
