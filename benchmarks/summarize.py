@@ -1,10 +1,17 @@
 """Render the benchmark tables of benchmarks/README.md from the committed result files.
 
-Reads ``benchmarks/results/<machine>/<suite>/results.json`` (written by
-``torchgpu bench NAME --out ...``; see benchmarks/run.sh) and prints one table per suite:
-machines without a GPU as ratios (what transfers between CPUs), GPU machines as absolute
-figures with the device name, plus their ratios. Every figure links to its result file,
-so no number in the README is typed by hand.
+Reads ``benchmarks/results/<machine>/<suite>/results.json`` (``torchgpu bench NAME --out
+...``) and ``benchmarks/results/<machine>/extra/<name>.json`` (benchmarks/overhead.py,
+ddp_cpu.py and pipeline_cpu.py, run through ``python -m torchgpu.bench.extra`` by
+benchmarks/run.sh). For every result: its verdicts (one line per seed claim), a link to the
+JSON, the report and every plot, a warning when the CPU was contended, and its figures:
+
+- machines without a GPU: times only as the per-round ratios the suite measured (what
+  transfers between CPUs); rates (TFLOP/s, GB/s, samples/s) relative to the best row of
+  the same run; memory in bytes (counts, not timings) with a ratio to the first row;
+- GPU machines: absolute figures with the device name, plus the ratios and memory.
+
+No number in the README is typed by hand.
 
     python benchmarks/summarize.py            # print the tables
     python benchmarks/summarize.py --write    # replace the generated part of README.md
@@ -14,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +33,13 @@ README = HERE / "README.md"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 ORDER = ("matmul", "transfer", "parallel", "split-sweep", "dp-ddp", "checkpointing",
          "accumulation", "overhead")
+EXTRA_ORDER = ("overhead", "ddp_cpu", "pipeline_cpu")
+MEMORY_KEYS = {"saved_bytes": "saved for backward", "peak_allocated_bytes": "peak allocated"}
+Doc = dict[str, Any]
 
 
-def load(root: Path = RESULTS) -> list[tuple[Path, dict[str, Any]]]:
-    """Every results.json under ``root``, sorted by suite order then machine."""
+def load(root: Path = RESULTS) -> list[tuple[Path, Doc]]:
+    """Every suite results.json under ``root``, sorted by suite order then machine."""
     found = []
     for path in sorted(root.glob("*/*/results.json")):
         try:
@@ -38,7 +50,23 @@ def load(root: Path = RESULTS) -> list[tuple[Path, dict[str, Any]]]:
     return sorted(found, key=lambda item: (rank.get(item[1]["suite"], 99), str(item[0])))
 
 
-def has_gpu(doc: dict[str, Any]) -> bool:
+def load_extras(root: Path = RESULTS) -> list[tuple[Path, Doc]]:
+    """Every extra benchmark JSON under ``root/<machine>/extra/``, wrapped or raw."""
+    found = []
+    for path in sorted(root.glob("*/extra/*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as error:
+            print(f"skipping {path}: {error}", file=sys.stderr)
+            continue
+        if "result" not in data:  # the script's own --json file, copied as is
+            data = {"benchmark": path.stem, "result": data}
+        found.append((path, data))
+    rank = {name: i for i, name in enumerate(EXTRA_ORDER)}
+    return sorted(found, key=lambda item: (rank.get(item[1]["benchmark"], 99), str(item[0])))
+
+
+def has_gpu(doc: Doc) -> bool:
     return any(str(d["spec"]).startswith("cuda") for d in doc["devices"])
 
 
@@ -46,45 +74,227 @@ def fmt(value: float, unit: str) -> str:
     if unit == "s":
         return f"{value * 1e3:.2f} ms" if value < 1 else f"{value:.3f} s"
     if unit == "bytes":
-        return f"{value / 2**20:.1f} MiB"
+        return mib(value)
+    if unit == "fraction":
+        return f"{value * 100:.0f}%"
     return f"{value:.4g} {unit}"
 
 
-def machine(path: Path, doc: dict[str, Any]) -> str:
-    names = ", ".join(doc.get("device_names", [])) or "?"
+def mib(value: float) -> str:
+    return f"{value / 2**20:.1f} MiB"
+
+
+def link(path: Path, root: Path) -> str:
+    return path.relative_to(root.parent).as_posix()
+
+
+def noise_line(doc: Doc) -> list[str]:
+    pressure = doc.get("cpu_pressure")
+    if not doc.get("noisy") or not pressure:
+        return []
+    threshold = float(doc.get("noisy_threshold", 0.2))
+    return [f"> **Timings unreliable:** the CPU was contended for "
+            f"{pressure['stalled_fraction'] * 100:.0f}% of the run (threshold "
+            f"{threshold * 100:.0f}%, /proc/pressure/cpu). Rerun on an idle machine.", ""]
+
+
+def machine(path: Path, doc: Doc) -> str:
+    names = ", ".join(doc.get("device_names", [])) or doc.get("cpu", "?")
     pressure = doc.get("cpu_pressure")
     stalled = f", CPU stalled {pressure['stalled_fraction'] * 100:.0f}%" if pressure else ""
     quick = " (quick)" if doc.get("quick") else ""
-    return (f"{path.parent.parent.name}{quick}: {names}; torch {doc['torch']}, "
-            f"{doc['threads']} threads{stalled}")
+    threads = f", {doc['threads']} thread(s) per process" if "threads" in doc else ""
+    git = f", git {doc['git']}" if doc.get("git") else ""
+    return (f"{path.parent.parent.name}{quick}: {names}; torch {doc.get('torch', '?')}"
+            f"{git}{threads}{stalled}")
 
 
-def table(path: Path, doc: dict[str, Any], root: Path) -> list[str]:
-    rel = path.relative_to(root.parent).as_posix()
-    lines = [f"*{machine(path, doc)}* — [results.json]({rel})", ""]
-    if has_gpu(doc):
-        lines += ["| figure | median | min .. max | n |", "|---|---|---|---|"]
-        for m in doc["measurements"]:
-            lines.append(f"| {m['name']} | {fmt(m['median'], m['unit'])} | "
-                         f"{fmt(m['min'], m['unit'])} .. {fmt(m['max'], m['unit'])} | {m['n']} |")
+def header(path: Path, doc: Doc, root: Path) -> list[str]:
+    files = [f"[results.json]({link(path, root)})"]
+    if (path.parent / "report.md").exists():
+        files.append(f"[report.md]({link(path.parent / 'report.md', root)})")
+    plots = [f"[{p['filename']}]({link(path.parent / p['filename'], root)})"
+             for p in doc.get("plots", [])]
+    lines = [f"*{machine(path, doc)}* — {' · '.join(files)}"
+             + (f" · plots: {', '.join(plots)}" if plots else ""), ""]
+    lines += noise_line(doc)
+    lines += [f"- {verdict}" for verdict in doc.get("verdicts", [])]
+    if doc.get("verdicts"):
         lines.append("")
-    if doc["ratios"]:
-        lines += ["| ratio (per round) | median | min .. max |", "|---|---|---|"]
-        for r in doc["ratios"]:
-            lines.append(f"| {r['name']} | {r['median']:.3f} | {r['min']:.3f} .. {r['max']:.3f} |")
-    elif not has_gpu(doc):
-        lines += ["| figure | median | min .. max | n |", "|---|---|---|---|"]
-        for m in doc["measurements"]:
-            lines.append(f"| {m['name']} | {fmt(m['median'], m['unit'])} | "
-                         f"{fmt(m['min'], m['unit'])} .. {fmt(m['max'], m['unit'])} | {m['n']} |")
-    lines.append("")
     return lines
 
 
+def best_marked(doc: Doc) -> set[str]:
+    return {m["name"] for m in doc["measurements"] if m.get("extra", {}).get("best")}
+
+
+def ratio_table(doc: Doc) -> list[str]:
+    if not doc["ratios"]:
+        return []
+    best = best_marked(doc)
+    lines = ["| ratio (per round) | median | min .. max |", "|---|---|---|"]
+    for r in doc["ratios"]:
+        star = " ★ best" if r["numerator"] in best else ""
+        lines.append(f"| {r['name']}{star} | {r['median']:.3f} | "
+                     f"{r['min']:.3f} .. {r['max']:.3f} |")
+    return lines + [""]
+
+
+def absolute_table(doc: Doc) -> list[str]:
+    """Every measurement with its unit (GPU machines)."""
+    best = best_marked(doc)
+    lines = ["| figure | median | min .. max | n | threads |", "|---|---|---|---|---|"]
+    for m in doc["measurements"]:
+        star = " ★ best" if m["name"] in best else ""
+        lines.append(f"| {m['name']}{star} | {fmt(m['median'], m['unit'])} | "
+                     f"{fmt(m['min'], m['unit'])} .. {fmt(m['max'], m['unit'])} | {m['n']} | "
+                     f"{m.get('threads', '?')} |")
+    return lines + [""]
+
+
+def relative_rates(doc: Doc) -> list[str]:
+    """CPU machines: rate rows (TFLOP/s, GB/s, samples/s) relative to the best row of their
+    unit in the same run -- a ratio of medians, since rows of different sizes come from
+    different interleaved runs."""
+    rows = [m for m in doc["measurements"] if m["unit"] not in ("s", "bytes", "fraction")]
+    if not rows:
+        return []
+    lines = ["| figure | relative to the best row (median) | best row |", "|---|---|---|"]
+    for unit in dict.fromkeys(m["unit"] for m in rows):
+        group = [m for m in rows if m["unit"] == unit]
+        top = max(group, key=lambda m: m["median"])
+        for m in group:
+            share = m["median"] / top["median"] if top["median"] else float("nan")
+            lines.append(f"| {m['name']} ({unit}) | {share:.3f} | {top['name']} |")
+    return lines + [""]
+
+
+def memory_table(doc: Doc) -> list[str]:
+    """Byte figures: measurements in bytes, and the memory keys of ``extra``."""
+    lines: list[str] = []
+    byte_rows = [m for m in doc["measurements"] if m["unit"] == "bytes"]
+    if byte_rows:
+        first = byte_rows[0]
+        kind = first.get("extra", {}).get("kind", "bytes")
+        lines += [f"| memory ({kind}) | value | vs {first['name']} |", "|---|---|---|"]
+        for m in byte_rows:
+            lines.append(f"| {m['name']} | {mib(m['median'])} | "
+                         f"{m['median'] / first['median']:.2f}x |")
+        lines.append("")
+    for key, what in MEMORY_KEYS.items():
+        rows = [m for m in doc["measurements"] if key in m.get("extra", {})]
+        if not rows:
+            continue
+        base = rows[0]["extra"][key]
+        lines += [f"| memory: {what} | value | vs {rows[0]['name']} |", "|---|---|---|"]
+        for m in rows:
+            value = m["extra"][key]
+            share = f"{value / base:.2f}x" if base else "n/a"
+            lines.append(f"| {m['name']} | {mib(value)} | {share} |")
+        lines.append("")
+    return lines
+
+
+def table(path: Path, doc: Doc, root: Path) -> list[str]:
+    """One suite result on one machine."""
+    lines = header(path, doc, root)
+    if has_gpu(doc):
+        lines += absolute_table(doc) + ratio_table(doc)
+    else:
+        lines += ratio_table(doc) + relative_rates(doc)
+    lines += memory_table(doc)
+    return lines
+
+
+# --- the extra CPU benchmarks (their own JSON layouts) ------------------------------------
+
+
+def extra_header(path: Path, doc: Doc, root: Path) -> list[str]:
+    pressure = doc.get("cpu_pressure")
+    stalled = f", CPU stalled {pressure['stalled_fraction'] * 100:.0f}%" if pressure else ""
+    result = doc["result"]
+    threads = result.get("threads", result.get("config", {}).get("threads", 1))
+    git = f", git {doc['git']}" if doc.get("git") else ""
+    what = (f"{path.parent.parent.name}: {doc.get('cpu', '?')}; torch "
+            f"{doc.get('torch', result.get('torch', '?'))}{git}, {threads} thread(s) per "
+            f"process{stalled}")
+    return [f"*{what}* — [{path.name}]({link(path, root)})", ""] + noise_line(doc)
+
+
+def per_round(a: list[float], b: list[float]) -> tuple[float, float, float]:
+    """Median, min and max of ``a_i / b_i`` over rounds."""
+    values = [x / y for x, y in zip(a, b, strict=True) if y > 0]
+    return statistics.median(values), min(values), max(values)
+
+
+def overhead_extra(result: Doc) -> list[str]:
+    variants = result["variants"]
+    lines = []
+    ours = variants.get("torchgpu", {}).get("ratio_vs_raw_median")
+    if ours is not None:
+        verdict = "target met" if ours >= 0.98 else "target missed here"
+        lines += [f"- torchgpu loop vs raw loop: {ours:.3f}x the steps/s (target >= 0.98x: "
+                  f"{verdict})", ""]
+    lines += ["| loop | steps/s relative to the raw loop (per-round median) |", "|---|---|"]
+    lines += [f"| {name} | {v['ratio_vs_raw_median']:.3f} |" for name, v in variants.items()]
+    return lines + [""]
+
+
+def ddp_extra(result: Doc) -> list[str]:
+    rows = [(f"weak-scaling efficiency, {k} (1.0 = perfect)", v)
+            for k, v in result.get("weak_scaling_efficiency", {}).items()]
+    rows.append(("torchgpu DDP loop vs hand-written DDP loop (speed)",
+                 result.get("torchgpu_vs_raw_ddp")))
+    if "torchgpu_vs_raw_ddp_logged" in result:
+        rows.append(("torchgpu DDP loop vs hand-written loop reading the loss (speed)",
+                     result["torchgpu_vs_raw_ddp_logged"]))
+    lines = [f"- {result.get('processes', 2)} processes x {result.get('threads', 1)} thread, "
+             f"{result.get('steps', '?')} steps per sample, {result.get('rounds', '?')} rounds",
+             "", "| ratio (per-round median) | value |", "|---|---|"]
+    lines += [f"| {name} | {value:.3f} |" for name, value in rows if value is not None]
+    return lines + [""]
+
+
+def pipeline_extra(result: Doc) -> list[str]:
+    times = result["times"]
+    lines = []
+    if "naive" in times:
+        naive = times["naive"]["samples"]
+        lines += ["| variant | speed-up over naive model parallel (per round) | min .. max |",
+                  "|---|---|---|"]
+        for name, t in times.items():
+            med, lo, hi = per_round(naive, t["samples"])
+            lines.append(f"| {name} | {med:.3f} | {lo:.3f} .. {hi:.3f} |")
+        lines.append("")
+        if "single" in times:
+            med, lo, hi = per_round(naive, times["single"]["samples"])
+            lines += [f"- naive model parallel vs one process, one thread: {med:.3f}x the "
+                      f"time [{lo:.3f} .. {hi:.3f}] (target: within ±5%)", ""]
+    ranks = result.get("ranks", [])
+    if ranks:
+        lines += ["| stage (rank) | peak RSS | memory per variant: parameters + activations |",
+                  "|---|---|---|"]
+        for r in ranks:
+            parts = [f"{k} {mib(m['param_bytes'])} + {mib(m['activation_bytes'])}"
+                     for k, m in r.get("memory", {}).items() if "param_bytes" in m]
+            lines.append(f"| {r['rank']} | {mib(r['peak_rss_bytes'])} | {'; '.join(parts)} |")
+        lines.append("")
+    return lines
+
+
+EXTRA_RENDERERS: dict[str, tuple[str, Callable[[Doc], list[str]]]] = {
+    "overhead": ("benchmarks/overhead.py: loop overhead, housing MLP", overhead_extra),
+    "ddp_cpu": ("benchmarks/ddp_cpu.py: DDP on 2 CPU processes", ddp_extra),
+    "pipeline_cpu": ("benchmarks/pipeline_cpu.py: pipeline on 2 CPU processes",
+                     pipeline_extra),
+}
+
+
 def render(root: Path = RESULTS) -> str:
-    """The generated Markdown: one section per suite, one table per machine."""
-    results = load(root)
-    if not results:
+    """The generated Markdown: one section per suite and extra benchmark, one table each
+    per machine."""
+    results, extras = load(root), load_extras(root)
+    if not results and not extras:
         return "_No result files yet: run `make bench` (benchmarks/run.sh)._\n"
     out: list[str] = []
     current = None
@@ -93,7 +303,24 @@ def render(root: Path = RESULTS) -> str:
             current = doc["suite"]
             out += [f"### {current}", ""]
         out += table(path, doc, root)
+    current = None
+    for path, doc in extras:
+        name = doc["benchmark"]
+        title, renderer = EXTRA_RENDERERS.get(name, (f"benchmarks/{name}.py", _raw_extra))
+        if name != current:
+            current = name
+            out += [f"### {title}", ""]
+        out += extra_header(path, doc, root)
+        try:
+            out += renderer(doc["result"])
+        except (KeyError, TypeError, ValueError) as error:
+            out += [f"_could not read this file's layout ({type(error).__name__}: {error})._",
+                    ""]
     return "\n".join(out)
+
+
+def _raw_extra(result: Doc) -> list[str]:
+    return ["```json", json.dumps(result, indent=2)[:2000], "```", ""]
 
 
 def write(readme: Path = README, root: Path = RESULTS) -> None:
@@ -107,7 +334,7 @@ def write(readme: Path = README, root: Path = RESULTS) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--write", action="store_true", help="update benchmarks/README.md")
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args(argv)

@@ -41,8 +41,8 @@ def main() -> None:
                 optimizer.step()
         if env.is_main:  # only rank 0 reports
             x, y = torchgpu.to_device(data.test.tensors, device)
-            with torch.no_grad():
-                mse = loss_fn(model(x), y).item()
+            with torch.no_grad():  # the unwrapped module: a DDP forward is a collective
+                mse = loss_fn(torchgpu.unwrap(model)(x), y).item()  # (buffer broadcast)
             print(f"{env.world_size} processes: test MSE {mse:.3f}, "
                   f"R² {1 - mse / y.var(unbiased=False).item():.3f}")
 

@@ -4,6 +4,7 @@ notes and report a person sees on good input."""
 from __future__ import annotations
 
 import json
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,13 @@ BAD_INPUT = [
     (["--batch-size", "x"], "--batch-size"),
     (["--bogus"], "--bogus"),
     (["--data", "missing.csv", "--target", "y"], "missing.csv"),
+    (["--nproc", "2", "--precision", "fp16"], "fp16"),  # refused before any worker starts
+    (["--lr", "inf"], "--lr inf"),
+    (["--lr", "nan"], "--lr nan"),
+    (["--lr", "0"], "--lr 0"),
+    (["--clip-norm", "inf"], "--clip-norm inf"),
+    (["--nnodes", "2", "--rdzv-endpoint", "foo"], "HOST:PORT"),
+    (["--nnodes", "2", "--rdzv-endpoint", "h:70000"], "HOST:PORT"),
 ]
 
 
@@ -53,6 +61,7 @@ def test_bad_input_exits_2_without_writing(
     "a,b,y\n1,2,3\n4,oops,6\n7,8,9\n",  # non-numeric cell
     "a,b\n1,2\n3,4\n",  # no target column
     "a,b,y\n1,2,nan\n3,4,5\n",  # NaN
+    "a,b,y\n1,2,3\n4,5,6\n",  # 1 train row: fewer than one batch (32)
 ])
 def test_bad_csv_exits_2_without_writing(
     body: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -62,6 +71,74 @@ def test_bad_csv_exits_2_without_writing(
     err = capsys.readouterr().err
     assert code == 2 and "table.csv" in err and "Traceback" not in err
     assert not out.exists()
+
+
+def test_csv_smaller_than_a_batch_is_refused_before_launching(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    rows = "".join(f"{i},{i * 2},{i * 3}\n" for i in range(20))  # 16 train rows
+    csv = _csv(tmp_path, "a,b,y\n" + rows)
+    code = main(["train", "--data", csv, "--target", "y", "--nproc", "2", "--device", "cpu",
+                 "--batch-size", "17", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "fewer than one batch of 17" in err and "--batch-size 16" in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def _no_gpu_backend() -> AbstractContextManager[object]:
+    from torchgpu import nvml
+
+    return nvml.use_backend(nvml.StaticBackend(nvml.NvmlInventory(error="no driver")))
+
+
+def test_gpus_naming_a_missing_gpu_names_the_gpus_that_exist(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.nvml_fake import fake_inventory
+    from torchgpu import nvml
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # restored afterwards
+    out = tmp_path / "out"
+    with nvml.use_backend(nvml.StaticBackend(fake_inventory())):  # 3 GPUs
+        code = main(["train", "--gpus", "5", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "GPU 5" in err and "has 3 (0..2)" in err
+    assert not out.exists()
+
+
+def test_gpus_without_a_usable_gpu_never_falls_back_to_the_cpu(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torchgpu import cudastatus
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    why = "no NVIDIA driver was found (no NVML, no /proc/driver/nvidia, no nvidia-smi)"
+    monkeypatch.setattr(cudastatus, "cuda_unavailable_reason", lambda: why)
+    out = tmp_path / "out"
+    with _no_gpu_backend():
+        code = main(["train", "--gpus", "5", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "--gpus 5" in err and why in err and "--device cpu" in err
+    assert "Traceback" not in err and not out.exists()
+    # The driver counts fewer GPUs than --gpus names (NVML could not count them).
+    monkeypatch.setattr(cudastatus, "cuda_unavailable_reason", lambda: "")
+    monkeypatch.setattr(cudastatus, "cuda_device_count", lambda: 1)
+    with _no_gpu_backend():
+        code = main(["train", "--gpus", "0,5", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "0 exist, 5 does not" in err and not out.exists()
+
+
+def test_bf16_on_the_cpu_warns_but_trains(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "bf16"
+    code = main(["train", "--precision", "bf16", "--device", "cpu", "--epochs", "1",
+                 "--data-size", "40", "--progress", "off", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 0 and "warning: --precision bf16 on the CPU" in err
+    assert json.loads((out / "summary.json").read_text())["precision"] == "bf16"
 
 
 def test_out_holding_a_run_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

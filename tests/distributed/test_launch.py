@@ -67,6 +67,22 @@ def test_launch_bad_input_exits_2(tmp_path: Path) -> None:
     assert main(["launch", "--nproc", "0", str(_script(tmp_path))]) == 2
     assert main(["launch", "--nnodes", "2", str(_script(tmp_path))]) == 2
     assert main(["launch", str(tmp_path / "missing.py")]) == 2
+    # Not HOST:PORT: refused at once (torchrun's agent would retry the lookup until timeout).
+    for endpoint in ("foo", "h:70000", "a b:1"):
+        assert main(["launch", "--nnodes", "2", "--rdzv-endpoint", endpoint,
+                     str(_script(tmp_path))]) == 2
+
+
+def test_launch_without_script_names_only_script(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from torchgpu.cli.main import main
+
+    with pytest.raises(SystemExit) as exited:
+        raise SystemExit(main(["launch", "--nproc", "2"]))
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "required: SCRIPT." in err and "ARGS" not in err
 
 
 @pytest.mark.slow

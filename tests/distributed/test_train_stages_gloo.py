@@ -74,3 +74,12 @@ def test_default_chunks_prefer_an_equal_split() -> None:
     assert default_stage_chunks(1, "1f1b", 2, 2) == 2  # at least one per stage
     assert default_stage_chunks(6, "interleaved1f1b", 2, 4) == 6  # a multiple of the ranks
     assert default_stage_chunks(7, "interleaved1f1b", 2, 4) == 8
+
+
+def test_chunks_without_a_pipeline_names_the_fix() -> None:
+    from torchgpu.errors import UsageError
+    from torchgpu.train.config import TrainConfig, validate
+
+    with pytest.raises(UsageError, match=r"--chunks 4 only applies to --strategy pipeline "
+                       r"\(got --strategy model\).*Use --strategy pipeline .* or drop --chunks"):
+        validate(TrainConfig(example="housing", strategy="model", devices="cpu,cpu", chunks=4))

@@ -44,7 +44,8 @@ def test_order_matches_distributed_sampler_and_changes_per_epoch() -> None:
 
     data = _numbers(40)
     mine = ShardBatches(40, 40, rank=1, world_size=2, seed=9)
-    theirs = DistributedSampler(data, num_replicas=2, rank=1, shuffle=True, seed=9)
+    theirs: DistributedSampler[int] = DistributedSampler(data, num_replicas=2, rank=1,
+                                                         shuffle=True, seed=9)
     for epoch in (0, 1):
         mine.set_epoch(epoch)
         theirs.set_epoch(epoch)

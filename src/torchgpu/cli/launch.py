@@ -36,8 +36,9 @@ def _parser() -> ArgumentParser:
     p.add_argument("-m", "--module", action="store_true",
                    help="SCRIPT is a module name, run as python -m SCRIPT")
     p.add_argument("script", metavar="SCRIPT", help="the Python script to run")
-    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
-                   help="arguments for SCRIPT")
+    rest = p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
+                          help="arguments for SCRIPT")
+    rest.required = False  # may be empty: a missing SCRIPT alone is named in the error
     return p
 
 

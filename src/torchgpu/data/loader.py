@@ -124,7 +124,8 @@ def make_loader(
 
 
 def set_epoch(loader: DataLoader[Any], epoch: int) -> None:
-    """Tell a DistributedSampler which epoch starts, so each epoch gets a new order.
+    """Tell a DistributedSampler (or an unpadded ShardBatches batch sampler) which epoch
+    starts, so each epoch gets a new order, the same on every rank.
 
     Does nothing for other samplers (their seeded generator already advances per epoch).
     """

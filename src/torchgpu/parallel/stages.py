@@ -328,8 +328,8 @@ class StagePipeline:
     ) -> Any:
         """The model's output for the batch ``x`` on the last rank (None elsewhere): the
         forward pass only, without gradients, in ``chunks`` micro-batches (default
-        :attr:`chunks`). ``rows``: as in :meth:`step` (ranks without ``x`` need it, or
-        it is broadcast from rank 0)."""
+        :attr:`chunks`; in a one-process group the stages simply run in order). ``rows``:
+        as in :meth:`step` (ranks without ``x`` need it, or it is broadcast from rank 0)."""
         m = self._chunks if chunks is None else chunks
         if isinstance(m, bool) or not isinstance(m, int) or m < 1:
             raise ConfigError(f"chunks={m!r} must be a positive integer (micro-batches)")
@@ -337,6 +337,8 @@ class StagePipeline:
         outputs: list[Any] = []
         start = 0
         with torch.no_grad():
+            if self.world_size == 1:  # every stage is here: nothing to pipeline
+                return nn.Sequential(*self.modules)(x.to(self.device))
             for count, each in micro_batch_groups(n, m):
                 stop = start + count * each
                 args = (x[start:stop].to(self.device),) if self.is_first else ()
@@ -378,19 +380,27 @@ def _stage_class() -> type:
     """torch's ``PipelineStage``, except that its shape inference leaves the module's
     buffers as they were: a new stage runs its module once before the first micro-batch
     to learn the shapes (on zeros or on that micro-batch, by torch version), which would
-    otherwise add a BatchNorm running-statistics update per new micro-batch shape."""
+    otherwise add a BatchNorm running-statistics update per new micro-batch shape. The
+    buffers are put back just before the first real micro-batch (not right after the
+    forward inference: some torch versions differentiate that forward afterwards)."""
     if not _STAGE_CLASS:
         from torch.distributed.pipelining import PipelineStage
 
         class BufferKeepingStage(PipelineStage):
+            _saved_buffers: list[torch.Tensor] | None = None
+
             def _prepare_forward_infra(self, *args: Any, **kwargs: Any) -> Any:
-                saved = [b.detach().clone() for b in self.submod.buffers()]
-                try:
-                    return super()._prepare_forward_infra(*args, **kwargs)
-                finally:
+                self._saved_buffers = [b.detach().clone() for b in self.submod.buffers()]
+                return super()._prepare_forward_infra(*args, **kwargs)
+
+            def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+                if self._saved_buffers is not None:
                     with torch.no_grad():
-                        for buf, old in zip(self.submod.buffers(), saved, strict=True):
+                        for buf, old in zip(self.submod.buffers(), self._saved_buffers,
+                                            strict=True):
                             buf.copy_(old)
+                    self._saved_buffers = None
+                return super().forward_one_chunk(*args, **kwargs)
 
         _STAGE_CLASS.append(BufferKeepingStage)
     return _STAGE_CLASS[0]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from torchgpu.errors import UsageError
 
 LOOPBACK = "127.0.0.1"
-_ENDPOINT = re.compile(r"^(?P<host>[A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>\d{1,5})$")
+_ENDPOINT = re.compile(r"^(?P<host>[A-Za-z0-9_.\-]+|\[[^\]\s]+\]):(?P<port>\d{1,5})$")
 
 
 def check_endpoint(endpoint: str) -> None:

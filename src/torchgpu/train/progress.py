@@ -7,6 +7,8 @@ or with ``mode="off"``. The loop calls :meth:`update` at most ~10 times a second
 
 from __future__ import annotations
 
+import os
+import resource
 import sys
 from collections.abc import Callable
 from typing import Any, TextIO
@@ -14,7 +16,23 @@ from typing import Any, TextIO
 from torchgpu.train.metrics import EpochRecord
 from torchgpu.train.state import TrainState
 
-MemoryReader = Callable[[], str]  # "" when there is nothing to show (CPU)
+MemoryReader = Callable[[], str]  # "" when there is nothing to show
+
+
+def process_rss_bytes() -> int:
+    """This process's resident memory now (Linux: /proc/self/statm), else its peak
+    (``ru_maxrss``: KiB on Linux, bytes on macOS)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def read_process_rss() -> str:
+    """The memory column on a CPU: the process's resident memory (RSS)."""
+    return f"RSS {process_rss_bytes() / 2**30:.2f} GiB"
 
 
 class NullProgress:
@@ -128,7 +146,15 @@ class RichProgress(PlainProgress):
         if self._progress is None:
             return super().end_epoch(record, epochs)
         memory = self._memory() if self._memory is not None else ""
-        self._progress.update(self._task, completed=(record.epoch + 1) * self._per_epoch)
+        # The loop's updates are throttled: the last one may predate the epoch's end.
+        self._progress.update(
+            self._task,
+            completed=(record.epoch + 1) * self._per_epoch,
+            epoch=f"{min(record.epoch + 2, epochs)}/{epochs}",
+            loss=f"{record.train_loss:.4g}",
+            speed=f"{record.samples_per_s:,.0f} samples/s",
+            memory=memory,
+        )
         self._progress.console.print(format_epoch(record, epochs, memory))
 
     def note(self, message: str) -> None:

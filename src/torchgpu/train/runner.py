@@ -93,8 +93,10 @@ def _peak_memory(device: torch.device) -> int:  # bytes
 
 
 def _memory_reader(device: torch.device) -> Any:
-    if device.type != "cuda":
-        return None
+    if device.type != "cuda":  # the CPU's memory is the process's (model, data, activations)
+        from torchgpu.train.progress import read_process_rss
+
+        return read_process_rss
 
     def read() -> str:
         return f"{torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB"

@@ -9,7 +9,8 @@ one-process run): rank 0 feeds the inputs, the last rank the labels.
 Per step the last rank has the loss; one small all-reduce gives every rank
 ``[non-finite, stop, loss]``, so all ranks take the same decision (non-finite ->
 stop or skip, the stop flag) and rank 0, which writes the metrics, has the loss.
-Gradients accumulate over ``--accumulate`` steps and are averaged; ``--clip-norm``
+Gradients accumulate over ``--accumulate`` batches, each weighted by its rows, and
+become the mean over the window's samples (as one process does); ``--clip-norm``
 clips the global norm (squared norms all-reduced over the stages). Evaluation runs a
 forward-only schedule over the held-out split; the last rank computes the metrics
 and broadcasts them. At the end the stages' weights are gathered on rank 0 under the

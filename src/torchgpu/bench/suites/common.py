@@ -50,10 +50,5 @@ def device_pair(devices: Sequence[torch.device]) -> tuple[list[torch.device], st
     return [torch.device("cpu"), torch.device("cpu")], "CPU twice"
 
 
-def mp_context_name() -> str:
-    """Start method for worker processes: spawn (safe with CUDA and OpenMP in the parent)."""
-    return "spawn"
-
-
 def seed_all(seed: int = 0) -> None:
     torch.manual_seed(seed)

@@ -4,8 +4,9 @@ for the ``overhead`` suite.
 :func:`loop_parts` builds :class:`~torchgpu.train.loop.LoopParts` with the same calls and
 arguments as the runner's ``_run`` for one process: ``build.make_optimizer`` (Adam),
 ``GradAccumulator`` with the Precision and clip norm, ``build.loss_function``, the label
-device from ``output_device``, and the OOM back-off from ``train.backoff.for_run`` (armed
-for strategy "single": every window's batches are held for a replay). :func:`TrainEpoch`
+device from ``output_device``, the loader's shard layout, and the OOM back-off from
+``train.backoff.for_run`` (armed for strategy "single": every window's batches are held
+for a replay). :func:`TrainEpoch`
 calls ``run_epoch`` with what the runner passes per epoch: the stop flag, the checkpoint
 step hook (None without ``--save-every``), a progress sink and the step-record buffer;
 on CUDA the batches go through the ``Prefetcher``, as in the runner.
@@ -29,10 +30,12 @@ Batches = Sequence[tuple[Tensor, Tensor]]
 def loop_parts(model: nn.Module, device: torch.device, *, batch_size: int, lr: float,
                task: str = "regression", precision: str = "fp32", accumulate: int = 1,
                clip_norm: float | None = None, on_nonfinite: str = "stop",
-               mode: str = "single", state: Any = None) -> Any:
+               mode: str = "single", state: Any = None, samples: int | None = None) -> Any:
     """``LoopParts`` for ``model`` on ``device``, exactly as the runner builds them for one
-    process of strategy ``mode`` (``state``: the TrainState the back-off reports from)."""
+    process of strategy ``mode`` (``state``: the TrainState the back-off reports from;
+    ``samples``: the epoch's sample count, for the loader's shard layout)."""
     from torchgpu.accumulate import GradAccumulator
+    from torchgpu.data.shards import ShardLayout
     from torchgpu.precision import Precision
     from torchgpu.train import build
     from torchgpu.train.backoff import for_run as backoff_for_run
@@ -58,7 +61,11 @@ def loop_parts(model: nn.Module, device: torch.device, *, batch_size: int, lr: f
                                              device=device, distributed=False, out_dir=None,
                                              position=lambda: (progress_state.step,
                                                                progress_state.epoch)),
-                     agreement=None)
+                     agreement=None,
+                     # The runner's loader (one process) carries this layout: the loop uses
+                     # it to weight an epoch's short last batch.
+                     layout=ShardLayout(samples, 1, batch_size) if samples is not None
+                     else None)
 
 
 class TrainEpoch:
@@ -75,7 +82,8 @@ class TrainEpoch:
         from torchgpu.train.state import StopFlag, TrainState
 
         self.state = TrainState()
-        self.parts = loop_parts(model, device, batch_size=batch_size, lr=lr, state=self.state)
+        self.parts = loop_parts(model, device, batch_size=batch_size, lr=lr, state=self.state,
+                                samples=sum(int(x.shape[0]) for x, _ in batches))
         self.batches = batches
         self.device = device
         self.stop = StopFlag()
