@@ -81,7 +81,11 @@ def fmt(value: float, unit: str) -> str:
 
 
 def mib(value: float) -> str:
-    return f"{value / 2**20:.1f} MiB"
+    """Bytes in the largest binary unit that keeps the figure >= 1 (KiB, MiB, GiB)."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(value) >= size:
+            return f"{value / size:.1f} {unit}"
+    return f"{value:.0f} B"
 
 
 def link(path: Path, root: Path) -> str:
@@ -137,7 +141,7 @@ def ratio_table(doc: Doc) -> list[str]:
         star = " ★ best" if r["numerator"] in best else ""
         lines.append(f"| {r['name']}{star} | {r['median']:.3f} | "
                      f"{r['min']:.3f} .. {r['max']:.3f} |")
-    return lines + [""]
+    return [*lines, ""]
 
 
 def absolute_table(doc: Doc) -> list[str]:
@@ -149,7 +153,7 @@ def absolute_table(doc: Doc) -> list[str]:
         lines.append(f"| {m['name']}{star} | {fmt(m['median'], m['unit'])} | "
                      f"{fmt(m['min'], m['unit'])} .. {fmt(m['max'], m['unit'])} | {m['n']} | "
                      f"{m.get('threads', '?')} |")
-    return lines + [""]
+    return [*lines, ""]
 
 
 def relative_rates(doc: Doc) -> list[str]:
@@ -166,7 +170,7 @@ def relative_rates(doc: Doc) -> list[str]:
         for m in group:
             share = m["median"] / top["median"] if top["median"] else float("nan")
             lines.append(f"| {m['name']} ({unit}) | {share:.3f} | {top['name']} |")
-    return lines + [""]
+    return [*lines, ""]
 
 
 def memory_table(doc: Doc) -> list[str]:
@@ -215,10 +219,11 @@ def extra_header(path: Path, doc: Doc, root: Path) -> list[str]:
     result = doc["result"]
     threads = result.get("threads", result.get("config", {}).get("threads", 1))
     git = f", git {doc['git']}" if doc.get("git") else ""
-    what = (f"{path.parent.parent.name}: {doc.get('cpu', '?')}; torch "
+    quick = " (quick)" if "--quick" in doc.get("command", []) else ""
+    what = (f"{path.parent.parent.name}{quick}: {doc.get('cpu', '?')}; torch "
             f"{doc.get('torch', result.get('torch', '?'))}{git}, {threads} thread(s) per "
             f"process{stalled}")
-    return [f"*{what}* — [{path.name}]({link(path, root)})", ""] + noise_line(doc)
+    return [f"*{what}* — [{path.name}]({link(path, root)})", "", *noise_line(doc)]
 
 
 def per_round(a: list[float], b: list[float]) -> tuple[float, float, float]:
@@ -237,7 +242,7 @@ def overhead_extra(result: Doc) -> list[str]:
                   f"{verdict})", ""]
     lines += ["| loop | steps/s relative to the raw loop (per-round median) |", "|---|---|"]
     lines += [f"| {name} | {v['ratio_vs_raw_median']:.3f} |" for name, v in variants.items()]
-    return lines + [""]
+    return [*lines, ""]
 
 
 def ddp_extra(result: Doc) -> list[str]:
@@ -252,7 +257,7 @@ def ddp_extra(result: Doc) -> list[str]:
              f"{result.get('steps', '?')} steps per sample, {result.get('rounds', '?')} rounds",
              "", "| ratio (per-round median) | value |", "|---|---|"]
     lines += [f"| {name} | {value:.3f} |" for name, value in rows if value is not None]
-    return lines + [""]
+    return [*lines, ""]
 
 
 def pipeline_extra(result: Doc) -> list[str]:
@@ -266,6 +271,16 @@ def pipeline_extra(result: Doc) -> list[str]:
             med, lo, hi = per_round(naive, t["samples"])
             lines.append(f"| {name} | {med:.3f} | {lo:.3f} .. {hi:.3f} |")
         lines.append("")
+        if "auto" in times:
+            med, lo, hi = per_round(naive, times["auto"]["samples"])
+            verdict = "met" if med >= 1.40 else "missed here"
+            lines.append(f"- auto-chosen pipeline vs naive model parallel: {med:.3f}x the "
+                         f"speed [{lo:.3f} .. {hi:.3f}] (target >= 1.40x: {verdict})")
+        torch_names = [name for name in times if name.startswith("torch-")]
+        if torch_names:
+            best = max(torch_names, key=lambda n: per_round(naive, times[n]["samples"])[0])
+            lines.append(f"- best hand-picked torch.distributed.pipelining ({best}) vs naive: "
+                         f"{per_round(naive, times[best]['samples'])[0]:.3f}x the speed")
         if "single" in times:
             med, lo, hi = per_round(naive, times["single"]["samples"])
             lines += [f"- naive model parallel vs one process, one thread: {med:.3f}x the "

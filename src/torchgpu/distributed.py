@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -50,6 +50,20 @@ def _read_int(environ: Mapping[str, str], name: str, default: int | None) -> int
             f"{name}={raw!r} is not an integer: torchrun sets {', '.join(_VARS)} to "
             "non-negative integers; unset the variable or launch with torchrun."
         ) from None
+
+
+class RankInfo(Protocol):
+    """What code that only needs to know its place reads from a :class:`DistEnv`
+    (loaders, checkpoint writers); lets callers pass look-alikes in tests."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def is_distributed(self) -> bool: ...
 
 
 @dataclass(frozen=True)

@@ -284,10 +284,11 @@ def write_report(
 
 def print_table(doc: dict[str, Any], out: Path | None = None) -> None:
     """A rich table of the measurements and ratios on stdout."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from torchgpu.cli.common import make_console
+
+    console = make_console()
     table = Table(title=f"torchgpu bench {doc['suite']}" + (" (quick)" if doc["quick"] else ""))
     for column in ("variant", "median", "min .. max", "n", "threads", "details"):
         table.add_column(column, justify="right" if column in ("median", "n", "threads")

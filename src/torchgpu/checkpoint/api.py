@@ -9,7 +9,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
@@ -34,20 +34,8 @@ from torchgpu.checkpoint.layout import (
 from torchgpu.checkpoint.readers import read_pickle
 from torchgpu.checkpoint.rng import capture_rng_state, restore_rng_state
 from torchgpu.checkpoint.sources import read_file
+from torchgpu.distributed import RankInfo
 from torchgpu.errors import CheckpointError
-
-
-class DistLike(Protocol):
-    """What save_checkpoint needs of a :class:`torchgpu.distributed.DistEnv`."""
-
-    @property
-    def rank(self) -> int: ...
-
-    @property
-    def world_size(self) -> int: ...
-
-    @property
-    def is_distributed(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -93,7 +81,7 @@ def canonical_state(model: nn.Module) -> dict[str, Any]:
     return {normalize(key): value for key, value in state.items()}
 
 
-def _distributed(dist: DistLike | None) -> bool:
+def _distributed(dist: RankInfo | None) -> bool:
     if dist is None or not dist.is_distributed or dist.world_size <= 1:
         return False
     if not torch.distributed.is_available() or not torch.distributed.is_initialized():
@@ -109,7 +97,7 @@ def _collective_device() -> torch.device:
     return torch.device("cpu")
 
 
-def _agree_step(step: int, dist: DistLike) -> None:
+def _agree_step(step: int, dist: RankInfo) -> None:
     values = torch.tensor([step, -step], dtype=torch.int64, device=_collective_device())
     torch.distributed.all_reduce(values, op=torch.distributed.ReduceOp.MAX)
     high, low = int(values[0]), -int(values[1])
@@ -120,7 +108,7 @@ def _agree_step(step: int, dist: DistLike) -> None:
             "only at agreed step boundaries")
 
 
-def _rank0_outcome(error: BaseException | None, dist: DistLike) -> None:
+def _rank0_outcome(error: BaseException | None, dist: RankInfo) -> None:
     """Broadcast rank 0's success or failure; doubles as the barrier after the write."""
     box: list[Any] = [None if error is None else f"{type(error).__name__}: {error}"]
     torch.distributed.broadcast_object_list(box, src=0)
@@ -133,7 +121,7 @@ def save_checkpoint(
     path: str | Path, *, model: nn.Module, optimizer: Any = None, scheduler: Any = None,
     scaler: Any = None, step: int = 0, epoch: int = 0, extra: dict[str, Any] | None = None,
     meta: dict[str, Any] | None = None, keep_last: int | None = None,
-    dist: DistLike | None = None,
+    dist: RankInfo | None = None,
 ) -> Path:
     """Save a complete training state as checkpoint directory ``path``, atomically.
 

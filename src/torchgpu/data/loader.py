@@ -8,26 +8,14 @@ epoch repeats the first epoch's order.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
+from torchgpu.distributed import RankInfo
 from torchgpu.errors import DataError
-
-
-class RankInfo(Protocol):
-    """What make_loader reads from a :class:`torchgpu.distributed.DistEnv`."""
-
-    @property
-    def rank(self) -> int: ...
-
-    @property
-    def world_size(self) -> int: ...
-
-    @property
-    def is_distributed(self) -> bool: ...
 
 
 def make_loader(
