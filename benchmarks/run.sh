@@ -10,6 +10,7 @@
 #   SUITES= EXTRAS="pipeline_cpu ddp_cpu" benchmarks/run.sh   # extra benchmarks only
 #   THREADS=4 benchmarks/run.sh                         # torch threads per process (default 1)
 #   QUICK=1 TAG=my-box benchmarks/run.sh                # tiny sizes, another directory name
+#   SIZE=medium benchmarks/run.sh                       # parallel/split-sweep at 64x64 (CPU: minutes)
 #
 # Each run is written to a temporary directory first. A run during which the CPU was
 # contended (runnable tasks waiting for a CPU more than 20% of the time, from
@@ -50,7 +51,10 @@ keep() {  # keep STAGED DEST JSON: move a finished run into benchmarks/results
 for suite in $SUITES; do
     echo "== $suite -> $dest/$suite"
     # shellcheck disable=SC2086  # BENCH_FLAGS is a list of flags
-    "$PY" -m torchgpu bench "$suite" --out "$stage/$suite" ${flags[@]+"${flags[@]}"} ${BENCH_FLAGS:-}
+    sized=()
+    case "$suite" in parallel|split-sweep) [ -n "${SIZE:-}" ] && sized=(--size "$SIZE");; esac
+    "$PY" -m torchgpu bench "$suite" --out "$stage/$suite" ${flags[@]+"${flags[@]}"} \
+        ${sized[@]+"${sized[@]}"} ${BENCH_FLAGS:-}
     keep "$stage/$suite" "$dest/$suite" "$stage/$suite/results.json"
 done
 for extra in $EXTRAS; do

@@ -443,3 +443,21 @@ def test_gpu_rows_quick(tmp_path: Path) -> None:
     _, parallel = run_suite("parallel", quick=True, out=tmp_path / "p", devices=gpu)
     assert not any("processes" in m["name"] for m in parallel["measurements"])
 
+
+
+def test_size_medium_is_checked_before_anything_runs(tmp_path: Path, capsys: Any) -> None:
+    from torchgpu.bench.suites.common import rounds_for
+    from torchgpu.bench.suites.resnet_run import run_for
+    from torchgpu.cli.main import main
+
+    assert main(["bench", "matmul", "--size", "medium", "--out", str(tmp_path / "m")]) == 2
+    assert "--size medium applies to parallel and split-sweep" in capsys.readouterr().err
+    assert main(["bench", "parallel", "--size", "huge", "--out", str(tmp_path / "h")]) == 2
+    assert "is not a size" in capsys.readouterr().err
+    assert main(["bench", "parallel", "--quick", "--size", "medium",
+                 "--out", str(tmp_path / "q")]) == 2
+    assert not (tmp_path / "m").exists() and not (tmp_path / "h").exists()
+    medium = run_for(False, "medium")
+    assert (medium.batch_size, medium.image_px, medium.num_batches) == (120, 64, 1)
+    assert run_for(False).image_px == 128 and run_for(True).image_px == 32
+    assert rounds_for(False, "medium").rounds == 5 and rounds_for(False).rounds == 10

@@ -92,6 +92,23 @@ def default_devices() -> list[torch.device]:
     return [torch.device("cpu")]
 
 
+SIZED_SUITES = ("parallel", "split-sweep")
+
+
+def check_size(name: str, size: str) -> None:
+    """``--size`` must be full or medium, and medium applies to the ResNet-50 experiments."""
+    if size not in ("full", "medium"):
+        raise UsageError(
+            f"--size {size!r} is not a size: use full (the seed's sizes) or medium "
+            "(the seed's ResNet-50 experiment at 64x64, one batch per run, 5 runs)."
+        )
+    if size == "medium" and name not in SIZED_SUITES:
+        raise UsageError(
+            f"--size medium applies to {' and '.join(SIZED_SUITES)} only (got {name!r}): "
+            "drop --size, or name one of those suites."
+        )
+
+
 def run_suite(
     name: str,
     quick: bool,
@@ -99,18 +116,21 @@ def run_suite(
     devices: Sequence[torch.device] | None = None,
     threads: int = DEFAULT_THREADS,
     argv: Sequence[str] | None = None,
+    size: str = "full",
 ) -> tuple[SuiteResult, dict[str, Any]]:
     """Run suite ``name`` on ``devices`` (default: :func:`default_devices`) and write its
     results.json, report.md and plots under ``out``. Returns the result and the document.
 
     ``threads``: torch's intra-op thread count for this process while the suite runs
     (restored after) and for every worker process it starts. ``argv`` is recorded as
-    the command line. ``out`` is created if missing (see :func:`prepare_out` for the
-    checks the CLI makes first).
+    the command line. ``size="medium"`` (suites in :data:`SIZED_SUITES` only) runs the
+    seed's experiment at a reduced image size and run count. ``out`` is created if
+    missing (see :func:`prepare_out` for the checks the CLI makes first).
     """
     from torchgpu.bench.report import write_report
 
     module = importlib.import_module(SUITES[check_suite(name)][0])
+    check_size(name, size)
     check_threads(threads)
     chosen = list(devices) if devices else default_devices()
     out.mkdir(parents=True, exist_ok=True)
@@ -120,7 +140,11 @@ def run_suite(
         monitor = PressureMonitor()
         monitor.start()
         started = time.perf_counter()
-        result: SuiteResult = module.run(quick, chosen, out, threads)
+        result: SuiteResult = (
+            module.run(quick, chosen, out, threads, size=size)
+            if size != "full"
+            else module.run(quick, chosen, out, threads)
+        )
         wall_s = time.perf_counter() - started
         pressure = monitor.stop()
         doc = write_report(result, out, pressure, wall_s, argv=argv, threads=threads)

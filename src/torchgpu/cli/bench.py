@@ -17,6 +17,7 @@ import torch
 
 from torchgpu.bench.suites import SUITES
 from torchgpu.cli.common import ArgumentParser
+from torchgpu.errors import UsageError
 
 
 def _parser() -> ArgumentParser:
@@ -34,6 +35,9 @@ def _parser() -> ArgumentParser:
     parser.add_argument("suite", metavar="NAME", help="a suite name (below) or `all`")
     parser.add_argument("--quick", action="store_true",
                         help="small sizes and 2 rounds: seconds per suite (CI uses this)")
+    parser.add_argument("--size", default="full", metavar="full|medium",
+                        help="full: the seed's sizes (default); medium: parallel and "
+                        "split-sweep at 64x64, one batch per run, 5 runs (minutes on a CPU)")
     parser.add_argument("--json", action="store_true",
                         help="print the results document as JSON instead of a table")
     parser.add_argument("--out", type=Path, default=None,
@@ -72,6 +76,8 @@ def main(argv: list[str]) -> int:
     from torchgpu.bench.report import default_out, print_table
     from torchgpu.bench.runner import (
         DEFAULT_THREADS,
+        SIZED_SUITES,
+        check_size,
         check_suite,
         check_threads,
         prepare_out,
@@ -81,6 +87,12 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     names = list(SUITES) if args.suite == "all" else [check_suite(args.suite)]
     threads = check_threads(DEFAULT_THREADS if args.threads is None else args.threads)
+    if args.quick and args.size != "full":
+        raise UsageError("--quick and --size both choose a size: give one of them.")
+    # `bench all --size medium` shrinks the ResNet-50 experiments and runs the rest in full.
+    sizes = {n: args.size if args.suite != "all" or n in SIZED_SUITES else "full" for n in names}
+    for name, size in sizes.items():
+        check_size(name, size)
     devices = _devices(args.device)
     root: Path = args.out if args.out is not None else default_out(args.suite)
     if args.suite == "all" and root.exists() and not root.is_dir():
@@ -92,7 +104,9 @@ def main(argv: list[str]) -> int:
     docs = []
     for name in names:
         out = outs[name]
-        _, doc = run_suite(name, args.quick, out, devices, threads=threads, argv=command)
+        _, doc = run_suite(
+            name, args.quick, out, devices, threads=threads, argv=command, size=sizes[name]
+        )
         docs.append(doc)
         if not args.json:
             print_table(doc, out)

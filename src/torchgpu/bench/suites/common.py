@@ -19,11 +19,15 @@ class Rounds:
 
 
 QUICK = Rounds(warmup=1, rounds=2)
+MEDIUM = Rounds(warmup=1, rounds=5)
 FULL = Rounds(warmup=2, rounds=10)
 
 
-def rounds_for(quick: bool) -> Rounds:
-    return QUICK if quick else FULL
+def rounds_for(quick: bool, size: str = "full") -> Rounds:
+    """Warm-up and rounds for a suite run at ``--quick``, ``--size medium`` or full size."""
+    if quick:
+        return QUICK
+    return MEDIUM if size == "medium" else FULL
 
 
 def gpus(devices: Sequence[torch.device]) -> list[torch.device]:

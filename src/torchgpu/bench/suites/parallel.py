@@ -26,11 +26,10 @@ import torch
 from torchgpu.bench.result import Plot, SuiteResult
 from torchgpu.bench.suites.common import device_pair, rounds_for, sync_for
 from torchgpu.bench.suites.resnet_run import (
-    QUICK_RUN,
-    SEED_RUN,
     ResNetRun,
     base_model,
     make_batches,
+    run_for,
     train_run,
 )
 from torchgpu.bench.timer import Measurement, Ratio, measure_interleaved, pairwise_ratios
@@ -47,13 +46,19 @@ def wants_stage_processes(pair: Sequence[torch.device]) -> bool:
     return all(d.type == "cpu" for d in pair)
 
 
-def run(quick: bool, devices: Sequence[torch.device], out: Path, threads: int) -> SuiteResult:
+def run(
+    quick: bool,
+    devices: Sequence[torch.device],
+    out: Path,
+    threads: int,
+    size: str = "full",
+) -> SuiteResult:
     """Time one training run (``num_batches`` batches) of each variant, interleaved."""
     from torchgpu.parallel.model import split_model
     from torchgpu.parallel.pipeline import Pipeline
 
-    cfg = QUICK_RUN if quick else SEED_RUN
-    plan = rounds_for(quick)
+    cfg = run_for(quick, size)
+    plan = rounds_for(quick, size)
     pair, how = device_pair(devices)
     split = QUICK_SPLIT_SIZE if quick else SEED_SPLIT_SIZE
     chunks = cfg.chunks_for(split)

@@ -51,6 +51,17 @@ class ResNetRun:
 SEED_RUN = ResNetRun(batch_size=120, image_px=128, num_batches=3, num_classes=1000)
 QUICK_RUN = ResNetRun(batch_size=8, image_px=32, num_batches=1, num_classes=10,
                       blocks=(1, 1, 1, 1))
+# `--size medium`: the seed's model, batch and classes at 64x64 and one batch per run, so a
+# CPU-only machine measures the same experiment in minutes instead of hours.
+MEDIUM_RUN = ResNetRun(batch_size=120, image_px=64, num_batches=1, num_classes=1000)
+SIZES = ("full", "medium")
+
+
+def run_for(quick: bool, size: str = "full") -> ResNetRun:
+    """The sizes of one timed run: quick, the seed's (``full``) or ``medium``."""
+    if quick:
+        return QUICK_RUN
+    return MEDIUM_RUN if size == "medium" else SEED_RUN
 
 
 def make_batches(run: ResNetRun, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:

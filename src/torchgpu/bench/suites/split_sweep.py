@@ -21,11 +21,10 @@ import torch
 from torchgpu.bench.result import Plot, SuiteResult
 from torchgpu.bench.suites.common import device_pair, rounds_for, sync_for
 from torchgpu.bench.suites.resnet_run import (
-    QUICK_RUN,
-    SEED_RUN,
     ResNetRun,
     base_model,
     make_batches,
+    run_for,
     train_run,
 )
 from torchgpu.bench.timer import Measurement, measure_interleaved, pairwise_ratios
@@ -53,12 +52,18 @@ def best_split(measurements: Sequence[Measurement]) -> Measurement:
     return min(measurements, key=lambda m: m.mean)
 
 
-def run(quick: bool, devices: Sequence[torch.device], out: Path, threads: int) -> SuiteResult:
+def run(
+    quick: bool,
+    devices: Sequence[torch.device],
+    out: Path,
+    threads: int,
+    size: str = "full",
+) -> SuiteResult:
     """Time one training run per split size and on a single device, interleaved per round."""
     from torchgpu.parallel.pipeline import Pipeline
 
-    cfg = QUICK_RUN if quick else SEED_RUN
-    plan = rounds_for(quick)
+    cfg = run_for(quick, size)
+    plan = rounds_for(quick, size)
     pair, how = device_pair(devices)
     sizes = QUICK_SPLIT_SIZES if quick else SEED_SPLIT_SIZES
     batches = make_batches(cfg)
