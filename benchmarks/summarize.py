@@ -253,8 +253,11 @@ def ddp_extra(result: Doc) -> list[str]:
     if "torchgpu_vs_raw_ddp_logged" in result:
         rows.append(("torchgpu DDP loop vs hand-written loop reading the loss (speed)",
                      result["torchgpu_vs_raw_ddp_logged"]))
-    lines = [f"- {result.get('processes', 2)} processes x {result.get('threads', 1)} thread, "
-             f"{result.get('steps', '?')} steps per sample, {result.get('rounds', '?')} rounds",
+    lines = [f"- MLP 13-{result.get('hidden', '?')}-{result.get('hidden', '?')}-1, batch "
+             f"{result.get('batch_per_process', '?')} per process; "
+             f"{result.get('processes', 2)} processes x {result.get('threads', 1)} thread, "
+             f"{result.get('steps', '?')} steps per sample, {result.get('rounds', '?')} rounds "
+             "(weak scaling rises with the work per step: gloo's all-reduce is a fixed cost)",
              "", "| ratio (per-round median) | value |", "|---|---|"]
     lines += [f"| {name} | {value:.3f} |" for name, value in rows if value is not None]
     return [*lines, ""]
