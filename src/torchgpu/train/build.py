@@ -72,6 +72,24 @@ def choose_device(config: TrainConfig, env: DistEnv) -> torch.device:
     return device
 
 
+def device_note(config: TrainConfig, device: torch.device) -> str:
+    """One line for the console: the device chosen and why (never starts CUDA)."""
+    import os
+
+    if config.strategy in ("model", "pipeline") and config.devices:
+        return f"device: stages on {config.devices} (--devices)"
+    if config.device != "auto":
+        return f"device: {device} (--device {config.device})"
+    if os.environ.get("TORCHGPU_DEVICE"):
+        return f"device: {device} (TORCHGPU_DEVICE={os.environ['TORCHGPU_DEVICE']})"
+    if device.type == "cpu":
+        from torchgpu.devices import cuda_unavailable_reason
+
+        why = cuda_unavailable_reason()
+        return f"device: cpu (no usable CUDA GPU: {why})" if why else "device: cpu"
+    return f"device: {device} (auto: the first visible GPU, or LOCAL_RANK under torchrun)"
+
+
 def choose_strategy(config: TrainConfig, env: DistEnv, device: torch.device) -> StrategyChoice:
     """Resolve ``--strategy`` for this run. auto = ddp with several processes, else single.
 

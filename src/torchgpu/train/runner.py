@@ -164,6 +164,7 @@ def train(config: TrainConfig, *, stop: StopFlag | None = None,
 
     memory_limit = simulated_limit(env.rank)  # test-only simulated memory, read once
     device = build.choose_device(config, env)
+    auto_notes = (build.device_note(config, device), *auto_notes)
     auto_notes += build.precision_notes(config, device)
     choice = build.choose_strategy(config, env, device)
     assert config.out is not None
