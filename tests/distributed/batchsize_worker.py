@@ -8,6 +8,7 @@ taken when only rank 1 runs out of memory.
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import torch
@@ -43,17 +44,17 @@ def main() -> None:
             if decision is None:
                 break
             steps.append([decision.micro_batch, decision.accumulate])
-        print(
-            json.dumps(
-                {
-                    "rank": env.rank,
-                    "size": result.size,
-                    "probes": [[p.size, p.fits] for p in result.probes],
-                    "backoff": steps,
-                }
-            ),
-            flush=True,
+        line = json.dumps(
+            {
+                "rank": env.rank,
+                "size": result.size,
+                "probes": [[p.size, p.fits] for p in result.probes],
+                "backoff": steps,
+            }
         )
+        # One os.write of line + newline: ranks share stdout, and a print() under
+        # PYTHONUNBUFFERED writes text and newline separately, so lines could interleave.
+        os.write(1, (line + "\n").encode())
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import json
 import math
+import os
 from datetime import timedelta
 from typing import Any
 
@@ -155,7 +156,9 @@ def main() -> None:
         "stop": nonfinite_case("stop", 1),
         "stop_flag": stop_case(),
     }
-    print(json.dumps(report), flush=True)
+    # One os.write of line + newline: ranks share stdout, and a print() under
+    # PYTHONUNBUFFERED writes text and newline separately, so lines could interleave.
+    os.write(1, (json.dumps(report) + "\n").encode())
     # Free the DDP models (reference cycles) before the group goes: destroying the group
     # under live DDP reducers aborts the process at exit now and then (gloo, torch 2.13).
     gc.collect()
