@@ -150,3 +150,29 @@ def plot_losses(path: Path, epochs: Sequence[EpochRecord], title: str) -> None:
         figure.savefig(path)
     finally:
         plt.close(figure)
+
+
+def save_model(path: Path, state: Mapping[str, Any]) -> None:
+    """Write ``state`` (canonical keys) as safetensors at ``path``, via a temporary file."""
+    from safetensors.torch import save_file
+
+    temporary = path.with_name(path.name + ".tmp")
+    # safetensors refuses tensors that share memory (tied weights): clone them apart.
+    save_file({k: v.clone() for k, v in state.items()}, str(temporary))
+    temporary.replace(path)
+
+
+def write_outputs(out_dir: Path, records: Sequence[EpochRecord], state: Mapping[str, Any],
+                  summary: dict[str, Any], title: str) -> None:
+    """A finished run's files in ``out_dir``: the loss plot (when there are epochs), the
+    final model, and the summary, which gains a ``files`` entry naming all of them."""
+    if records:
+        plot_losses(out_dir / PLOT_FILE, records, title)
+    save_model(out_dir / MODEL_FILE, state)
+    summary["files"] = {
+        "metrics": str(out_dir / METRICS_FILE),
+        "summary": str(out_dir / SUMMARY_FILE),
+        "plot": str(out_dir / PLOT_FILE) if records else None,
+        "model": str(out_dir / MODEL_FILE),
+    }
+    write_json(out_dir / SUMMARY_FILE, summary)

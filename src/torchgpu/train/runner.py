@@ -129,15 +129,6 @@ def _final_state(model: nn.Module, mode: str) -> dict[str, torch.Tensor]:
             if isinstance(v, torch.Tensor)}
 
 
-def _save_model(path: Path, state: dict[str, torch.Tensor]) -> None:
-    from safetensors.torch import save_file
-
-    temporary = path.with_name(path.name + ".tmp")
-    # safetensors refuses tensors that share memory (tied weights): clone them apart.
-    save_file({k: v.clone() for k, v in state.items()}, str(temporary))
-    temporary.replace(path)
-
-
 def train(config: TrainConfig, *, stop: StopFlag | None = None,
           stop_at_step: int | None = None) -> TrainResult:
     """Run ``config`` to the end (or until ``stop`` is set); return the result.
@@ -300,17 +291,8 @@ def _run(
     if parts.backoff is not None:
         summary["oom_backoffs"] = [event.as_dict() for event in parts.backoff.events]
     if out_dir is not None:
-        if records:
-            metrics.plot_losses(out_dir / metrics.PLOT_FILE, records,
-                                f"{config.run_name}: {mode}, {world} process(es)")
-        _save_model(out_dir / metrics.MODEL_FILE, final_state)
-        summary["files"] = {
-            "metrics": str(out_dir / metrics.METRICS_FILE),
-            "summary": str(out_dir / metrics.SUMMARY_FILE),
-            "plot": str(out_dir / metrics.PLOT_FILE) if records else None,
-            "model": str(out_dir / metrics.MODEL_FILE),
-        }
-        metrics.write_json(out_dir / metrics.SUMMARY_FILE, summary)
+        metrics.write_outputs(out_dir, records, final_state, summary,
+                              f"{config.run_name}: {mode}, {world} process(es)")
     return TrainResult(config, summary, state, tuple(records), unwrap(model), out_dir, notes)
 
 

@@ -232,7 +232,6 @@ def train_stages(config: TrainConfig, env: DistEnv, device: torch.device, data: 
         _gather,
         _memory_reader,
         _peak_memory,
-        _save_model,
         _summary,
     )
 
@@ -338,17 +337,8 @@ def train_stages(config: TrainConfig, env: DistEnv, device: torch.device, data: 
                            "schedule": trainer.schedule, "balance": trainer.balance,
                            "chunks": trainer.chunks}
     if out_dir is not None:
-        if records:
-            metrics.plot_losses(out_dir / metrics.PLOT_FILE, records,
-                                f"{config.run_name}: pipeline, {env.world_size} process(es)")
-        _save_model(out_dir / metrics.MODEL_FILE, final_state)
-        summary["files"] = {
-            "metrics": str(out_dir / metrics.METRICS_FILE),
-            "summary": str(out_dir / metrics.SUMMARY_FILE),
-            "plot": str(out_dir / metrics.PLOT_FILE) if records else None,
-            "model": str(out_dir / metrics.MODEL_FILE),
-        }
-        metrics.write_json(out_dir / metrics.SUMMARY_FILE, summary)
+        metrics.write_outputs(out_dir, records, final_state, summary,
+                              f"{config.run_name}: pipeline, {env.world_size} process(es)")
     from torchgpu.train.runner import TrainResult
 
     return TrainResult(config, summary, state, tuple(records), model, out_dir, notes)

@@ -67,9 +67,11 @@ def _on(device: torch.device, x: Tensor) -> Tensor:
     return x.to(device, non_blocking=True) if device.type == "cuda" else x
 
 
-def raw_loop(size: str, batches: Batches, device: torch.device) -> Callable[[], None]:
-    model = make_mlp(size)[0].to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+def hand_loop(model: nn.Module, optimizer: torch.optim.Optimizer, batches: Batches,
+              device: torch.device,
+              backward: Callable[[Tensor], None]) -> Callable[[], None]:
+    """One epoch as a hand-written loop does it; ``backward`` is ``loss.backward`` or a
+    peer's own (``fabric.backward``, ``accelerator.backward``), the only difference."""
     loss_fn = nn.MSELoss()
 
     def epoch() -> None:
@@ -79,10 +81,16 @@ def raw_loop(size: str, batches: Batches, device: torch.device) -> Callable[[], 
             optimizer.zero_grad(set_to_none=True)
             loss = loss_fn(model(x), y)
             loss.item()
-            loss.backward()
+            backward(loss)
             optimizer.step()
 
     return epoch
+
+
+def raw_loop(size: str, batches: Batches, device: torch.device) -> Callable[[], None]:
+    model = make_mlp(size)[0].to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+    return hand_loop(model, optimizer, batches, device, Tensor.backward)
 
 
 def torchgpu_loop(size: str, batches: Batches, device: torch.device) -> Callable[[], None]:
@@ -98,19 +106,7 @@ def fabric_loop(size: str, batches: Batches, device: torch.device) -> Callable[[
     fabric = Fabric(accelerator="cuda" if device.type == "cuda" else "cpu", devices=1)
     module = make_mlp(size)[0]
     model, optimizer = fabric.setup(module, torch.optim.Adam(module.parameters(), lr=LR))
-    loss_fn = nn.MSELoss()
-
-    def epoch() -> None:
-        model.train()
-        for xb, yb in batches:
-            x, y = _on(device, xb), _on(device, yb)
-            optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(model(x), y)
-            loss.item()
-            fabric.backward(loss)
-            optimizer.step()
-
-    return epoch
+    return hand_loop(model, optimizer, batches, device, fabric.backward)
 
 
 def accelerate_loop(size: str, batches: Batches, device: torch.device) -> Callable[[], None]:
@@ -119,19 +115,7 @@ def accelerate_loop(size: str, batches: Batches, device: torch.device) -> Callab
     accelerator = Accelerator(cpu=device.type != "cuda")
     module = make_mlp(size)[0]
     model, optimizer = accelerator.prepare(module, torch.optim.Adam(module.parameters(), lr=LR))
-    loss_fn = nn.MSELoss()
-
-    def epoch() -> None:
-        model.train()
-        for xb, yb in batches:
-            x, y = _on(device, xb), _on(device, yb)
-            optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(model(x), y)
-            loss.item()
-            accelerator.backward(loss)
-            optimizer.step()
-
-    return epoch
+    return hand_loop(model, optimizer, batches, device, accelerator.backward)
 
 
 def installed(module: str) -> bool:
