@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -124,5 +125,5 @@ def test_killed_rank_without_restarts_fails_fast_naming_it(tmp_path: Path) -> No
     assert "worker rank 1 of torchgpu failed (signal 9)" in done.stderr
     # The survivor's collective fails on the closed connection at once: no waiting for the
     # process-group timeout (10 minutes) or the agent's 30 s grace period.
-    assert "Connection" in done.stderr and "by peer" in done.stderr
+    assert re.search(r"Connection (reset|closed)|by peer|Broken pipe", done.stderr)
     assert elapsed_s < 60

@@ -119,14 +119,19 @@ def run(spec: LaunchSpec, target: str, target_args: Sequence[str]) -> int:
     try:
         torchrun(args)  # type: ignore[no-untyped-call]
     except ChildFailedError as error:
-        rank, failure = error.get_first_failure()
-        code = failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
-        how = (f"exit code {failure.exitcode}" if failure.exitcode >= 0
-               else f"signal {-failure.exitcode}")
-        print(
-            f"torchgpu: worker rank {rank} of {target} failed ({how}); "
-            f"see its output above.",
-            file=sys.stderr,
+        _, first = error.get_first_failure()
+        code = first.exitcode if first.exitcode and first.exitcode > 0 else 1
+        # Name every failed rank: when one rank dies (killed, crashed) its peers fail in
+        # the next collective a moment later, and which of them torchrun noticed first is
+        # a race; the user needs the whole picture to find the cause.
+        failed = "; ".join(
+            f"worker rank {rank} of {target} failed ({_how(failure.exitcode)})"
+            for rank, failure in sorted(error.failures.items())
         )
+        print(f"torchgpu: {failed}; see their output above.", file=sys.stderr)
         return int(code)
     return 0
+
+
+def _how(exitcode: int) -> str:
+    return f"exit code {exitcode}" if exitcode >= 0 else f"signal {-exitcode}"
