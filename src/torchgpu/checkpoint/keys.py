@@ -61,8 +61,10 @@ class KeyMapping:
     def describe(self) -> str:
         """One line: the mapping in words."""
         where = f"{self.container!r} of the file, " if self.container else ""
-        return (f"{where}strip {self.strip or 'nothing'!r}, add {self.add or 'nothing'!r} "
-                f"({self.matched} keys matched)")
+        steps = [f"strip {self.strip!r}"] if self.strip else []
+        steps += [f"add {self.add!r}"] if self.add else []
+        change = ", ".join(steps) if steps else "keys as they are"
+        return f"{where}{change} ({self.matched} keys matched)"
 
 
 def normalize(key: str) -> str:
