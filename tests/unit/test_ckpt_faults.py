@@ -39,8 +39,11 @@ def _same(a: nn.Module, b: nn.Module) -> bool:
                                                  b.state_dict().values(), strict=True))
 
 
-KILL_SCRIPT = textwrap.dedent("""
-    import os, sys, time
+# What both kill scripts do first: a committed step-1, then the model changed in place so
+# the interrupted second save of step-1 would differ from it.
+CHILD_SETUP = textwrap.dedent("""
+    import os, signal, sys, time
+    from pathlib import Path
     import torch
     from torch import nn
     import torchgpu.checkpoint.atomic as atomic
@@ -53,6 +56,9 @@ KILL_SCRIPT = textwrap.dedent("""
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1.0)
+""")
+
+KILL_SCRIPT = CHILD_SETUP + textwrap.dedent("""
     real_write = os.write
 
     def slow_write(fd, view):  # the documented fault-injection hook: stall every write
@@ -300,20 +306,7 @@ def test_orphan_moved_aside_copy_is_restored_when_its_name_is_free(tmp_path: Pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-1"]
 
 
-RENAME_KILL_SCRIPT = textwrap.dedent("""
-    import os, signal, sys
-    from pathlib import Path
-    import torch
-    from torch import nn
-    from torchgpu.checkpoint import save_checkpoint
-
-    root = sys.argv[1]
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
-    save_checkpoint(root + "/step-1", model=model, step=1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(1.0)
+RENAME_KILL_SCRIPT = CHILD_SETUP + textwrap.dedent("""
     real_rename = os.rename
 
     def rename(src, dst):  # SIGKILL after the old one is moved aside, before the new one lands
