@@ -1,0 +1,185 @@
+"""Models and data the way users bring them: shared by the user-model tests.
+
+- :class:`TinyCausalLM`: a GPT-style causal language model. Batches are dicts of integer
+  token ids (``{"input_ids": ..., "labels": ...}``), ``forward(input_ids, labels=None)``
+  returns an object with ``.loss`` and ``.logits`` (like a popular library's model
+  output), the output head is tied to the token embedding, blocks sit in a
+  ``nn.ModuleList`` and use dropout.
+- :class:`BNConvNet`: a small CNN with BatchNorm and dropout, blocks repeated in a
+  ``nn.Sequential``; trained from ``(image, label)`` pairs or dict batches with a loss.
+- :class:`TokenDataset` / :class:`ImageDataset`: deterministic map-style datasets.
+
+The ``*_factory`` functions and ``data_*`` functions are ``module:attr`` specs for the CLI
+(``tests.user_models:lm_factory``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import Dataset
+
+VOCAB = 61
+SEQ = 12
+
+
+@dataclass
+class LMOutput:
+    """What a causal LM returns: the mean token loss (when labels are given) and logits."""
+
+    logits: Tensor
+    loss: Tensor | None = None
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: causal self-attention and an MLP, with dropout."""
+
+    def __init__(self, dim: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(dim)
+        self.attn = nn.MultiheadAttention(dim, heads, dropout=dropout, batch_first=True)
+        self.ln2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(
+            nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim), nn.Dropout(dropout)
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        n = x.shape[1]
+        mask = torch.triu(torch.ones(n, n, dtype=torch.bool, device=x.device), diagonal=1)
+        h = self.ln1(x)
+        a, _ = self.attn(h, h, h, attn_mask=mask, need_weights=False)
+        x = x + a
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyCausalLM(nn.Module):
+    """A GPT-style LM with tied input/output embeddings (``head.weight is embed.weight``)."""
+
+    def __init__(self, vocab: int = VOCAB, dim: int = 32, layers: int = 3, heads: int = 4,
+                 seq: int = SEQ, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.pos = nn.Parameter(torch.zeros(1, seq, dim))
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(Block(dim, heads, dropout) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.embed.weight  # tied
+
+    def forward(self, input_ids: Tensor, labels: Tensor | None = None,
+                attention_mask: Tensor | None = None) -> LMOutput:
+        x = self.drop(self.embed(input_ids) + self.pos[:, : input_ids.shape[1]])
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln_f(x))
+        loss = None
+        if labels is not None:
+            loss = nn.functional.cross_entropy(
+                logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1)
+            )
+        return LMOutput(logits=logits, loss=loss)
+
+
+class TokenDataset(Dataset[dict[str, Tensor]]):
+    """``n`` deterministic token sequences with a learnable pattern (next = prev + 1 mod V)."""
+
+    def __init__(self, n: int = 64, seq: int = SEQ, vocab: int = VOCAB, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        start = torch.randint(0, vocab, (n, 1), generator=g)
+        self.ids = (start + torch.arange(seq)) % vocab
+
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])
+
+    def __getitem__(self, i: int) -> dict[str, Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+class BNConvNet(nn.Module):
+    """A CNN with BatchNorm and dropout; ``forward(image) -> logits``."""
+
+    def __init__(self, classes: int = 5, width: int = 8) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, padding=1), nn.BatchNorm2d(width),
+                                  nn.ReLU())
+        self.stages = nn.Sequential(*(
+            nn.Sequential(nn.Conv2d(width, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU())
+            for _ in range(3)
+        ))
+        self.drop = nn.Dropout(0.2)
+        self.fc = nn.Linear(width, classes)
+
+    def forward(self, image: Tensor) -> Tensor:
+        x = self.stages(self.stem(image))
+        return self.fc(self.drop(x.mean(dim=(2, 3))))
+
+
+class ImageDataset(Dataset[tuple[Tensor, Tensor]]):
+    """``n`` deterministic 3x8x8 images whose label is the brightest channel (learnable)."""
+
+    def __init__(self, n: int = 48, classes: int = 5, seed: int = 0, as_dict: bool = False
+                 ) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(n, 3, 8, 8, generator=g)
+        self.y = self.x.mean(dim=(2, 3)).argmax(dim=1) % classes
+        self.as_dict = as_dict
+
+    def __len__(self) -> int:
+        return int(self.x.shape[0])
+
+    def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
+        return self.x[i], self.y[i]
+
+
+class DictImageDataset(ImageDataset):
+    """The same images as dict batches: ``{"image": ..., "label": ...}``."""
+
+    def __getitem__(self, i: int) -> dict[str, Tensor]:  # type: ignore[override]
+        return {"image": self.x[i], "label": self.y[i]}
+
+
+# ---- module:attr specs for the CLI -------------------------------------------------------
+def lm_factory() -> TinyCausalLM:
+    torch.manual_seed(0)
+    return TinyCausalLM()
+
+
+def lm_data() -> tuple[TokenDataset, TokenDataset]:
+    return TokenDataset(64, seed=0), TokenDataset(16, seed=1)
+
+
+def cnn_factory() -> BNConvNet:
+    torch.manual_seed(0)
+    return BNConvNet()
+
+
+def cnn_data() -> tuple[ImageDataset, ImageDataset]:
+    return ImageDataset(48, seed=0), ImageDataset(16, seed=1)
+
+
+def cnn_dict_data() -> tuple[DictImageDataset, DictImageDataset]:
+    return DictImageDataset(48, seed=0), DictImageDataset(16, seed=1)
+
+
+def cnn_dict_loss(output: Tensor, batch: dict[str, Tensor]) -> Tensor:
+    """A user loss for dict batches: ``loss(output, batch)``."""
+    return nn.functional.cross_entropy(output, batch["label"])
+
+
+class CNNDictWrapper(nn.Module):
+    """``model(**batch)`` for dict image batches: takes ``image`` and ignores ``label``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = BNConvNet()
+
+    def forward(self, image: Tensor, label: Tensor | None = None) -> Tensor:
+        return self.net(image)
+
+
+def not_a_dataset() -> nn.Module:
+    """A data spec that returns a model by mistake."""
+    return nn.Linear(2, 2)
