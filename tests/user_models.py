@@ -67,6 +67,7 @@ class TinyCausalLM(nn.Module):
         self.ln_f = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, vocab, bias=False)
         self.head.weight = self.embed.weight  # tied
+        nn.init.normal_(self.embed.weight, std=0.02)
 
     def forward(self, input_ids: Tensor, labels: Tensor | None = None,
                 attention_mask: Tensor | None = None) -> LMOutput:
