@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 
 # name -> module that defines it. Resolved lazily by __getattr__ (PEP 562).
 _API: dict[str, str] = {
+    "fit": "torchgpu.train.fit",
     "list_devices": "torchgpu.devices",
     "get_device": "torchgpu.devices",
     "select_devices": "torchgpu.devices",
@@ -52,6 +53,7 @@ __all__ = [
     "check_devices",
     "default_device",
     "estimate_memory",
+    "fit",
     "get_device",
     "init_distributed",
     "list_devices",
@@ -101,4 +103,5 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from torchgpu.parallel.model import split_model
     from torchgpu.parallel.pipeline import Pipeline
     from torchgpu.precision import Precision
+    from torchgpu.train.fit import fit
     from torchgpu.transfer import Prefetcher, check_devices, pin, to_device

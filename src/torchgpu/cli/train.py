@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from torchgpu.cli.common import ArgumentParser
 from torchgpu.train.config import (
@@ -27,16 +28,25 @@ from torchgpu.train.config import (
 )
 from torchgpu.train.split_flags import parse_batch_size, parse_chunks
 
+if TYPE_CHECKING:
+    from torchgpu.train.task import Task
+
 
 def _parser() -> ArgumentParser:
     p = ArgumentParser(
         prog="torchgpu train",
-        description="Train a built-in example or your CSV table on CPU, one GPU or many.",
+        description="Train a built-in example, your CSV table or your own model on CPU, one "
+        "GPU or many.",
     )
     data = p.add_argument_group("data")
     data.add_argument("--example", help=f"built-in example: {'|'.join(EXAMPLES)} "
                       "(default housing)")
-    data.add_argument("--data", metavar="FILE", help="a numeric CSV table to train on")
+    data.add_argument("--model", metavar="SPEC", help="your model: module.path:attr or "
+                      "file.py:attr (an nn.Module or a function building one)")
+    data.add_argument("--data", metavar="FILE|SPEC", help="a numeric CSV table (with --target), "
+                      "or with --model a spec returning a Dataset or a (train, eval) pair")
+    data.add_argument("--loss", metavar="NAME|SPEC", help="with --model: mse|cross_entropy|"
+                      "module:function (default: the model's own output.loss, dict batches)")
     data.add_argument("--target", metavar="COL", help="the CSV column to predict")
     data.add_argument("--data-size", type=int, metavar="N",
                       help="shrink a built-in example to N samples (quick runs)")
@@ -126,14 +136,13 @@ def _default_nproc(config: TrainConfig) -> int:
     return 1
 
 
-def _decide_auto(config: TrainConfig) -> tuple[TrainConfig, str]:
+def _decide_auto(config: TrainConfig, task: Task) -> tuple[TrainConfig, str]:
     """``--strategy auto`` resolved by the planner on this machine, and the line to log."""
-    from torchgpu.train import build
     from torchgpu.train.auto_strategy import decide_strategy
 
     resolved = resolve(config)
     world = (config.nproc or 1) * config.nnodes
-    decision = decide_strategy(resolved, world, build.load_data(resolved), launching=True)
+    decision = decide_strategy(resolved, world, task, launching=True)
     return decision.config, decision.note
 
 
@@ -194,7 +203,6 @@ def _preflight(config: TrainConfig, nproc: int) -> TrainConfig:
 
     plan = plan_resume(config)  # --resume with no checkpoint: ResumeError before launching
     check_out_dir(config.out, resuming=plan.continuing)
-    build.load_data(config)
     return config
 
 
@@ -254,10 +262,14 @@ def main(argv: list[str]) -> int:
 
         set_visible_devices(config.gpus)
         _check_gpus(config)
+    task: Task | None = None
     if not _under_torchrun():
+        from torchgpu.train.task import task_for_config
+
+        task = task_for_config(resolve(config))  # data loaded (and checked) once, here
         auto_note = ""
         if config.strategy == "auto":  # plan before choosing how many processes to start
-            decided, auto_note = _decide_auto(config)
+            decided, auto_note = _decide_auto(config, task)
             if _default_nproc(decided) > 1:
                 config = decided
             # else: one process; train() decides again (cheap) and logs with its notes
@@ -269,7 +281,7 @@ def main(argv: list[str]) -> int:
             return _relaunch(resolved, nproc)
     from torchgpu.train.runner import train
 
-    result = train(config)
+    result = train(config, task=task)
     if result.out_dir is None:  # not rank 0: rank 0 reports
         return 0
     if config.json:

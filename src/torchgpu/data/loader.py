@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
+from torchgpu.data.batches import DictPairs
 from torchgpu.distributed import RankInfo
 from torchgpu.errors import DataError
 
@@ -29,6 +30,7 @@ def make_loader(
     num_workers: int = 0,
     drop_last: bool = False,
     pad: bool = True,
+    dict_pairs: bool = False,
 ) -> DataLoader[Any]:
     """A DataLoader over ``dataset`` with ``batch_size`` samples per batch (per rank).
 
@@ -47,6 +49,10 @@ def make_loader(
       seeded with ``seed``, so runs repeat exactly and the global RNG is not touched.
     - ``pin_memory`` only when ``device`` is CUDA (pinning for the CPU costs time and
       buys nothing); ``num_workers`` defaults to 0, in-memory data needs no workers.
+
+    - ``dict_pairs``: the dataset yields dicts; each collated dict ``batch`` comes out as
+      ``(batch, batch)`` (:class:`torchgpu.data.batches.DictPairs`), the engine's
+      ``(inputs, target)`` shape.
 
     Raises :class:`DataError` for an empty dataset, a batch size below 1, or fewer
     samples (per rank) than one batch when ``drop_last`` would leave no batch at all.
@@ -77,7 +83,7 @@ def make_loader(
             dataset,
             batch_sampler=ShardBatches(n, batch_size, rank=dist.rank,
                                        world_size=dist.world_size, shuffle=shuffle, seed=seed),
-            collate_fn=EmptyBatchCollate(dataset),
+            collate_fn=_pairs(EmptyBatchCollate(dataset), dict_pairs),
             num_workers=num_workers,
             pin_memory=pin,
         )
@@ -95,6 +101,7 @@ def make_loader(
             dataset,
             batch_size=batch_size,
             sampler=sampler,
+            collate_fn=_pairs(None, dict_pairs),
             num_workers=num_workers,
             pin_memory=pin,
             drop_last=drop_last,
@@ -105,10 +112,17 @@ def make_loader(
         batch_size=batch_size,
         shuffle=shuffle,
         generator=generator,
+        collate_fn=_pairs(None, dict_pairs),
         num_workers=num_workers,
         pin_memory=pin,
         drop_last=drop_last,
     )
+
+
+def _pairs(inner: Any, dict_pairs: bool) -> Any:
+    if not dict_pairs:
+        return inner
+    return DictPairs(inner)
 
 
 def set_epoch(loader: DataLoader[Any], epoch: int) -> None:

@@ -84,9 +84,9 @@ def simulated_limit(rank: int, environ: Mapping[str, str] | None = None) -> int 
 
 def make_probe(
     model: nn.Module,
-    loss_fn: Callable[[Tensor, Tensor], Tensor],
-    inputs: Tensor,
-    targets: Tensor,
+    loss_fn: Callable[[Any, Any], Tensor],
+    inputs: Any,
+    targets: Any,
     device: torch.device,
     target_device: torch.device | None = None,
     autocast: Callable[[], Any] | None = None,
@@ -94,8 +94,12 @@ def make_probe(
     optimizer_slots: int = OPTIMIZER_SLOTS,
 ) -> Callable[[int], None]:
     """``try_step(n)``: forward + backward of ``n`` samples (drawn cyclically from
-    ``inputs``/``targets``) on ``device``, labels on ``target_device``; gradients are
-    dropped afterwards. Raises ``torch.OutOfMemoryError`` above ``limit_samples``."""
+    ``inputs``/``targets``, batches of any structure: a dict batch is its own target) on
+    ``device``, labels on ``target_device``; gradients are dropped afterwards. Raises
+    ``torch.OutOfMemoryError`` above ``limit_samples``."""
+    from torchgpu.data.batches import batch_rows, take_rows
+    from torchgpu.transfer import to_device
+
     params = [p for p in model.parameters() if p.requires_grad]
     where = target_device if target_device is not None else device
 
@@ -105,9 +109,9 @@ def make_probe(
                 f"simulated memory limit: {n} samples do not fit, {limit_samples} do "
                 f"({SIMULATE_ENV})"
             )
-        index = torch.arange(n) % inputs.shape[0]
-        x = inputs[index].to(device)
-        y = targets[index].to(where)
+        index = torch.arange(n) % batch_rows(inputs)
+        x = to_device(take_rows(inputs, index), device)
+        y = x if targets is inputs else to_device(take_rows(targets, index), where)
         reserve = [torch.empty_like(p) for p in params for _ in range(optimizer_slots)]
         try:
             if autocast is not None:
@@ -140,14 +144,18 @@ def search_batch_size(
     agree: Agree | None = None,
 ) -> AutoBatch:
     """Find the micro-batch for ``model`` (already on ``device``; the unwrapped model
-    under DDP) on ``data.train``. Collective under a process group (every rank calls it).
+    under DDP) on ``data.train`` (``data``: a :class:`~torchgpu.train.task.Task`).
+    Collective under a process group (every rank calls it).
 
     ``effective_batch`` (all processes) must be a multiple of ``world_size``.
     Raises UsageError for an effective batch that does not split over the processes,
     :class:`~torchgpu.errors.OutOfMemoryBackoffError` when one sample does not fit.
     """
-    inputs, targets = data.train.tensors[0], data.train.tensors[1]
-    per_rank_rows = math.ceil(len(inputs) / world_size)
+    from torchgpu.train.task import as_task
+
+    data = as_task(data)
+    rows = len(data.train)
+    per_rank_rows = math.ceil(rows / world_size)
     per_rank_effective: int | None = None
     if effective_batch is not None:
         if effective_batch % world_size:
@@ -158,6 +166,7 @@ def search_batch_size(
             )
         per_rank_effective = effective_batch // world_size
     cap = min(MAX_AUTO_BATCH, per_rank_rows, per_rank_effective or MAX_AUTO_BATCH)
+    inputs, targets = data.sample(min(rows, cap))  # every row a probe of <= cap can use
     probe = make_probe(model, loss_fn, inputs, targets, device, target_device, autocast,
                        limit_samples)
     buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
@@ -198,14 +207,13 @@ def apply_auto_batch(
         return config, ""
     from torchgpu.parallel.data import unwrap
     from torchgpu.precision import Precision
-    from torchgpu.train.build import loss_function
     from torchgpu.train.split_strategies import output_device
 
     target = output_device(model)
     probe_model = model if target is not None else unwrap(model)
     precision = Precision(config.precision, device)
     found = search_batch_size(
-        probe_model, loss_function(data.task), data, device, world_size=world_size,
+        probe_model, data.loss, data, device, world_size=world_size,
         start=config.batch_size or 16, effective_batch=config.effective_batch_size,
         accumulate=config.accumulate, target_device=target,
         autocast=precision.autocast if precision.dtype is not None else None,

@@ -24,7 +24,7 @@ GPU, ``auto``/``cuda`` for every visible GPU (or the CPU when there is none).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,19 +51,31 @@ class AutoDecision:
     bound_bytes: int
 
 
-def step_bound_bytes(model: nn.Module, sample: torch.Tensor, batch: int) -> int:
+def step_bound_bytes(model: nn.Module, sample: Any, batch: int) -> int:
     """A cheap, generous bound of one training step's memory at ``batch`` samples.
 
-    ``sample`` is one input row batch (at least one sample; only the first is used).
+    ``sample`` is one batch of inputs of any structure (a tensor; a dict, called
+    ``model(**sample)``; a tuple/list, ``model(*sample)``), at least one sample; only the
+    first is used.
     """
+    from torchgpu.data.batches import first_rows
     from torchgpu.memory import saved_tensor_bytes
+
+    one = first_rows(sample, 1)
+
+    def forward() -> Any:
+        if isinstance(one, Mapping):
+            return model(**one)
+        if isinstance(one, tuple | list):
+            return model(*one)
+        return model(one)
 
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
     was_training = model.training
     model.eval()
     try:
-        saved = saved_tensor_bytes(lambda: model(sample[:1]))
+        saved = saved_tensor_bytes(forward)
     finally:
         model.train(was_training)
     return STATE_FACTOR * params + buffers + BOUND_FACTOR * saved * batch
@@ -99,14 +111,15 @@ def decide_strategy(
     """
     from torchgpu.planning.decide import SMALL_STEP_BYTES
     from torchgpu.sizes import format_bytes
-    from torchgpu.train.build import build_model
-
     assert config.batch_size is not None
     keep = "ddp" if world_size > 1 else "single"
     if config.strategy != "auto":
         return AutoDecision(config, "", None, 0)
-    model = build_model(config, data)
-    inputs = data.train.tensors[0]
+    from torchgpu.train.task import as_task
+
+    data = as_task(data, config)
+    model = data.build_model()
+    inputs, _ = data.sample(1)
     batch = config.batch_size * config.accumulate * world_size  # samples per step
     bound = step_bound_bytes(model, inputs, config.batch_size)
     small = SMALL_STEP_BYTES if small_step_bytes is None else small_step_bytes
@@ -120,11 +133,16 @@ def decide_strategy(
         from torchgpu.planning.planner import plan_for_training
 
         plan_fn = plan_for_training
-    sample = torch.empty((config.batch_size, *inputs.shape[1:]), dtype=inputs.dtype,
-                         device="meta")
+    sample: Any
+    if isinstance(inputs, torch.Tensor):
+        sample = torch.empty((config.batch_size, *inputs.shape[1:]), dtype=inputs.dtype,
+                             device="meta")
+    else:  # a structured batch (dicts of token ids...): real rows, the estimator fakes them
+        sample = data.sample(config.batch_size)[0]
+    builtin = config.data is None and config.model is None
     plan = plan_fn(model, sample, batch_size=batch, devices=planner_devices(config),
                    optimizer="adam", precision=_planner_precision(config.precision),
-                   example=config.example if config.data is None else None)
+                   example=config.example if builtin else None)
     single = next((c for c in plan.candidates if c.label == "single"), None)
     if single is not None and single.fits:
         return AutoDecision(

@@ -47,6 +47,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from torchgpu.data.batches import (
+    batch_rows,
+    first_rows,
+    output_loss,
+    split_rows,
+    zero_loss_like,
+)
 from torchgpu.errors import OutOfMemoryBackoffError
 from torchgpu.oom import FIX_HINT, Agree, OOMBackoff, is_oom, release_failed_step, release_memory
 from torchgpu.parallel.data import find_ddp
@@ -214,10 +221,10 @@ class LoopBackoff:
     def _batch(self, x: Tensor, y: Tensor) -> tuple[float, bool]:
         """Forward/backward of one loader batch in pieces; the last piece goes through
         the accumulator (which steps at the window's boundary)."""
-        n = int(x.shape[0])
+        n = batch_rows(x)
         count = max(1, -(-n // self.micro_batch))
-        xs = x.tensor_split(count) if count > 1 else (x,)
-        ys = y.tensor_split(count) if count > 1 else (y,)
+        xs = split_rows(x, count)
+        ys = xs if y is x else split_rows(y, count)  # a dict batch is its own target
         acc = self.acc
         total = 0.0
         stepped = False
@@ -227,7 +234,7 @@ class LoopBackoff:
                 if self.poisoned is not None:
                     stepped = self._stand_in(xi, last)
                     continue
-                weight = int(xi.shape[0]) / n if n else 1.0
+                weight = batch_rows(xi) / n if n else 1.0
                 in_forward = True
                 try:
                     with self._no_sync(last):
@@ -275,13 +282,16 @@ class LoopBackoff:
         """A poisoned rank's stand-in for one piece: a forward on two samples (DDP's
         forward collectives line up), and on a batch's last piece a NaN loss through the
         accumulator, so the window's all-reduce carries the poison to every rank."""
-        small = x[: min(2, int(x.shape[0]))]
+        small = first_rows(x, 2)
         with self._no_sync(last):
             with self._autocast():
                 out = self.model(small)
             if not last:
                 return False
-            loss = out.float().sum() * math.nan
+            connected = out.float().sum() if isinstance(out, Tensor) else zero_loss_like(out)
+            if connected is None:  # an output with no batched tensor: its loss, if any
+                connected = output_loss(out, small)
+            loss = connected * math.nan
             if self.poison_loss is not None:
                 loss = self.poison_loss(loss)
             stepped: bool = self.acc.backward(loss)

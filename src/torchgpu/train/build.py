@@ -10,6 +10,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -20,7 +21,7 @@ from torchgpu.errors import UsageError
 from torchgpu.train.config import TrainConfig
 
 
-def _split(model: nn.Module, data: ExampleData, config: TrainConfig,
+def _split(model: nn.Module, data: Any, config: TrainConfig,
            device: torch.device) -> nn.Module:
     from torchgpu.train.split_strategies import build_split_model
 
@@ -30,7 +31,7 @@ def _split(model: nn.Module, data: ExampleData, config: TrainConfig,
 # strategy name -> builder(model, data, config, device) -> wrapped model. model/pipeline in
 # one process (torchgpu.train.split_strategies); a pipeline over several processes runs
 # its own loop (torchgpu.train.stage_strategy).
-EXTRA_STRATEGIES: dict[str, Callable[[nn.Module, ExampleData, TrainConfig, torch.device],
+EXTRA_STRATEGIES: dict[str, Callable[[nn.Module, Any, TrainConfig, torch.device],
                                      nn.Module]] = {"model": _split, "pipeline": _split}
 
 
@@ -172,7 +173,7 @@ def wrap_model(
     model: nn.Module,
     choice: StrategyChoice,
     config: TrainConfig,
-    data: ExampleData,
+    data: Any,  # the run's Task
     device: torch.device,
 ) -> tuple[nn.Module, tuple[str, ...]]:
     """Activation checkpointing (if asked), move to ``device``, wrap for the strategy.

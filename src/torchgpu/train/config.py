@@ -41,6 +41,8 @@ EXAMPLE_DEFAULTS: dict[str, ExampleDefaults] = {
     "resnet50": ExampleDefaults(epochs=1, batch_size=8, lr=1e-3),
 }
 CSV_DEFAULTS = ExampleDefaults(epochs=40, batch_size=32, lr=0.01)
+# --model SPEC: AdamW's usual learning rate for a user's network, a few epochs.
+MODEL_DEFAULTS = ExampleDefaults(epochs=3, batch_size=16, lr=1e-3)
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,9 @@ class TrainConfig:
     """
 
     example: str | None = None
-    data: str | None = None
+    data: str | None = None  # a CSV path, or with ``model`` a data spec (module:attr)
+    model: str | None = None  # a model spec: module.path:attr or path/to/file.py:attr
+    loss: str | None = None  # mse | cross_entropy | a module:function spec (with model)
     target: str | None = None
     data_size: int | None = None
     device: str = "auto"
@@ -89,14 +93,18 @@ class TrainConfig:
 
     @property
     def run_name(self) -> str:
-        """What the run trains: the example name or the CSV file's stem."""
+        """What the run trains: the model spec's name, the example name or the CSV's stem."""
+        if self.model is not None:
+            return self.model.rsplit(":", 1)[-1] or "model"
         if self.data is not None:
             return Path(self.data).stem or "csv"
         return self.example or "housing"
 
 
 def defaults_for(config: TrainConfig) -> ExampleDefaults:
-    """The defaults that apply to ``config``'s data (example or CSV)."""
+    """The defaults that apply to ``config``'s data (example or CSV) or user model."""
+    if config.model is not None:
+        return MODEL_DEFAULTS
     if config.data is not None:
         return CSV_DEFAULTS
     return EXAMPLE_DEFAULTS.get(config.example or "housing", CSV_DEFAULTS)
@@ -113,7 +121,7 @@ def resolve(config: TrainConfig, now: datetime.datetime | None = None) -> TrainC
 
     Call :func:`validate` first; resolving does not check values.
     """
-    example = config.example if (config.example or config.data) else "housing"
+    example = config.example if (config.example or config.data or config.model) else "housing"
     filled = dataclasses.replace(config, example=example)
     defaults = defaults_for(filled)
     return dataclasses.replace(
@@ -141,6 +149,39 @@ def _at_least(name: str, value: int | float | None, low: int, why: str = "") -> 
         )
 
 
+def _check_model_flags(config: TrainConfig) -> None:
+    """``--model SPEC`` needs ``--data SPEC`` (or a CSV with ``--target``) and excludes
+    ``--example``; ``--loss`` applies to ``--model`` only."""
+    if config.model is None:
+        if config.loss is not None:
+            raise UsageError(
+                f"--loss {config.loss} was given without --model: built-in examples and CSV "
+                "tables know their loss; --loss goes with your own --model SPEC."
+            )
+        return
+    if config.example is not None:
+        raise UsageError(
+            f"--example {config.example} and --model {config.model} were both given: train "
+            "either a built-in example or your own model, not both."
+        )
+    if not config.data:
+        raise UsageError(
+            f"--model {config.model} needs --data SPEC naming your data (module.path:attr or "
+            "file.py:attr returning a Dataset or a (train, eval) pair), or --data FILE.csv "
+            "--target COLUMN."
+        )
+    specs = [("--model", config.model, "a model or a function building one")]
+    if config.target is None:  # else --data is a CSV file
+        specs.append(("--data", config.data, "a Dataset, a (train, eval) pair, or a "
+                      "function returning one"))
+    for flag, spec, what in specs:
+        if ":" not in spec.strip(":"):
+            raise UsageError(
+                f"{flag} {spec} is not a spec: write module.path:attr or path/to/file.py:attr "
+                f"(the attribute is {what})."
+            )
+
+
 def validate(config: TrainConfig) -> None:
     """Raise ConfigError / UsageError for the first bad value in ``config``.
 
@@ -156,7 +197,8 @@ def validate(config: TrainConfig) -> None:
             f"--example {config.example} and --data {config.data} were both given: "
             "train either a built-in example or your CSV file, not both."
         )
-    if config.data is not None and not config.target:
+    _check_model_flags(config)
+    if config.data is not None and not config.target and config.model is None:
         raise UsageError(
             f"--data {config.data} needs --target COLUMN naming the column to predict, "
             "e.g. --target price."

@@ -36,20 +36,22 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import Tensor, nn
 
+from torchgpu.data.batches import batch_rows
 from torchgpu.errors import NonFiniteLossError
 from torchgpu.oom import is_oom
 from torchgpu.train.agreement import FiniteGuard, NonFiniteGradients, RankAgreement
 from torchgpu.train.backoff import BatchOutcome
 from torchgpu.train.state import StopFlag, TrainState
 from torchgpu.train.tail import TailWindows
+from torchgpu.transfer import to_device
 
 if TYPE_CHECKING:
     from torchgpu.data.shards import ShardLayout
@@ -142,6 +144,7 @@ class EvalResult:
     r2: float | None
     accuracy: float | None
     samples: int
+    metrics: dict[str, float] = field(default_factory=dict)  # a user task's, by name
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -266,7 +269,7 @@ def run_epoch(
     next_ui = started + UI_INTERVAL_S
     try:
         for x, y in batches:
-            n = x.shape[0]
+            n = x.shape[0] if isinstance(x, Tensor) else batch_rows(x)
             if state.batch_in_epoch >= tail_from:  # windows holding a short micro-batch
                 loss_fn = tail.loss_fn  # an empty batch (a DDP rank's share) gives zero
                 logged = tail.batch(acc, state.batch_in_epoch, n)
@@ -277,10 +280,11 @@ def run_epoch(
                 if acc.steps != wanted:
                     acc.set_steps(wanted)
             if move:
-                x = x.to(device, non_blocking=True)
-                y = y.to(device, non_blocking=True)
+                same = y is x  # a dict batch is its own target
+                x = to_device(x, device, non_blocking=True)
+                y = x if same else to_device(y, device, non_blocking=True)
             if target_device is not None:
-                y = y.to(target_device, non_blocking=True)
+                y = to_device(y, target_device, non_blocking=True)
             replaced: BatchOutcome | None = None
             loss = None
             bad = False
@@ -452,16 +456,20 @@ def _handle_nonfinite(parts: LoopParts, state: TrainState, value: float, local: 
 @torch.no_grad()
 def evaluate(
     model: nn.Module,
-    batches: Iterable[tuple[Tensor, Tensor]],
+    batches: Iterable[tuple[Any, Any]],
     loss_fn: LossFn,
     *,
     task: str,
     device: torch.device,
     precision: Autocaster | None = None,
     target_device: torch.device | None = None,
+    metrics: Mapping[str, Callable[[Any, Any], float]] | None = None,
 ) -> EvalResult:
-    """Mean loss over ``batches`` plus R² (``task="regression"``) or accuracy.
+    """Mean loss over ``batches`` plus R² (``task="regression"``), accuracy
+    (``"classification"``) or ``metrics`` (``{name: fn(output, target) -> float}``, each
+    batch's value weighted by its samples; ``"custom"``).
 
+    Batches are ``(inputs, target)`` of any structure (:mod:`torchgpu.data.batches`).
     Sums are kept in float64 on the CPU; the model is put in eval mode and back into
     train mode afterwards. Labels go to ``target_device`` (default ``device``: where the
     output is). The caller chooses which batches (all ranks may evaluate
@@ -473,32 +481,43 @@ def evaluate(
     count = 0
     sse = sum_y = sum_y2 = 0.0
     correct = 0
+    sums = dict.fromkeys(metrics or {}, 0.0)
     try:
         for x, y in batches:
-            x = x.to(device)
-            y = y.to(target_device if target_device is not None else device)
+            n = int(x.shape[0]) if isinstance(x, Tensor) else batch_rows(x)
+            if n == 0:
+                continue
+            same = y is x  # a dict batch is its own target (DictPairs)
+            x = to_device(x, device)
+            y = x if same else to_device(
+                y, target_device if target_device is not None else device)
             if precision is not None:
                 with precision.autocast():
                     out = model(x)
             else:
                 out = model(x)
-            out = out.float()
-            n = int(x.shape[0])
+            if isinstance(out, Tensor):
+                out = out.float()
             loss_total += float(loss_fn(out, y)) * n
             count += n
+            for name, fn in (metrics or {}).items():
+                sums[name] += float(fn(out, y)) * n
             if task == "regression":
                 target = y.double().reshape(out.shape)
                 sse += float(((out.double() - target) ** 2).sum())
                 sum_y += float(target.sum())
                 sum_y2 += float((target**2).sum())
-            else:
+            elif task == "classification":
                 correct += int((out.argmax(dim=1) == y).sum())
     finally:
         model.train(was_training)
     if count == 0:
-        return EvalResult(math.nan, None, None, 0)
+        return EvalResult(math.nan, None, None, 0, {k: math.nan for k in sums})
+    averaged = {k: v / count for k, v in sums.items()}
     if task == "regression":
         total = sum_y2 - sum_y * sum_y / count
         r2 = 1.0 - sse / total if total > 0 else math.nan
-        return EvalResult(loss_total / count, r2, None, count)
-    return EvalResult(loss_total / count, None, correct / count, count)
+        return EvalResult(loss_total / count, r2, None, count, averaged)
+    if task == "classification":
+        return EvalResult(loss_total / count, None, correct / count, count, averaged)
+    return EvalResult(loss_total / count, None, None, count, averaged)

@@ -24,7 +24,8 @@ MODEL_FILE = "model.safetensors"
 
 @dataclass(frozen=True)
 class EpochRecord:
-    """One epoch's results. ``test_r2`` for regression, ``test_accuracy`` for classification."""
+    """One epoch's results. ``test_r2`` for regression, ``test_accuracy`` for
+    classification, ``metrics`` (written as ``test_<name>``) for a user task's metrics."""
 
     epoch: int
     step: int  # optimizer steps taken so far (global)
@@ -34,9 +35,11 @@ class EpochRecord:
     test_accuracy: float | None
     samples_per_s: float  # training samples per second, this process
     seconds: float  # wall time of the epoch's training part
+    metrics: Mapping[str, float] = field(default_factory=dict)  # a user task's, by name
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            **{f"test_{name}": value for name, value in self.metrics.items()},
             "kind": "epoch",
             "epoch": self.epoch,
             "step": self.step,

@@ -66,6 +66,7 @@ def format_epoch(record: EpochRecord, epochs: int, memory: str = "") -> str:
         parts.append(f"R² {record.test_r2:.3f}")
     if record.test_accuracy is not None:
         parts.append(f"acc {record.test_accuracy:.3f}")
+    parts += [f"{name} {value:.4g}" for name, value in record.metrics.items()]
     parts.append(f"{record.samples_per_s:,.0f} samples/s")
     if memory:
         parts.append(memory)

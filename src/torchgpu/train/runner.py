@@ -14,11 +14,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+from torchgpu.data.batches import install_call_convention
 from torchgpu.errors import UsageError
 from torchgpu.train import build, metrics
 from torchgpu.train.agreement import RankAgreement
@@ -29,6 +30,10 @@ from torchgpu.train.loop import EvalResult, LoopParts, evaluate, run_epoch
 from torchgpu.train.metrics import EpochRecord, MetricsBuffer
 from torchgpu.train.progress import NullProgress, make_progress
 from torchgpu.train.state import StopFlag, TrainState
+from torchgpu.train.task import Task, spreads_inputs, task_for_config
+
+if TYPE_CHECKING:
+    from torchgpu.distributed import DistEnv
 
 
 @dataclass(frozen=True)
@@ -130,7 +135,7 @@ def _final_state(model: nn.Module, mode: str) -> dict[str, torch.Tensor]:
 
 
 def train(config: TrainConfig, *, stop: StopFlag | None = None,
-          stop_at_step: int | None = None) -> TrainResult:
+          stop_at_step: int | None = None, task: Task | None = None) -> TrainResult:
     """Run ``config`` to the end (or until ``stop`` is set); return the result.
 
     ``stop_at_step``: stop (and checkpoint) after that optimizer step, as if the stop
@@ -139,9 +144,15 @@ def train(config: TrainConfig, *, stop: StopFlag | None = None,
     Under torchrun (WORLD_SIZE set) this forms the process group, trains with the
     resolved strategy and destroys the group. Raises torchgpu errors for bad input
     before anything is written.
+
+    ``task``: what to train (:func:`torchgpu.fit` passes the user's model and data);
+    by default the one ``config`` names (:func:`~torchgpu.train.task.task_for_config`),
+    whose data is loaded once, here, before ``--out`` is created.
     """
     validate(config)
     config = resolve(config)
+    if task is None:
+        task = task_for_config(config)
     from torchgpu.distributed import DistEnv, init_distributed
 
     env = DistEnv.from_env()
@@ -149,7 +160,7 @@ def train(config: TrainConfig, *, stop: StopFlag | None = None,
     if config.strategy == "auto":  # the planner decides (torchgpu.train.auto_strategy)
         from torchgpu.train.auto_strategy import decide_strategy
 
-        decision = decide_strategy(config, env.world_size, build.load_data(config))
+        decision = decide_strategy(config, env.world_size, task)
         config, auto_notes = decision.config, (decision.note,)
     from torchgpu.train.auto_batch import simulated_limit
 
@@ -164,25 +175,40 @@ def train(config: TrainConfig, *, stop: StopFlag | None = None,
     plan = plan_resume(config)  # ResumeError (exit 2) before anything is written
     crash = crash_plan_from_env(env.rank)  # test-only fault injection, read once
     out_dir = check_out_dir(config.out, resuming=plan.continuing)
-    data = build.load_data(config)
+    data = task
     with init_distributed(device=device) as session:
         agree = session.is_distributed
-        model = build.build_model(config, data)
-        if choice.mode == "pipeline" and env.world_size > 1:  # one stage per process
-            from torchgpu.train.stage_strategy import train_stages
+        model = task.build_model()
+        # dict or tuple inputs: model(**batch) / model(*inputs), for this run only
+        convention = install_call_convention(model) if spreads_inputs(task) else None
+        try:
+            return _assembled(config, env, agree, device, choice, data, model, out_dir,
+                              auto_notes, memory_limit, stop or StopFlag(),
+                              RunStart(plan, crash, stop_at_step))
+        finally:
+            if convention is not None:
+                convention.remove()
 
-            return train_stages(config, env, device, data, model,
-                                out_dir if env.is_main else None, auto_notes + choice.notes,
-                                stop or StopFlag())
-        model, wrap_notes = build.wrap_model(model, choice, config, data, device)
-        from torchgpu.train.auto_batch import apply_auto_batch
 
-        config, batch_note = apply_auto_batch(config, model, data, device, env.world_size,
-                                              memory_limit)
-        notes = auto_notes + choice.notes + wrap_notes + ((batch_note,) if batch_note else ())
-        return _run(config, env.rank, env.world_size, agree, device, choice.mode, data,
-                    model, out_dir if env.is_main else None, notes, stop or StopFlag(),
-                    RunStart(plan, crash, stop_at_step))
+def _assembled(config: TrainConfig, env: DistEnv, agree: bool, device: torch.device,
+               choice: build.StrategyChoice, data: Task, model: nn.Module, out_dir: Path,
+               auto_notes: tuple[str, ...], memory_limit: int | None, stop: StopFlag,
+               start: RunStart) -> TrainResult:
+    """The run, once device, strategy, data and model exist: wrap, batch size, train."""
+    if choice.mode == "pipeline" and env.world_size > 1:  # one stage per process
+        from torchgpu.train.stage_strategy import train_stages
+
+        return train_stages(config, env, device, data, model,
+                            out_dir if env.is_main else None, auto_notes + choice.notes,
+                            stop)
+    model, wrap_notes = build.wrap_model(model, choice, config, data, device)
+    from torchgpu.train.auto_batch import apply_auto_batch
+
+    config, batch_note = apply_auto_batch(config, model, data, device, env.world_size,
+                                          memory_limit)
+    notes = auto_notes + choice.notes + wrap_notes + ((batch_note,) if batch_note else ())
+    return _run(config, env.rank, env.world_size, agree, device, choice.mode, data,
+                model, out_dir if env.is_main else None, notes, stop, start)
 
 
 def _run(
@@ -207,16 +233,18 @@ def _run(
 
     assert config.batch_size is not None and config.epochs is not None and config.lr is not None
     precision = Precision(config.precision, device)
-    optimizer = build.make_optimizer(model, config.lr)
+    optimizer = data.make_optimizer(model, config.lr)
     acc = GradAccumulator(model, optimizer, config.accumulate, precision=precision,
                           clip_norm=config.clip_norm)
     train_loader = make_loader(data.train, config.batch_size, shuffle=True, seed=config.seed,
                                dist=Shard(rank, world), device=device,
-                               num_workers=config.num_workers, pad=False)
-    test_subset = data.test
-    test_loader = make_loader(test_subset, max(config.batch_size, 256), shuffle=False,
-                              device=device)
-    loss_fn = build.loss_function(data.task)
+                               num_workers=config.num_workers, pad=False,
+                               dict_pairs=data.dict_batches)
+    test_loader: Any = (make_loader(data.test, max(config.batch_size, 256) if data.kind != "custom"
+                               else config.batch_size, shuffle=False, device=device,
+                               dict_pairs=data.dict_batches)
+                   if data.test is not None else [])
+    loss_fn = data.loss
     from torchgpu.train.split_strategies import output_device
 
     target_device = output_device(model)  # model/pipeline: labels meet the output there
@@ -271,9 +299,9 @@ def _run(
                 if totals.stopped:
                     ckpt.stopped(state, buffer, batches_per_epoch)  # save, say how to resume
                     break
-                result = evaluate(eval_model, test_loader, loss_fn, task=data.task,
+                result = evaluate(eval_model, test_loader, loss_fn, task=data.kind,
                                   device=device, precision=precision,
-                                  target_device=target_device)
+                                  target_device=target_device, metrics=data.metrics)
                 record = _epoch_record(state, result, totals.samples, totals.seconds, world)
                 records.append(record)
                 state.epoch_losses.append((record.train_loss, record.test_loss))
@@ -304,6 +332,7 @@ def _epoch_record(state: TrainState, result: EvalResult, samples: int, seconds: 
         epoch=state.epoch, step=state.step, train_loss=train_loss, test_loss=result.loss,
         test_r2=result.r2, test_accuracy=result.accuracy,
         samples_per_s=samples * world / seconds if seconds > 0 else math.nan, seconds=seconds,
+        metrics=result.metrics,
     )
 
 
@@ -316,14 +345,16 @@ def _summary(config: TrainConfig, data: Any, mode: str, world: int, state: Train
         "train_loss": final.train_loss if final else None,
         "test_loss": final.test_loss if final else None,
     }
-    if data.task == "regression":
+    if data.kind == "regression":
         final_metrics["test_r2"] = final.test_r2 if final else None
-    else:
+    elif data.kind == "classification":
         final_metrics["test_accuracy"] = final.test_accuracy if final else None
+    for name in data.metrics:
+        final_metrics[f"test_{name}"] = final.metrics.get(name) if final else None
     samples_all = state.samples * world
     return {
         "run": config.run_name,
-        "task": data.task,
+        "task": data.kind,
         "strategy": mode,
         "world_size": world,
         "precision": precision_mode,

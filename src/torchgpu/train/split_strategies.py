@@ -84,11 +84,38 @@ def split_device(config: TrainConfig, env: DistEnv) -> torch.device | None:
         ) from None
 
 
-def sample_batch(data: Any, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first ``rows`` training samples ``(x, y)`` (balance and chunk measurements)."""
-    x, y = data.train.tensors[0], data.train.tensors[1]
-    n = max(1, min(rows, len(x)))
-    return x[:n], y[:n]
+def sample_batch(data: Any, rows: int) -> tuple[Any, Any]:
+    """The first ``rows`` training samples ``(x, y)`` of a Task (balance and chunk
+    measurements)."""
+    from torchgpu.train.task import as_task
+
+    data = as_task(data)
+    n = max(1, min(rows, len(data.train)))
+    x, y = data.sample(n)
+    return x, y
+
+
+def check_splittable(model: nn.Module, data: Any, strategy: str) -> None:
+    """Refuse (UsageError, exit 2) a model or data that cannot be cut into stages:
+    stages need an ``nn.Sequential``, a model with ``as_sequential()`` or a list of
+    blocks, fed one tensor per batch."""
+    if getattr(data, "dict_batches", False):
+        raise UsageError(
+            f"--strategy {strategy} passes one tensor from stage to stage, but the data yields "
+            "dict batches (model(**batch)): use --strategy single, dp, ddp or fsdp for this "
+            "model, or give the data as (input_tensor, target) pairs and the model as an "
+            "nn.Sequential."
+        )
+    if isinstance(model, nn.Sequential | nn.ModuleList) or callable(
+            getattr(model, "as_sequential", None)):
+        return
+    raise UsageError(
+        f"--strategy {strategy} cuts the model into consecutive stages, but "
+        f"{type(model).__name__} is not an nn.Sequential, has no as_sequential() method and "
+        "is not a list of blocks: return an nn.Sequential from the model factory (or add "
+        "as_sequential() returning one that shares the modules), or use --strategy single, "
+        "dp, ddp or fsdp."
+    )
 
 
 def default_chunks(batch_size: int, stages: int) -> int:
@@ -105,8 +132,13 @@ def build_split_model(
     BalanceError (exit 2) when ``--balance`` does not match the model's layers.
     """
     from torchgpu.parallel.model import build_pipeline_model
-    from torchgpu.train.build import loss_function
 
+    from torchgpu.train.task import as_task
+
+    data = as_task(data, config)
+    check_splittable(model, data, config.strategy)
+    if isinstance(model, nn.ModuleList):
+        model = nn.Sequential(*model)
     devices = stage_devices(config)
     balance = parse_balance(config.balance) if config.balance is not None else None
     batch = int(config.batch_size or 1)
@@ -126,7 +158,7 @@ def build_split_model(
     pipe = build_pipeline_model(
         model, "pipeline", devices, balance=balance,
         chunks="auto" if chunks == "auto" else int(chunks), checkpoint=checkpoint,
-        sample=x, sample_target=y, loss_fn=loss_function(data.task),
+        sample=x, sample_target=y, loss_fn=data.loss,
     )
     choice = getattr(pipe, "chunk_choice", None)
     if choice is not None:

@@ -242,7 +242,18 @@ def train_stages(config: TrainConfig, env: DistEnv, device: torch.device, data: 
             "(--devices ... without --nproc)."
         )
     assert config.batch_size is not None and config.epochs is not None
-    loss_fn = build.loss_function(data.task)
+    from torchgpu.train.split_strategies import check_splittable
+    from torchgpu.train.task import as_task
+
+    data = as_task(data, config)
+    check_splittable(model, data, "pipeline")
+    if data.test is None:
+        raise UsageError(
+            "--strategy pipeline with several processes evaluates on held-out data each "
+            "epoch: give the data spec a (train, eval) pair, or run the pipeline in one "
+            "process (--devices ... without --nproc)."
+        )
+    loss_fn = data.loss
     trainer = StageTrainer(model, config, device, loss_fn, data)
     if config.chunks == "auto":
         trainer.sweep_chunks()
@@ -316,7 +327,7 @@ def train_stages(config: TrainConfig, env: DistEnv, device: torch.device, data: 
                 train_seconds += seconds
                 if stopped:
                     break
-                result = trainer.evaluate(test_loader, data.task)
+                result = trainer.evaluate(test_loader, data.kind)
                 record = _epoch_record(state, result, samples, seconds, 1)
                 records.append(record)
                 state.epoch_losses.append((record.train_loss, record.test_loss))

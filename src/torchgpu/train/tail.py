@@ -22,9 +22,10 @@ from typing import Any
 
 from torch import Tensor
 
+from torchgpu.data.batches import is_empty, zero_loss_like
 from torchgpu.data.shards import ShardLayout
 
-LossFn = Callable[[Tensor, Tensor], Tensor]
+LossFn = Callable[[Any, Any], Tensor]
 
 
 class EmptySafeLoss:
@@ -35,9 +36,14 @@ class EmptySafeLoss:
     def __init__(self, loss_fn: LossFn) -> None:
         self.loss_fn = loss_fn
 
-    def __call__(self, out: Tensor, target: Tensor) -> Tensor:
-        if out.shape[0] == 0:
-            return out.sum() * 0.0
+    def __call__(self, out: Any, target: Any) -> Tensor:
+        if isinstance(out, Tensor):
+            if out.shape[0] == 0:
+                return out.sum() * 0.0
+        elif is_empty(target):  # a structured output (e.g. with .logits) of no rows
+            zero = zero_loss_like(out)
+            if zero is not None:
+                return zero
         return self.loss_fn(out, target)
 
 

@@ -1,0 +1,181 @@
+"""Batches of any structure: the engine's one convention for the user's data.
+
+Every batch reaches the training loop as a pair ``(inputs, target)``:
+
+- a dataset of ``(inputs, target)`` items collates (``default_collate``) to
+  ``[inputs, target]``; ``inputs`` may be a tensor, a tuple/list of tensors or a dict;
+- a dataset of dicts collates to one dict ``batch``; :class:`DictPairs` hands it to the
+  loop as ``(batch, batch)``, so the model gets the whole dict (labels included, which is
+  how a language model computes its own ``.loss``) and the loss gets the batch.
+
+The model is called by the convention of :func:`install_call_convention`: a tensor as
+``model(x)``, a tuple/list as ``model(*inputs)``, a dict as ``model(**inputs)``.
+
+The number of samples in a batch (for exact accumulation, DDP weighting, throughput) is
+the first dimension of its first tensor (:func:`batch_rows`). When a model returns a
+*mean over tokens* (a language model's ``.loss``), torchgpu weights micro-batches by
+samples, not tokens: exact when every sample has the same number of counted tokens, an
+approximation (the same one DDP makes) when padding varies between micro-batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
+
+from torchgpu.errors import DataError
+
+
+def _leaves(obj: Any) -> list[Tensor]:
+    if isinstance(obj, Tensor):
+        return [obj]
+    if isinstance(obj, Mapping):
+        return [t for v in obj.values() for t in _leaves(v)]
+    if isinstance(obj, Sequence) and not isinstance(obj, str | bytes):
+        return [t for v in obj for t in _leaves(v)]
+    return []
+
+
+def _rebuild(obj: Any, fn: Callable[[Tensor], Any]) -> Any:
+    """``obj`` with ``fn`` applied to every tensor that has a batch dimension."""
+    if isinstance(obj, Tensor):
+        return fn(obj) if obj.dim() else obj
+    if isinstance(obj, Mapping):
+        return {k: _rebuild(v, fn) for k, v in obj.items()}
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
+        return type(obj)(*(_rebuild(v, fn) for v in obj))
+    if isinstance(obj, Sequence) and not isinstance(obj, str | bytes):
+        return type(obj)(_rebuild(v, fn) for v in obj) if isinstance(obj, tuple) else [
+            _rebuild(v, fn) for v in obj]
+    return obj
+
+
+def batch_rows(obj: Any) -> int:
+    """Samples in ``obj``: the first dimension of its first tensor with one.
+
+    Raises :class:`DataError` when ``obj`` holds no batched tensor.
+    """
+    for t in _leaves(obj):
+        if t.dim():
+            return int(t.shape[0])
+    raise DataError(
+        f"a batch of type {type(obj).__name__} holds no tensor with a batch dimension: the "
+        "engine takes (inputs, target) pairs or dicts of tensors; have the dataset return "
+        "tensors (torch.as_tensor) or pass a collate function that does"
+    )
+
+
+def split_rows(obj: Any, count: int) -> list[Any]:
+    """``obj`` cut into ``count`` consecutive pieces along the batch dimension
+    (``Tensor.tensor_split`` on every batched tensor; other leaves are shared)."""
+    if count <= 1:
+        return [obj]
+    def piece(i: int) -> Callable[[Tensor], Tensor]:
+        return lambda t: t.tensor_split(count)[i]
+
+    return [_rebuild(obj, piece(i)) for i in range(count)]
+
+
+def take_rows(obj: Any, index: Tensor) -> Any:
+    """The rows ``index`` of every batched tensor in ``obj`` (cyclic samples for probes)."""
+    return _rebuild(obj, lambda t: t[index % t.shape[0]])
+
+
+def first_rows(obj: Any, n: int) -> Any:
+    """The first ``n`` rows of every batched tensor in ``obj``."""
+    return _rebuild(obj, lambda t: t[:n])
+
+
+class DictPairs:
+    """A collate function for datasets of dicts: ``(batch, batch)`` from ``inner``'s
+    collated dict (default ``default_collate``)."""
+
+    def __init__(self, inner: Callable[[list[Any]], Any] | None = None) -> None:
+        from torch.utils.data import default_collate
+
+        self.inner = inner or default_collate
+
+    def __call__(self, items: list[Any]) -> tuple[Any, Any]:
+        batch = self.inner(items)
+        return batch, batch
+
+
+def _spread(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+            ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    if len(args) != 1 or kwargs:
+        return None
+    (only,) = args
+    if isinstance(only, Mapping):
+        return (), dict(only)
+    if isinstance(only, tuple | list) and not hasattr(only, "_fields"):
+        return tuple(only), {}
+    return None
+
+
+def install_call_convention(model: nn.Module) -> RemovableHandle:
+    """Make ``model(batch)`` mean ``model(**batch)`` for a dict and ``model(*inputs)`` for
+    a tuple/list, for the duration of a run (remove the returned handle afterwards).
+
+    A forward pre-hook on the model itself, not a wrapper module, so state-dict keys stay
+    canonical and DDP, DataParallel and FSDP (which call the inner module with the batch
+    they scattered) need no change.
+    """
+    return model.register_forward_pre_hook(_spread, with_kwargs=True)
+
+
+def output_loss(output: Any, batch: Any) -> Tensor:
+    """The loss a model computed itself: ``output.loss``, ``output["loss"]`` or a scalar
+    output. Raises :class:`DataError` naming the output's type otherwise."""
+    loss = getattr(output, "loss", None)
+    if loss is None and isinstance(output, Mapping):
+        loss = output.get("loss")
+    if loss is None and isinstance(output, Tensor) and output.dim() == 0:
+        loss = output
+    if not isinstance(loss, Tensor) or loss.dim() != 0:
+        kind = type(output).__name__
+        raise DataError(
+            f"the model returned a {kind} with no scalar loss (no .loss, no ['loss'], not a "
+            "scalar tensor) and no loss function was given: pass loss= to fit / --loss to "
+            "torchgpu train (mse, cross_entropy or module:function), or make the model "
+            "compute its loss when the batch holds labels"
+        )
+    return loss
+
+
+def float_output(output: Any) -> Tensor | None:
+    """The tensor to compute built-in metrics on: the output itself, or its ``.logits``."""
+    if isinstance(output, Tensor):
+        return output.float()
+    logits = getattr(output, "logits", None)
+    if logits is None and isinstance(output, Mapping):
+        logits = output.get("logits")
+    return logits.float() if isinstance(logits, Tensor) else None
+
+
+def is_empty(obj: Any) -> bool:
+    """True for a batch with zero rows (a DDP rank's empty share of the last batch)."""
+    try:
+        return batch_rows(obj) == 0
+    except DataError:
+        return False
+
+
+def _output_tensors(output: Any) -> list[Tensor]:
+    if isinstance(output, Tensor | Mapping | Sequence):
+        return _leaves(output)
+    return _leaves(dict(getattr(output, "__dict__", {})))  # a dataclass-style output
+
+
+def zero_loss_like(output: Any) -> Tensor | None:
+    """A loss of exactly zero connected to the parameters the forward used: the sum of the
+    output's batched float tensors times zero (scalars such as a mean loss over no rows,
+    which is NaN, are left out). None when the output holds no such tensor."""
+    total: Tensor | None = None
+    for t in _output_tensors(output):
+        if t.is_floating_point() and t.dim():
+            term = t.float().sum() * 0.0
+            total = term if total is None else total + term
+    return total

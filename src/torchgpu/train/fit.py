@@ -1,0 +1,112 @@
+"""``torchgpu.fit``: the engine of ``torchgpu train`` on the user's own model and data.
+
+``fit(model, train_data, eval_data=..., loss=..., metrics=..., optimizer=..., **settings)``
+takes the same settings as the CLI's flags, by the same names (``batch_size="auto"``,
+``strategy="auto"``, ``precision="bf16"``, ``save_every``, ``resume``...), builds one
+:class:`~torchgpu.train.task.Task` and runs :func:`torchgpu.train.runner.train`.
+Under ``torchgpu launch --nproc N script.py`` (or torchrun) every process calls ``fit``
+and it trains data-parallel (or with the chosen strategy) with no code change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from torchgpu.errors import UsageError
+from torchgpu.train.config import TrainConfig
+from torchgpu.train.runner import TrainResult, train
+from torchgpu.train.task import as_factory, seeded, user_task
+
+# Settings that only the command line's launcher reads, or that name data/model sources.
+_NOT_SETTINGS = frozenset({
+    "example", "data", "target", "data_size", "model", "loss", "nproc", "nnodes",
+    "node_rank", "rdzv_endpoint", "max_restarts", "gpus", "json", "auto_batch_size",
+})
+SETTINGS: tuple[str, ...] = tuple(
+    f.name for f in dataclasses.fields(TrainConfig) if f.name not in _NOT_SETTINGS)
+
+
+def config_from_settings(settings: Mapping[str, Any], name: str, data_name: str = "data"
+                         ) -> TrainConfig:
+    """The TrainConfig for ``fit``'s keyword settings (the CLI flags' names).
+
+    ``batch_size="auto"`` searches the micro-batch; ``resume=True`` continues the run in
+    ``out``, ``resume="DIR"`` from a run or checkpoint directory. Raises UsageError for a
+    name that is not a setting, naming the allowed ones.
+    """
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        raise UsageError(
+            f"fit() got unknown setting(s) {', '.join(unknown)}: the settings are the "
+            f"`torchgpu train` flags' names: {', '.join(SETTINGS)}. Processes are started by "
+            "`torchgpu launch --nproc N script.py`, not by a setting."
+        )
+    values = dict(settings)
+    if values.get("batch_size") == "auto":
+        values["batch_size"], values["auto_batch_size"] = None, True
+    if values.get("resume") is True:
+        values["resume"] = ""
+    elif values.get("resume") is False:
+        values["resume"] = None
+    if values.get("progress") is None:
+        values.pop("progress", None)
+    out = values.get("out")
+    if out is not None:
+        values["out"] = str(out)
+    if isinstance(values.get("resume"), os.PathLike):
+        values["resume"] = os.fspath(values["resume"])
+    # The config records what trained as spec-shaped labels (never resolved: fit passes
+    # the objects); the run's name, runs/<name>-<time>, is the model's.
+    return TrainConfig(model=f"fit:{name}", data=f"fit:{data_name}", **values)
+
+
+def fit(
+    model: nn.Module | Callable[[], nn.Module],
+    train_data: Any,
+    *,
+    eval_data: Any = None,
+    loss: Callable[[Any, Any], Tensor] | None = None,
+    metrics: Mapping[str, Callable[[Any, Any], float]] | None = None,
+    optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None,
+    **settings: Any,
+) -> TrainResult:
+    """Train ``model`` on ``train_data``; return the :class:`TrainResult` (the trained,
+    unwrapped model, the summary, per-epoch records and the output directory).
+
+    - ``model``: an ``nn.Module`` (trained in place) or a zero-argument factory (called
+      under ``torch.manual_seed(seed)``, so every process builds the same weights).
+    - ``train_data`` / ``eval_data``: map-style ``Dataset``s whose items are
+      ``(inputs, target)`` pairs or dicts. An ``IterableDataset`` is refused (exact
+      resume and DDP sharding need ``len()`` and indexing).
+    - pairs: ``loss(model(inputs), target)`` (tuple/list inputs: ``model(*inputs)``);
+      dicts: ``model(**batch)``, the loss is ``output.loss`` / ``output["loss"]`` / a
+      scalar output, or ``loss(output, batch)`` when ``loss`` is given.
+    - ``metrics``: ``{name: fn(output, target_or_batch) -> float}`` on ``eval_data``
+      each epoch (in ``summary["final"]`` as ``test_<name>``).
+    - ``optimizer``: ``params -> Optimizer`` (default AdamW at ``lr``, 1e-3).
+    - ``settings``: the ``torchgpu train`` flags by name: ``epochs``, ``batch_size``
+      (int or ``"auto"``), ``effective_batch_size``, ``strategy`` (``"auto"``, single,
+      dp, ddp, fsdp, model, pipeline), ``devices``, ``chunks``, ``accumulate``,
+      ``precision``, ``activation_checkpointing``, ``clip_norm``, ``lr``, ``out``,
+      ``save_every``, ``keep_last``, ``resume``, ``seed``, ``device``, ``progress``,
+      ``on_nonfinite``, ...
+
+    Raises torchgpu errors (ConfigError, UsageError, DataError...) for bad input before
+    anything is written.
+    """
+    name = type(model).__name__ if isinstance(model, nn.Module) else getattr(
+        model, "__name__", "model")
+    config = config_from_settings(settings, name, type(train_data).__name__)
+    factory = as_factory(model)
+    if not isinstance(model, nn.Module):
+        factory = seeded(factory, config.seed)
+    task = user_task(factory, train_data, eval_data, loss=loss, metrics=metrics, name=name)
+    if optimizer is not None:
+        task = dataclasses.replace(task, optimizer=optimizer)
+    return train(config, task=task)

@@ -1,0 +1,308 @@
+"""Task: what the engine trains on what — the one plug-in shape.
+
+A :class:`Task` bundles a model factory, the training and evaluation datasets, the loss
+and the evaluation metrics. The built-in examples (:func:`example_task`), a CSV table
+(:func:`csv_task`), ``--model SPEC --data SPEC`` (:func:`spec_task`) and
+:func:`torchgpu.fit` (:func:`user_task`) all produce one, and the runner treats them
+alike.
+
+Batches follow :mod:`torchgpu.data.batches`: ``(inputs, target)`` pairs, or dicts
+(``model(**batch)``; with no loss given, the loss is the model's ``output.loss``,
+``output["loss"]`` or its scalar output; a given loss is called ``loss(output, batch)``).
+Metrics are ``{name: fn(output, target_or_batch) -> float}``, averaged over the
+evaluation samples (each batch weighted by its samples).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import Dataset, IterableDataset
+
+from torchgpu.data.base import ExampleData
+from torchgpu.data.batches import DictPairs, output_loss
+from torchgpu.errors import DataError, UsageError
+from torchgpu.train.config import TrainConfig
+
+LossFn = Callable[[Any, Any], Tensor]
+MetricFn = Callable[[Any, Any], float]
+LOSS_NAMES: tuple[str, ...] = ("mse", "cross_entropy")
+
+
+@dataclass(frozen=True)
+class Task:
+    """A model factory, data, loss and metrics.
+
+    ``kind``: ``regression`` / ``classification`` (built-in metrics R² / accuracy, kept
+    for the built-in examples and CSV tables) or ``custom`` (the ``metrics`` given).
+    ``dict_batches``: the datasets yield dicts (collated by :class:`DictPairs`).
+    ``example``: the in-memory tensors of a built-in example or CSV table (the planner
+    and the model/pipeline strategies measure on them); None for user data.
+    """
+
+    name: str
+    build_model: Callable[[], nn.Module]
+    train: Dataset[Any]
+    test: Dataset[Any] | None
+    loss: LossFn
+    metrics: Mapping[str, MetricFn] = field(default_factory=dict)
+    kind: str = "custom"
+    dict_batches: bool = False
+    example: ExampleData | None = None
+    description: str = ""
+    # params -> Optimizer; None: the engine's default (Adam for the built-in examples,
+    # as the seeds; AdamW for a user's model)
+    optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None
+    user_model: bool = False  # a user's model: AdamW by default
+
+    def make_optimizer(self, model: nn.Module, lr: float) -> torch.optim.Optimizer:
+        """The run's optimizer over ``model``'s trainable parameters: ``optimizer`` if
+        given, else AdamW (a user's model) or Adam (the built-in examples, as the seeds)
+        at ``lr``."""
+        params = [p for p in model.parameters() if p.requires_grad]
+        if self.optimizer is not None:
+            made = self.optimizer(params)
+            if not isinstance(made, torch.optim.Optimizer):
+                raise UsageError(
+                    f"the optimizer factory returned a {type(made).__name__}, not a "
+                    "torch.optim.Optimizer: pass a function params -> Optimizer, e.g. "
+                    "lambda params: torch.optim.SGD(params, lr=0.1)"
+                )
+            return made
+        if self.user_model:
+            return torch.optim.AdamW(params, lr=lr)
+        return torch.optim.Adam(params, lr=lr)
+
+    @property
+    def collate(self) -> Callable[[list[Any]], Any] | None:
+        """The DataLoader's collate function (None: torch's default)."""
+        return DictPairs() if self.dict_batches else None
+
+    def sample(self, rows: int) -> tuple[Any, Any]:
+        """The first ``rows`` training samples as one ``(inputs, target)`` batch
+        (cycling when the dataset is smaller): probes, measurements, the planner."""
+        from torch.utils.data import TensorDataset, default_collate
+
+        n = len(self.train)  # type: ignore[arg-type]
+        if isinstance(self.train, TensorDataset) and len(self.train.tensors) == 2:
+            index = torch.arange(max(1, rows)) % n
+            return self.train.tensors[0][index], self.train.tensors[1][index]
+        items = [self.train[i % n] for i in range(max(1, rows))]
+        if self.dict_batches:
+            batch = default_collate(items)
+            return batch, batch
+        inputs, target = default_collate(items)
+        return inputs, target
+
+
+def loss_by_name(name: str) -> LossFn:
+    """``mse`` (float targets reshaped to the output) or ``cross_entropy``."""
+    if name == "mse":
+        mse = nn.MSELoss()
+        return lambda out, y: mse(out, y.reshape(out.shape).to(out.dtype))
+    if name == "cross_entropy":
+        return nn.CrossEntropyLoss()
+    raise UsageError(
+        f"--loss {name}: not a built-in loss ({', '.join(LOSS_NAMES)}) and not a "
+        "module:function spec; pass one of those, e.g. --loss cross_entropy or "
+        "--loss mypkg.losses:my_loss"
+    )
+
+
+def _builtin_loss(kind: str) -> LossFn:
+    # MSE for regression (targets already (N, 1)), cross-entropy for classification.
+    return nn.MSELoss() if kind == "regression" else nn.CrossEntropyLoss()
+
+
+def from_example(data: ExampleData, name: str, build_model: Callable[[], nn.Module]) -> Task:
+    """A built-in example's or CSV table's Task: its datasets, loss and built-in metrics."""
+    return Task(name=name, build_model=build_model, train=data.train, test=data.test,
+                loss=_builtin_loss(data.task), kind=data.task, example=data,
+                description=getattr(data, "description", ""))
+
+
+def _is_dict_dataset(dataset: Dataset[Any], what: str) -> bool:
+    try:
+        item = dataset[0]
+    except Exception as error:
+        raise DataError(
+            f"{what}: reading its first item failed ({type(error).__name__}: {error}); a "
+            "map-style Dataset must return a sample for index 0"
+        ) from None
+    if isinstance(item, Mapping):
+        return True
+    if isinstance(item, tuple | list) and len(item) == 2:
+        return False
+    raise DataError(
+        f"{what} returns items of type {type(item).__name__}: the engine takes "
+        "(inputs, target) pairs or dicts of tensors; return one of those from __getitem__"
+    )
+
+
+def check_dataset(dataset: Any, what: str) -> Dataset[Any]:
+    """``dataset`` if it is a non-empty map-style Dataset, else DataError with the fix.
+
+    An ``IterableDataset`` is refused: exact resume, DDP sharding and batch-size search
+    need ``len()`` and indexing.
+    """
+    if isinstance(dataset, IterableDataset):
+        raise DataError(
+            f"{what} is an IterableDataset ({type(dataset).__name__}): torchgpu trains on "
+            "map-style datasets (len() and indexing), which exact resume, unpadded DDP "
+            "shards and the batch-size search need. Wrap your data in a map-style Dataset "
+            "(e.g. materialise it into a list or a TensorDataset)."
+        )
+    if isinstance(dataset, nn.Module):
+        raise DataError(
+            f"{what} is a model ({type(dataset).__name__}), not a Dataset: the data spec "
+            "must return a Dataset or a (train, eval) pair; the model goes to --model."
+        )
+    if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+        raise DataError(
+            f"{what} is a {type(dataset).__name__}, not a Dataset: pass a map-style "
+            "torch.utils.data.Dataset (with __len__ and __getitem__), or a (train, eval) "
+            "pair of them."
+        )
+    if len(dataset) == 0:
+        raise DataError(f"{what} is empty: there is nothing to train on; check the data")
+    return dataset  # type: ignore[no-any-return]
+
+
+def user_task(build_model: Callable[[], nn.Module], train: Any, test: Any = None,
+              loss: LossFn | None = None, metrics: Mapping[str, MetricFn] | None = None,
+              name: str = "model") -> Task:
+    """A Task for a user's model and datasets (``fit`` and ``--model/--data``).
+
+    Raises DataError for data the engine cannot take (not a map-style Dataset, items that
+    are neither pairs nor dicts, train and eval of different shapes).
+    """
+    train = check_dataset(train, "the training data")
+    dict_batches = _is_dict_dataset(train, "the training data")
+    if test is not None:
+        test = check_dataset(test, "the evaluation data")
+        if _is_dict_dataset(test, "the evaluation data") != dict_batches:
+            raise DataError(
+                "the training data yields "
+                f"{'dicts' if dict_batches else 'pairs'} but the evaluation data does not: "
+                "give both datasets the same item structure"
+            )
+    if loss is None:
+        if not dict_batches:
+            raise UsageError(
+                "the data yields (inputs, target) pairs but no loss was given: pass loss= to "
+                "fit (e.g. torch.nn.CrossEntropyLoss()) or --loss mse|cross_entropy|"
+                "module:function to torchgpu train; a model that computes its own loss "
+                "takes dict batches (model(**batch) -> output.loss)."
+            )
+        loss = output_loss
+    return Task(name=name, build_model=build_model, train=train, test=test, loss=loss,
+                metrics=dict(metrics or {}), kind="custom", dict_batches=dict_batches,
+                user_model=True)
+
+
+def as_factory(model: nn.Module | Callable[[], nn.Module], what: str = "model"
+               ) -> Callable[[], nn.Module]:
+    """A zero-argument factory for ``model`` (a module is returned as it is, once built)."""
+    if isinstance(model, nn.Module):
+        return lambda: model
+    if callable(model):
+        def build() -> nn.Module:
+            built = model()
+            if not isinstance(built, nn.Module):
+                raise UsageError(
+                    f"the {what} factory returned a {type(built).__name__}, not an nn.Module: "
+                    "return the model from the factory (or pass the module itself)"
+                )
+            return built
+
+        return build
+    raise UsageError(
+        f"{what} is a {type(model).__name__}: pass an nn.Module or a zero-argument function "
+        "that builds one"
+    )
+
+
+def seeded(factory: Callable[[], nn.Module], seed: int) -> Callable[[], nn.Module]:
+    """``factory`` run under ``torch.manual_seed(seed)``: the same weights on every rank."""
+    def build() -> nn.Module:
+        torch.manual_seed(seed)
+        return factory()
+
+    return build
+
+
+def task_for_config(config: TrainConfig) -> Task:
+    """The Task ``config`` names (resolved config): a built-in example, a CSV table, or
+    ``--model SPEC`` with ``--data SPEC`` (or a CSV) and ``--loss``. Loads the data once;
+    the model is built later, by ``task.build_model()`` (seeded by ``config.seed``).
+
+    Raises UsageError / DataError (exit 2) for a bad spec, naming it and the fix.
+    """
+    from torchgpu.train import build
+
+    if config.model is None:
+        data = build.load_data(config)
+        return from_example(data, config.run_name,
+                            seeded(lambda: build.build_model(config, data), config.seed))
+    from torchgpu.factories import resolve_callable, resolve_data, resolve_model
+
+    model_spec = config.model
+
+    def build_user_model() -> nn.Module:
+        model: nn.Module = resolve_model(model_spec)
+        return model
+
+    loss: LossFn | None = None
+    if config.loss is not None:
+        loss = (loss_by_name(config.loss) if ":" not in config.loss
+                else _checked_loss(resolve_callable(config.loss), config.loss))
+    if config.target is not None:  # --model with a CSV table
+        data = build.load_data(config)
+        task = from_example(data, config.run_name, seeded(build_user_model, config.seed))
+        return dataclasses.replace(task, loss=loss or task.loss, user_model=True)
+    assert config.data is not None
+    train, test = resolve_data(config.data)
+    return user_task(seeded(build_user_model, config.seed), train, test, loss=loss,
+                     name=config.run_name)
+
+
+def _checked_loss(fn: Any, spec: str) -> LossFn:
+    if isinstance(fn, type) and issubclass(fn, nn.Module):
+        fn = fn()  # --loss torch.nn:L1Loss names a class: use an instance
+    if not callable(fn):
+        raise UsageError(
+            f"--loss {spec} is a {type(fn).__name__}, not a function: name a function "
+            "loss(output, target) -> Tensor (or an nn.Module loss class)"
+        )
+    return fn  # type: ignore[no-any-return]
+
+
+def as_task(data: Task | ExampleData, config: TrainConfig | None = None) -> Task:
+    """``data`` as a Task: a Task as it is; a built-in :class:`ExampleData` with its loss,
+    metrics and (given ``config``) its built-in model, so functions taking the run's data
+    accept both."""
+    if isinstance(data, Task):
+        return data
+    from torchgpu.train import build
+
+    def build_model() -> nn.Module:
+        if config is None:
+            raise UsageError("a built-in example's model needs the run's TrainConfig")
+        return build.build_model(config, data)
+
+    name = config.run_name if config is not None else getattr(data, "description", "")
+    return from_example(data, name, build_model)
+
+
+def spreads_inputs(task: Task) -> bool:
+    """True when the model must be called ``model(**batch)`` / ``model(*inputs)``: dict
+    batches, or pairs whose inputs are a tuple/list/dict (plain tensors need nothing)."""
+    if task.dict_batches:
+        return True
+    inputs, _ = task.sample(1)
+    return isinstance(inputs, tuple | list | Mapping)
