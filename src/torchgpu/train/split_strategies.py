@@ -132,7 +132,6 @@ def build_split_model(
     BalanceError (exit 2) when ``--balance`` does not match the model's layers.
     """
     from torchgpu.parallel.model import build_pipeline_model
-
     from torchgpu.train.task import as_task
 
     data = as_task(data, config)
