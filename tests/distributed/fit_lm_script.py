@@ -1,0 +1,36 @@
+"""A user's training script: torchgpu.fit on the test causal LM. Run alone it trains in
+one process; under `torchgpu launch --nproc N` every process runs it and fit trains DDP.
+
+usage: fit_lm_script.py OUT BATCH_SIZE [extra key=value settings]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: tests.*
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from tests.user_models import TinyCausalLM, TokenDataset  # noqa: E402
+from torchgpu import fit  # noqa: E402
+
+
+def model() -> TinyCausalLM:
+    return TinyCausalLM(dropout=0.0)
+
+
+def sgd(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.5)
+
+
+if __name__ == "__main__":
+    out, batch = sys.argv[1], int(sys.argv[2])
+    extra = dict(arg.split("=", 1) for arg in sys.argv[3:])
+    result = fit(model, TokenDataset(44), eval_data=TokenDataset(8, seed=1), optimizer=sgd,
+                 epochs=2, batch_size=batch, out=out, progress="plain", seed=1,
+                 **{k: int(v) if v.isdigit() else v for k, v in extra.items()})
+    print(f"strategy {result.summary['strategy']} world {result.summary['world_size']}",
+          flush=True)

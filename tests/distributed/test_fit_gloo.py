@@ -1,0 +1,38 @@
+"""torchgpu.fit under `torchgpu launch --nproc 2` (two gloo processes on 127.0.0.1) trains
+DDP with no code change and ends with the weights of one process at the same global
+batch (44 samples: the last batch does not split evenly over the ranks)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.procs import REPO, run_cli, test_env
+
+SCRIPT = REPO / "tests" / "distributed" / "fit_lm_script.py"
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one(tmp_path: Path) -> None:
+    one = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "one"), "8"],
+                         capture_output=True, text=True, timeout=120, env=test_env(),
+                         check=False)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert "strategy single world 1" in one.stdout
+    two = run_cli(["launch", "--nproc", "2", str(SCRIPT), str(tmp_path / "two"), "4"],
+                  timeout=180)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "strategy ddp world 2" in two.stdout
+    summary = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert summary["global_batch"] == 8 and summary["world_size"] == 2
+    a = load_file(tmp_path / "one" / "model.safetensors")
+    b = load_file(tmp_path / "two" / "model.safetensors")
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6, msg=key)
