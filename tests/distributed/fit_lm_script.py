@@ -11,11 +11,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: tests.*
 
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
+import torch
+from torch import nn
 
-from tests.user_models import TinyCausalLM, TokenDataset  # noqa: E402
-from torchgpu import fit  # noqa: E402
+from tests.user_models import TinyCausalLM, TokenDataset
+from torchgpu import fit
 
 
 def model() -> TinyCausalLM:

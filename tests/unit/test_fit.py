@@ -188,7 +188,7 @@ def test_model_and_pipeline_refuse_a_model_they_cannot_cut(tmp_path: Path) -> No
     with pytest.raises(UsageError, match="dict batches"):
         fit(lm_factory, TokenDataset(16), strategy="pipeline", devices="cpu,cpu",
             out=tmp_path / "a", **_quiet())
-    with pytest.raises(UsageError, match="not an nn.Sequential"):
+    with pytest.raises(UsageError, match=r"not an nn\.Sequential"):
         fit(BNConvNet, ImageDataset(16), loss=nn.CrossEntropyLoss(), strategy="model",
             devices="cpu,cpu", out=tmp_path / "b", **_quiet())
 
