@@ -84,32 +84,24 @@ def _gpu_hint(error: BaseException) -> str:
 
 
 def build_custom_model(spec: str) -> nn.Module:
-    """Resolve ``spec`` (``module:factory``) and build the model on the CPU.
+    """Resolve ``spec`` (``module:factory``, see :func:`torchgpu.factories.resolve_model`)
+    and build the model on the CPU.
 
     Raises :class:`UsageError` (exit 2) naming the spec and the failure when the spec
     cannot be resolved, the factory raises, or it returns something else than an
     ``nn.Module``.
     """
-    from torchgpu.cli.common_model import resolve_factory
+    from torchgpu.factories import resolve_model
 
-    factory = resolve_factory(spec)
-    name = spec.rpartition(":")[2]
     try:
         with cuda_kept_on_cpu():
-            model = factory()
-    except TorchGpuError:
-        raise
-    except Exception as error:
-        raise UsageError(
-            f"--model {spec}: {name}() failed: {_first_line(error)}. Fix the factory so that "
-            f"it builds the model when called without arguments.{_gpu_hint(error)}"
-        ) from None
-    if not isinstance(model, nn.Module):
-        raise UsageError(
-            f"--model {spec} returned {type(model).__name__}, not an nn.Module: the factory "
-            "must return the model, e.g. def build() -> nn.Module."
-        )
-    return model
+            return resolve_model(spec)
+    except UsageError as error:
+        cause = error.__cause__
+        hint = _gpu_hint(cause) if cause is not None else ""
+        if not hint:
+            raise
+        raise UsageError(f"{error}{hint}") from cause
 
 
 def measure_custom_model(
