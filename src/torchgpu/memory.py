@@ -1,15 +1,22 @@
 """Trading compute for memory: activation checkpointing, and measuring what it saves.
 
-:func:`apply_activation_checkpointing` keeps only the inputs of a few segments during
-the forward and recomputes the rest during backward (``torch.utils.checkpoint`` with
-``use_reentrant=False``, RNG state preserved, so gradients are bitwise those of the
-plain model, dropout included). On a sequential model it cuts the layers into ~√n
-segments: checkpointing every single layer of an MLP saves nothing, because each
-layer's saved input *is* the previous layer's saved output.
+:func:`apply_activation_checkpointing` keeps only the inputs of a few segments or
+blocks during the forward and recomputes the rest during backward
+(``torch.utils.checkpoint`` with ``use_reentrant=False``, RNG state preserved, so
+gradients are bitwise those of the plain model, dropout included).
+
+- A sequential model (``nn.Sequential``, or ``as_sequential()``) is cut into ~√n
+  segments: checkpointing every single layer of an MLP saves nothing, because each
+  layer's saved input *is* the previous layer's saved output.
+- Any other model has its repeated block checkpointed: the module class repeated in
+  an ``nn.ModuleList`` / ``nn.Sequential`` that holds the largest share of the
+  parameters (a transformer block, a ResNet bottleneck; :func:`find_repeated_blocks`).
+  ``blocks=`` names the class (or a predicate) instead.
 
 The model is changed in place and its ``state_dict`` keys stay the same (no wrapper
 prefixes), so checkpoints load into the plain model and back. It works under DDP;
 checkpoint before wrapping (or pass the wrapped model: it is unwrapped first).
+:func:`checkpointing_report` says what a model has checkpointed (for logs).
 
 :func:`saved_tensor_bytes` measures the bytes autograd keeps for backward.
 """
@@ -18,21 +25,66 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules.batchnorm import _NormBase
 from torch.utils.checkpoint import checkpoint
 
 from torchgpu.errors import ConfigError
 from torchgpu.parallel.data import unwrap
 
 Predicate = Callable[[str, nn.Module], bool]
+#: What ``blocks=`` accepts: a module class, a tuple of classes, or a predicate.
+BlockSpec = type | tuple[type, ...] | Predicate
+
+# Containers whose children are a model's repeated layers.
+_CONTAINERS = (nn.Sequential, nn.ModuleList)
+# Modules without a forward of their own: never blocks.
+_NO_FORWARD = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
+# A candidate within this fraction of the best parameter share is "as good": a model's
+# own block class then beats a plain Sequential holding the same layers.
+NEAR_BEST = 0.9
 
 
-def _checkpointed(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    return checkpoint(function, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+def _running_stats(module: nn.Module) -> list[torch.Tensor]:
+    """The running-statistics buffers of the norm layers in ``module`` (BatchNorm,
+    InstanceNorm with ``track_running_stats``)."""
+    return [
+        t
+        for m in module.modules()
+        if isinstance(m, _NormBase) and m.track_running_stats
+        for t in (m.running_mean, m.running_var, m.num_batches_tracked)
+        if t is not None
+    ]
+
+
+def _checkpointed(
+    owner: nn.Module, function: Callable[..., Any], *args: Any, **kwargs: Any
+) -> Any:
+    """``function(*args, **kwargs)`` under checkpoint. The recompute in backward leaves
+    the running statistics of ``owner``'s norm layers as the forward left them: without
+    this, every recompute would update BatchNorm's running mean and variance a second
+    time (and count the batch twice)."""
+    calls = [0]
+
+    def run(*a: Any, **k: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 1 or not torch.is_grad_enabled():
+            return function(*a, **k)
+        stats = _running_stats(owner)
+        kept = [t.clone() for t in stats]
+        try:  # finally: the recompute may stop early (torch raises to end it)
+            return function(*a, **k)
+        finally:
+            with torch.no_grad():
+                for t, value in zip(stats, kept, strict=True):
+                    t.copy_(value)
+
+    return checkpoint(run, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
 
 
 def segment_bounds(n_layers: int, n_segments: int) -> list[tuple[int, int]]:
@@ -62,6 +114,128 @@ def sequential_view(model: object) -> nn.Module:
     return view()
 
 
+def is_sequential(model: nn.Module) -> bool:
+    """An ``nn.Sequential`` or a model with ``as_sequential()``: checkpointed in segments."""
+    return isinstance(model, nn.Sequential) or callable(getattr(model, "as_sequential", None))
+
+
+# ---- repeated blocks ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class RepeatedBlocks:
+    """The modules :func:`find_repeated_blocks` (or ``blocks=``) picked.
+
+    ``class_name``: their class (``GPT2Block``; ``Sequential`` for plain Sequential
+    blocks); ``names``: their names in ``model.named_modules()``; ``parameter_share``:
+    the fraction of the model's parameters (tied ones counted once) inside them.
+    """
+
+    class_name: str
+    names: tuple[str, ...]
+    parameter_share: float
+
+    @property
+    def count(self) -> int:
+        """How many blocks."""
+        return len(self.names)
+
+
+def _signature(module: nn.Module) -> object:
+    # Blocks are "the same" when their classes are; plain Sequentials when their layers'
+    # classes are (a stage of three conv-bn-relu Sequentials is a repeat, a stem is not).
+    if type(module) is nn.Sequential:
+        return (nn.Sequential, tuple(type(c) for c in module.children()))
+    return type(module)
+
+
+def _unique_numel(modules: list[nn.Module]) -> int:
+    seen: dict[int, int] = {}
+    for module in modules:
+        for p in module.parameters():
+            seen[id(p)] = p.numel()
+    return sum(seen.values())
+
+
+def _outermost(named: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
+    """``named`` less the modules nested inside another of them (wrapped once)."""
+    names = [n for n, _ in named]
+    return [(n, m) for n, m in named if not any(n.startswith(o + ".") for o in names if o != n)]
+
+
+def _block_candidates(model: nn.Module) -> list[tuple[object, list[tuple[str, nn.Module]]]]:
+    groups: dict[object, list[tuple[str, nn.Module]]] = {}
+    seen: set[int] = set()
+    for name, container in model.named_modules():
+        if not isinstance(container, _CONTAINERS):
+            continue
+        siblings: dict[object, list[tuple[str, nn.Module]]] = {}
+        for child_name, child in container.named_children():
+            # a block runs a composite forward: a lone Linear or ReLU is a layer, and
+            # checkpointing one saves nothing (its saved input is what checkpoint keeps)
+            if isinstance(child, _NO_FORWARD) or next(child.children(), None) is None:
+                continue
+            full = f"{name}.{child_name}" if name else child_name
+            siblings.setdefault(_signature(child), []).append((full, child))
+        for key, members in siblings.items():
+            if len(members) >= 2:
+                for full, child in members:
+                    if id(child) not in seen:
+                        seen.add(id(child))
+                        groups.setdefault(key, []).append((full, child))
+    return [(key, _outermost(members)) for key, members in groups.items()]
+
+
+def find_repeated_blocks(model: nn.Module) -> RepeatedBlocks | None:
+    """The repeated block of ``model``, or None when it has none.
+
+    Candidates are modules with children of their own, repeated (>= 2 of one class, or
+    plain Sequentials of the same layer classes) among the children of an
+    ``nn.ModuleList`` or ``nn.Sequential`` anywhere in the model; blocks of one class
+    in several containers (a ResNet's stages) count together. The candidate holding the
+    largest share of the parameters wins; among candidates within :data:`NEAR_BEST` of
+    that share, a model's own class beats plain Sequentials, then the one with more
+    blocks. Blocks without parameters are never chosen.
+    """
+    model = unwrap(model)
+    total = _unique_numel([model])
+    if total == 0:
+        return None
+    scored = []
+    for index, (key, members) in enumerate(_block_candidates(model)):
+        if len(members) < 2:
+            continue
+        share = _unique_numel([m for _, m in members]) / total
+        if share > 0:
+            scored.append((share, key, members, index))
+    if not scored:
+        return None
+    best = max(share for share, *_ in scored)
+    near = [row for row in scored if row[0] >= NEAR_BEST * best]
+    share, key, members, _ = max(
+        near, key=lambda r: (not isinstance(r[1], tuple), len(r[2]), r[0], -r[3])
+    )
+    cls = key[0] if isinstance(key, tuple) else key
+    assert isinstance(cls, type)
+    return RepeatedBlocks(cls.__name__, tuple(n for n, _ in members), share)
+
+
+def _matching(model: nn.Module, blocks: BlockSpec) -> list[tuple[str, nn.Module]]:
+    classes = blocks if isinstance(blocks, tuple) else (blocks,) if isinstance(blocks, type) else ()
+    test: Predicate
+    if classes and all(isinstance(c, type) and issubclass(c, nn.Module) for c in classes):
+        test = lambda _name, module: isinstance(module, classes)  # noqa: E731
+    elif callable(blocks) and not isinstance(blocks, type | tuple):
+        test = blocks
+    else:
+        raise ConfigError(
+            f"blocks={blocks!r} is not allowed: give an nn.Module subclass, a tuple of "
+            "them, or a predicate (name, module) -> bool"
+        )
+    return _outermost([
+        (n, m) for n, m in model.named_modules() if test(n, m) and type(m) not in _NO_FORWARD
+    ])
+
+
+# ---- wrapping ----------------------------------------------------------------------------
 class _SegmentCheckpointing:
     """Mixin placed before a sequential model's class: its forward runs the layers in
     segments, all but the last under checkpoint. The last runs plainly: its activations
@@ -81,8 +255,12 @@ class _SegmentCheckpointing:
         segments = min(self._torchgpu_ckpt_segments, len(layers))
         bounds = segment_bounds(len(layers), segments) if layers else []
         for index, (start, end) in enumerate(bounds):
-            run = _run_layers(layers[start:end])
-            input = run(input) if index == len(bounds) - 1 else _checkpointed(run, input)
+            part = layers[start:end]
+            run = _run_layers(part)
+            if index == len(bounds) - 1:
+                input = run(input)
+            else:
+                input = _checkpointed(nn.ModuleList(part), run, input)
         return input
 
 
@@ -102,7 +280,8 @@ class _ModuleCheckpointing:
     _torchgpu_ckpt_base: type
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return _checkpointed(super().forward, *args, **kwargs)  # type: ignore[misc]
+        owner: nn.Module = self  # type: ignore[assignment]
+        return _checkpointed(owner, super().forward, *args, **kwargs)  # type: ignore[misc]
 
 
 class CheckpointedSequential(_SegmentCheckpointing, nn.Sequential):
@@ -128,50 +307,93 @@ def _swap_class(module: nn.Module, mixin: type) -> None:
     module._torchgpu_ckpt_base = base  # type: ignore[assignment]
 
 
+def _no_block_error(target: nn.Module, segments: object) -> ConfigError:
+    name = type(target).__name__
+    if segments != "sqrt":
+        return ConfigError(
+            f"segments={segments!r} needs an nn.Sequential or a model with as_sequential(), "
+            f"and {name} is neither: pass blocks=YourBlockClass or a predicate instead, "
+            "e.g. segments=lambda name, m: isinstance(m, MyBlock)."
+        )
+    return ConfigError(
+        f"{name} is not sequential and has no repeated block (a module class repeated in an "
+        "nn.ModuleList or nn.Sequential, holding parameters) to checkpoint: name what to "
+        "recompute, blocks=MyBlock (a class) or a predicate, e.g. "
+        "apply_activation_checkpointing(model, lambda name, m: isinstance(m, MyBlock)), or "
+        "give the model as_sequential() returning its layers in order."
+    )
+
+
+def _wrap(named: list[tuple[str, nn.Module]]) -> None:
+    for _, module in named:
+        if isinstance(module, _SegmentCheckpointing):  # a Sequential block, segmented before
+            module.__dict__.pop("_torchgpu_ckpt_segments", None)
+        _swap_class(module, _ModuleCheckpointing)
+
+
 def apply_activation_checkpointing(
-    model: nn.Module, segments: str | int | Predicate = "sqrt"
+    model: nn.Module,
+    segments: str | int | Predicate = "sqrt",
+    *,
+    blocks: BlockSpec | None = None,
 ) -> nn.Module:
     """Checkpoint activations of ``model`` in place and return it.
 
-    ``segments``:
+    ``segments`` (sequential models) and ``blocks`` (any model):
 
-    - ``"sqrt"`` (default) or an int k: the model's layers (an ``nn.Sequential``'s
-      children, or the children of ``model.as_sequential()``) are cut into ceil(√n) or k
-      contiguous segments; all but the last are checkpointed. For an ``as_sequential``
-      model the forward becomes the run of that view, which must compute the same
-      function as the model's own forward.
-    - a predicate ``(name, module) -> bool``: every submodule (named as in
-      ``named_modules()``) for which it is True has its forward checkpointed, e.g.
-      ``lambda name, m: isinstance(m, Bottleneck)``.
+    - default, on an ``nn.Sequential`` or a model with ``as_sequential()``: its layers
+      are cut into ceil(√n) contiguous segments (or ``segments=k``); all but the last
+      are checkpointed. For an ``as_sequential`` model the forward becomes the run of
+      that view, which must compute the same function as the model's own forward.
+    - default, on any other model: its repeated block (:func:`find_repeated_blocks`:
+      a transformer block, a ResNet bottleneck) has each instance's forward checkpointed.
+      Raises ConfigError when it has none, saying what to pass.
+    - ``blocks=MyBlock`` (a class or tuple of classes) or a predicate
+      ``(name, module) -> bool`` (as ``blocks=`` or as ``segments=``): every matching
+      submodule (the outermost, if they nest) has its forward checkpointed; a predicate
+      matching nothing warns.
 
     Parameter names and ``state_dict`` keys are unchanged; wrappers (DDP, DP, compile)
-    are looked through. Batch-norm running statistics are updated again during the
-    recompute, as with any activation checkpointing. Raises ConfigError for a bad
-    ``segments`` value or a non-sequential model without a predicate.
+    are looked through. Norm layers' running statistics are updated once per forward,
+    as without checkpointing (the recompute restores them). What was wrapped:
+    :func:`checkpointing_report`. Raises ConfigError for a bad ``segments`` or
+    ``blocks`` value.
     """
     target = unwrap(model)
+    predicate: BlockSpec | None = blocks
     if callable(segments) and not isinstance(segments, (str, int)):
-        matched = [m for name, m in target.named_modules() if segments(name, m)]
+        if blocks is not None:
+            raise ConfigError(
+                "give what to checkpoint once: a predicate as segments= or blocks=, not both"
+            )
+        predicate = segments
+    elif blocks is not None and segments != "sqrt":
+        raise ConfigError(
+            f"segments={segments!r} and blocks={blocks!r} conflict: segments cut a sequential "
+            "model, blocks name modules to checkpoint; give one of them"
+        )
+    if predicate is not None:
+        matched = _matching(target, predicate)
         if not matched:
             warnings.warn(
-                f"activation checkpointing: the predicate matched no module of "
+                f"activation checkpointing: blocks={predicate!r} matched no module of "
                 f"{type(target).__name__}, so nothing is checkpointed; check the names "
                 "and types it tests against model.named_modules().",
                 stacklevel=2,
             )
-        for module in matched:
-            _swap_class(module, _ModuleCheckpointing)
+        _wrap(matched)
+        return model
+    if not is_sequential(target):
+        found = find_repeated_blocks(target) if segments == "sqrt" else None
+        if found is None:
+            raise _no_block_error(target, segments)
+        modules = dict(target.named_modules())
+        _wrap([(name, modules[name]) for name in found.names])
         return model
     if isinstance(target, nn.Sequential):
         n_layers = len(target)
-    elif callable(getattr(target, "as_sequential", None)):
-        n_layers = len(list(sequential_view(target).children()))
     else:
-        raise ConfigError(
-            f"segments={segments!r} needs an nn.Sequential or a model with as_sequential(), "
-            f"and {type(target).__name__} is neither: pass a predicate instead, e.g. "
-            "segments=lambda name, m: isinstance(m, MyBlock)."
-        )
+        n_layers = len(list(sequential_view(target).children()))
     if segments == "sqrt":
         count = sqrt_segments(n_layers)
     elif isinstance(segments, int) and not isinstance(segments, bool) and segments >= 1:
@@ -184,6 +406,65 @@ def apply_activation_checkpointing(
     _swap_class(target, _SegmentCheckpointing)
     target._torchgpu_ckpt_segments = count  # type: ignore[assignment]
     return model
+
+
+def _wrapped(model: nn.Module) -> Iterator[tuple[str, type]]:
+    """The checkpointed modules' names and original classes."""
+    for name, module in unwrap(model).named_modules():
+        if isinstance(module, (_SegmentCheckpointing, _ModuleCheckpointing)):
+            yield name, module._torchgpu_ckpt_base
+
+
+@dataclass(frozen=True)
+class CheckpointingReport:
+    """What :func:`apply_activation_checkpointing` did to a model.
+
+    ``mode``: ``"segments"`` (a sequential model cut into ``count`` segments),
+    ``"blocks"`` (``count`` modules recomputed one by one) or ``"none"``.
+    ``class_name``: the blocks' class (for segments, the model's). ``parameter_share``:
+    the fraction of the model's parameters recomputed in backward (segments: all but
+    the last segment's).
+    """
+
+    mode: str
+    class_name: str
+    count: int
+    parameter_share: float
+    names: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """One line for logs."""
+        if self.mode == "none":
+            return "activation checkpointing: off"
+        what = (
+            f"{self.class_name} in {self.count} segments (all but the last recomputed)"
+            if self.mode == "segments"
+            else f"{self.count} x {self.class_name} recomputed in backward"
+        )
+        return f"activation checkpointing: {what}, {self.parameter_share:.0%} of parameters"
+
+
+def checkpointing_report(model: nn.Module) -> CheckpointingReport:
+    """Which modules of ``model`` are checkpointed (see :class:`CheckpointingReport`)."""
+    target = unwrap(model)
+    wrapped = list(_wrapped(target))
+    total = _unique_numel([target])
+    if not wrapped:
+        return CheckpointingReport("none", "", 0, 0.0)
+    if isinstance(target, _SegmentCheckpointing):
+        layers = target._torchgpu_layers()
+        count = min(target._torchgpu_ckpt_segments, len(layers))
+        bounds = segment_bounds(len(layers), count) if layers else [(0, 0)]
+        recomputed = layers[: bounds[-1][0]]
+        share = _unique_numel(recomputed) / total if total else 0.0
+        base: type = target._torchgpu_ckpt_base
+        return CheckpointingReport("segments", base.__name__, count, share, ("",))
+    classes = sorted({base.__name__ for _, base in wrapped})
+    modules = dict(target.named_modules())
+    share = _unique_numel([modules[n] for n, _ in wrapped]) / total if total else 0.0
+    return CheckpointingReport(
+        "blocks", "/".join(classes), len(wrapped), share, tuple(n for n, _ in wrapped)
+    )
 
 
 def remove_activation_checkpointing(model: nn.Module) -> nn.Module:
@@ -226,6 +507,3 @@ def saved_tensor_bytes(fn: Callable[[], Any]) -> int:
     alive.clear()
     return sum(sizes.values())
 
-
-# Out-of-memory back-off (shrinking the micro-batch on OOM) belongs in this module too;
-# it is kept apart from the checkpointing code above.
