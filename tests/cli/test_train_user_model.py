@@ -1,0 +1,79 @@
+"""`torchgpu train --model SPEC --data SPEC [--loss ...]`: a user's causal LM (dict batches,
+the model's own .loss, tied embeddings) and a BatchNorm CNN with a named loss, trained
+from the command line; bad specs exit 2 with one paragraph and write nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.procs import REPO, run_cli
+
+MODELS = "tests.user_models"
+
+
+def _train(out: Path, *args: str, timeout: float = 180):  # type: ignore[no-untyped-def]
+    return run_cli(["train", *args, "--out", str(out), "--progress", "plain"],
+                   timeout=timeout, cwd=REPO, PYTHONPATH=str(REPO))
+
+
+@pytest.mark.slow
+def test_causal_lm_from_the_cli(tmp_path: Path) -> None:
+    out = tmp_path / "lm"
+    done = _train(out, "--model", f"{MODELS}:lm_factory", "--data", f"{MODELS}:lm_data",
+                  "--epochs", "2", "--batch-size", "8")
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["run"] == "lm_factory" and summary["steps"] == 16
+    assert summary["batch_size"] == 8 and summary["global_batch"] == 8
+    assert summary["final"]["train_loss"] is not None and summary["final"]["test_loss"]
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
+             if '"step"' in line and '"kind": "step"' in line]
+    assert len(steps) == 16 and steps[-1]["loss"] < steps[0]["loss"]
+    state = load_file(out / "model.safetensors")
+    assert "embed.weight" in state and (out / "loss.png").is_file()
+    from tests.user_models import TinyCausalLM
+    from torchgpu import load_state_dict
+
+    fresh = TinyCausalLM()
+    load_state_dict(fresh, out / "model.safetensors")
+    assert fresh.head.weight is fresh.embed.weight
+    assert torch.equal(fresh.embed.weight, state["embed.weight"])
+
+
+@pytest.mark.slow
+def test_cnn_with_batchnorm_and_a_named_loss_from_a_file_spec(tmp_path: Path) -> None:
+    out = tmp_path / "cnn"
+    spec = REPO / "tests" / "user_models.py"
+    done = _train(out, "--model", f"{spec}:cnn_factory", "--data", f"{spec}:cnn_data",
+                  "--loss", "cross_entropy", "--epochs", "1", "--batch-size", "16",
+                  "--accumulate", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["global_batch"] == 32
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--model", f"{MODELS}:nope", "--data", f"{MODELS}:lm_data"], "no attribute 'nope'"),
+    (["--model", f"{MODELS}:lm_factory", "--data", f"{MODELS}:not_a_dataset"],
+     "not a Dataset"),
+    (["--model", f"{MODELS}:cnn_factory", "--data", f"{MODELS}:cnn_data"], "no loss"),
+    (["--model", f"{MODELS}:lm_factory"], "needs --data"),
+    (["--model", f"{MODELS}:lm_factory", "--data", "lm_data"], "not a spec"),
+    (["--model", f"{MODELS}:lm_factory", "--data", f"{MODELS}:lm_data", "--example",
+      "housing"], "not both"),
+    (["--loss", "mse"], "without --model"),
+    (["--model", f"{MODELS}:cnn_factory", "--data", f"{MODELS}:cnn_data", "--loss", "hinge"],
+     "not a built-in loss"),
+])
+def test_bad_specs_exit_2_and_write_nothing(tmp_path: Path, args: list[str],
+                                            words: str) -> None:
+    out = tmp_path / "run"
+    done = _train(out, *args, timeout=120)
+    assert done.returncode == 2, (done.stdout[-1000:], done.stderr[-2000:])
+    assert words in done.stderr and "Traceback" not in done.stderr
+    assert not out.exists()
