@@ -208,3 +208,16 @@ def test_a_user_sequential_runs_as_a_pipeline(tmp_path: Path) -> None:
     for (name, a), b in zip(single.model.state_dict().items(),
                             piped.model.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_activation_checkpointing_finds_the_blocks_and_keeps_the_weights(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    settings = {"epochs": 1, "batch_size": 8, "seed": 5, "progress": "off"}
+    plain = fit(lm_factory, TokenDataset(32), out=tmp_path / "plain", **settings)
+    ckpt = fit(lm_factory, TokenDataset(32), out=tmp_path / "ckpt",
+               activation_checkpointing=True, **settings)
+    assert "3 x Block recomputed in backward" in capsys.readouterr().err
+    assert plain.model.state_dict().keys() == ckpt.model.state_dict().keys()
+    for (name, a), b in zip(plain.model.state_dict().items(), ckpt.model.state_dict().values(),
+                            strict=True):
+        assert torch.equal(a, b), name  # dropout included: the recompute replays its RNG

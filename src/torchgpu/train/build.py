@@ -182,13 +182,14 @@ def wrap_model(
     """
     notes: list[str] = []
     if config.activation_checkpointing:
-        from torchgpu.memory import apply_activation_checkpointing
+        from torchgpu.memory import apply_activation_checkpointing, checkpointing_report
 
         model = apply_activation_checkpointing(model)
+        notes.append(checkpointing_report(model).describe())
     if choice.mode in EXTRA_STRATEGIES:
-        return EXTRA_STRATEGIES[choice.mode](model, data, config, device), ()
+        return EXTRA_STRATEGIES[choice.mode](model, data, config, device), tuple(notes)
     if choice.mode == "single":
-        return model.to(device), ()
+        return model.to(device), tuple(notes)
     from torchgpu.parallel.data import wrap_data_parallel
 
     if choice.mode == "dp":
