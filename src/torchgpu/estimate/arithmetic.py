@@ -186,6 +186,29 @@ def checkpointed_bytes(
     return peak
 
 
+def block_checkpointed_bytes(
+    sizes: Mapping[int, int],
+    saved: Iterable[int],
+    block_saved: Sequence[frozenset[int]],
+    block_inputs: Sequence[frozenset[int]],
+) -> int:
+    """Peak saved bytes when every repeated block is checkpointed on its own (as
+    ``apply_activation_checkpointing`` does to a model that is not sequential).
+
+    Kept through the forward: what is saved outside the blocks, plus every block's
+    inputs. While backward recomputes block j, block j's saved tensors join them. The
+    result is the largest of these (each storage counted once).
+    """
+    inside: set[int] = set()
+    for keys in block_saved:
+        inside.update(keys)
+    retained = {k for k in saved if k not in inside}
+    for keys in block_inputs:
+        retained.update(keys)
+    return max([union_bytes(sizes, retained)]
+               + [union_bytes(sizes, retained, keys) for keys in block_saved])
+
+
 def training_peak_bytes(
     *,
     parameters_bytes: int,

@@ -17,13 +17,14 @@ from torch import nn
 from torchgpu.errors import ConfigError
 from torchgpu.estimate.activations import (
     ActivationProfile,
-    as_inputs,
+    as_call,
     measure_activations,
     sequential_layers,
 )
 from torchgpu.estimate.arithmetic import (
     CUDA_BLOCK_BYTES,
     StateBytes,
+    block_checkpointed_bytes,
     checkpointed_bytes,
     module_tensors,
     optimizer_kind,
@@ -187,8 +188,15 @@ def _shard_units(model: nn.Module, view: nn.Sequential | None) -> list[nn.Module
     return [c for c in children if id(c) in members and any(True for _ in c.parameters())]
 
 
-def _sample_slice(inputs: tuple[torch.Tensor, ...], rows: int) -> tuple[torch.Tensor, ...]:
-    return tuple(torch.empty(rows, *t.shape[1:], dtype=t.dtype, device="meta") for t in inputs)
+def _sample_slice(sample: Any, rows: int) -> Any:
+    """``sample`` with ``rows`` rows in every batched tensor (meta: shapes only)."""
+    from torchgpu.estimate.activations import map_tensors
+
+    def meta(t: torch.Tensor) -> torch.Tensor:
+        shape = (rows, *t.shape[1:]) if t.dim() else ()
+        return torch.empty(shape, dtype=t.dtype, device="meta")
+
+    return map_tensors(sample, meta)
 
 
 def _resolve_balance(
@@ -230,8 +238,12 @@ def estimate_memory(
     """Estimate the memory of training ``model`` on ``sample_batch``, per device.
 
     - ``sample_batch``: the model's input for one step on one device (per rank for
-      ddp/fsdp; the whole batch for split/pipeline), a tensor or tuple of tensors; only
-      shapes and dtypes are read, so ``torch.empty(..., device="meta")`` is enough.
+      ddp/fsdp; the whole batch for split/pipeline), of any structure: a tensor
+      (``model(x)``), a tuple/list (``model(*inputs)``), a dict (``model(**batch)``,
+      e.g. ``{"input_ids": ..., "labels": ...}``), nested; integer tensors stay
+      integers. Only shapes and dtypes are read, so ``torch.empty(..., device="meta")``
+      tensors are enough. A loss the model computes (``output.loss``) is measured
+      with the forward; ``loss_fn(output)`` adds one computed from the output.
     - ``optimizer``: a name in :data:`~torchgpu.estimate.arithmetic.OPTIMIZERS`
       ("adam", "adamw", "sgd", "sgd_momentum", ...), an optimizer class or instance.
     - ``precision``: "fp32", or "bf16"/"fp16" autocast (fp32 master weights, gradients
@@ -243,24 +255,26 @@ def estimate_memory(
     - ``world_size`` / ``devices``: ranks or stages (``devices`` names them; default
       ``cuda:0..``). ``balance``: layer counts per stage, None for even counts (as
       ``split_model``), or "memory" to minimise the largest stage.
-    - ``activation_checkpointing``: the sequential layers cut into ceil(√n) segments,
-      all but the last recomputed in backward (as ``apply_activation_checkpointing``);
+    - ``activation_checkpointing``: as ``apply_activation_checkpointing`` does it: the
+      sequential layers cut into ceil(√n) segments, all but the last recomputed in
+      backward; a model that is not sequential has each repeated block recomputed;
       for a pipeline, each micro-batch but the last keeps only its stage input (as
       ``Pipeline(checkpoint="except_last")``).
     - ``block_bytes``: allocation rounding (512 on CUDA; 1 for exact tensor bytes).
     - ``profile``: a :func:`measure_activations` result to reuse (same model and
       precision; used when its batch size is the one needed).
 
-    Split, pipeline and checkpointing need the model as layers: an ``nn.Sequential`` or
-    a model with ``as_sequential()``. Raises :class:`ConfigError` (or BalanceError).
+    Parameters are counted once each, so tied weights (an LM head sharing the token
+    embedding) count once. Split and pipeline need the model as layers: an
+    ``nn.Sequential`` or a model with ``as_sequential()``; checkpointing needs that or a
+    repeated block. Raises :class:`ConfigError` (or BalanceError).
     """
     if strategy not in STRATEGIES:
         raise ConfigError(
             f"strategy={strategy!r} is not allowed: use one of {', '.join(STRATEGIES)}"
         )
     kind = optimizer_kind(optimizer)
-    inputs = as_inputs(sample_batch)
-    batch = int(inputs[0].shape[0])
+    batch = as_call(sample_batch).batch_size
     if chunks < 1 or chunks > batch:
         raise ConfigError(
             f"chunks={chunks} is not allowed for a batch of {batch}: use 1..{batch} micro-batches"
@@ -285,12 +299,11 @@ def estimate_memory(
         )
     names = _device_names(n, devices)
     view = sequential_layers(model)
-    if view is None and (strategy in ("split", "pipeline") or activation_checkpointing):
+    if view is None and strategy in ("split", "pipeline"):
         raise ConfigError(
-            f"{type(model).__name__} has no sequential view, so {strategy!r}"
-            + (" with activation checkpointing" if activation_checkpointing else "")
-            + " cannot be estimated: pass an nn.Sequential or give the model an "
-            "as_sequential() method returning its layers in order"
+            f"{type(model).__name__} has no sequential view, so {strategy!r} cannot be "
+            "estimated: pass an nn.Sequential or give the model an as_sequential() method "
+            "returning its layers in order"
         )
 
     micro = -(-batch // chunks)
@@ -298,17 +311,28 @@ def estimate_memory(
     def get_profile(rows: int) -> ActivationProfile:
         if profile is not None and profile.batch_size == rows and profile.precision == precision:
             return profile
-        sample = inputs if rows == batch else _sample_slice(inputs, rows)
+        sample = sample_batch if rows == batch else _sample_slice(sample_batch, rows)
         return measure_activations(model, sample, precision, loss_fn)
 
     prof = get_profile(micro)
+    if view is None and activation_checkpointing and not prof.block_names:
+        raise ConfigError(
+            f"{type(model).__name__} has no sequential view and no repeated block, so "
+            "activation checkpointing cannot be estimated (nor applied without naming "
+            "blocks): give the model as_sequential() returning its layers in order, or "
+            "estimate without checkpointing"
+        )
     workspace = 2 * -(-prof.largest_bytes // block_bytes) * block_bytes
 
     def common(acts: int, state: StateBytes, extra: int) -> tuple[DeviceMemory, ...]:
         return tuple(_device(name, state, acts, workspace, extra) for name in names)
 
     if strategy in ("single", "ddp", "fsdp"):
-        if activation_checkpointing:
+        if activation_checkpointing and view is None:
+            acts = block_checkpointed_bytes(
+                prof.rounded(block_bytes), prof.saved, prof.block_saved, prof.block_inputs
+            )
+        elif activation_checkpointing:
             assert view is not None
             acts = _stage_activations(prof, 0, len(view), True, block_bytes)
         else:

@@ -49,6 +49,8 @@ class Footprint:
     - ``step_workspace_bytes``: temporaries of the optimizer step (Adam's foreach
       buffers); the step runs after backward has freed the activations, so the peak is
       ``states + max(activations + transient, step workspace)``.
+    - ``checkpointable``: ``apply_activation_checkpointing(model)`` can take the model
+      (it is sequential or has a repeated block); False rules the checkpointing rows out.
     """
 
     batch_size: int
@@ -61,6 +63,7 @@ class Footprint:
     layers: tuple[LayerFootprint, ...] = field(default=())
     source: str = "given"
     step_workspace_bytes: int = 0
+    checkpointable: bool = True
 
     @property
     def state_bytes(self) -> int:

@@ -5,7 +5,8 @@ gradients and optimizer state; activations measured once on fake tensors (so the
 sample batch may be a ``device="meta"`` tensor of the real batch size: nothing of the
 model's size is allocated); backward's temporaries (twice the largest saved tensor,
 scaling with the batch) and the optimizer step's workspace (fixed), as the estimator
-computes its peak; and the activations with checkpointing (ceil(sqrt(n)) segments).
+computes its peak; and the activations with checkpointing (ceil(sqrt(n)) segments of a
+sequential model, or each repeated block of any other).
 Per-layer figures for the split/pipeline rows come from the same activation profile:
 each storage counted once, on the first layer that saved it.
 """
@@ -25,8 +26,9 @@ def measure_footprint(
     optimizer: str = "adam",
     precision: str = "fp32",
 ) -> Footprint:
-    """The :class:`Footprint` of training ``model`` on ``sample_batch`` (a tensor or a
-    tuple of tensors, batch first; real, meta or fake: only shapes and dtypes are read).
+    """The :class:`Footprint` of training ``model`` on ``sample_batch`` (the model's
+    inputs of any structure, batch first, as :func:`~torchgpu.estimate.estimate_memory`
+    takes them; real, meta or fake: only shapes and dtypes are read).
 
     Raises :class:`ConfigError` (exit 2) for an unknown optimizer or precision, or a
     forward the estimator cannot run on fake tensors.
@@ -41,6 +43,14 @@ def measure_footprint(
     view = sequential_layers(model)
     checkpointed = single.activations_bytes
     layers: list[LayerFootprint] = []
+    if view is None and profile.block_names:  # checkpointing recomputes the repeated blocks
+        checkpointed = (
+            estimate_memory(
+                model, sample_batch, kind, precision, activation_checkpointing=True, profile=profile
+            )
+            .devices[0]
+            .activations_bytes
+        )
     if view is not None and len(view) > 1:
         checkpointed = (
             estimate_memory(
@@ -79,4 +89,5 @@ def measure_footprint(
         layers=tuple(layers),
         source=f"estimated on fake tensors at batch {profile.batch_size}",
         step_workspace_bytes=step_workspace,
+        checkpointable=bool(profile.block_names) or view is not None,
     )

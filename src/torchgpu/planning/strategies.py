@@ -196,6 +196,9 @@ def _data_parallel(
     if accumulation and share == 1:
         applicable = False
         notes.append("micro-batch already 1")
+    if checkpointing and not fp.checkpointable:
+        applicable = False
+        notes.append("no layers or repeated block to checkpoint")
     return Candidate(
         label=label,
         strategy=mode,
