@@ -1,7 +1,8 @@
 """``torchgpu plan``: memory per strategy on real or hypothetical devices, and the plan that fits.
 
     torchgpu plan [--example housing|lenet|resnet50
-                   | --model module:factory --input-shape 2,3,128,128] [--batch-size B]
+                   | --model SPEC (--input-shape 2,3,128,128[:DTYPE] | --data SPEC)]
+                  [--batch-size B]
                    [--devices auto|4x80GiB|2x24GiB,1x16GiB|cuda:0,cuda:1]
                   [--optimizer adam] [--precision fp32] [--json]
 
@@ -9,10 +10,15 @@ Prints a table of every strategy (single, + accumulation, + activation checkpoin
 ddp, fsdp, model split, pipeline) with its memory on each device and whether it fits,
 then the chosen plan, why, and the exact ``torchgpu train`` command that runs it (for
 ``--model``, which ``torchgpu train`` cannot load, the same settings as torchgpu Python
-calls). A factory that fails, or a forward that does not take ``--input-shape``, is a
-usage error (exit 2, one paragraph). ``--json`` prints the document of
-:mod:`torchgpu.planning.report` instead. Exit codes: 0 a plan was found, 1 nothing fits
-(the table still prints, the numbers go to stderr), 2 bad flags.
+calls). The sample batch of ``--model`` comes from ``--input-shape`` (batch first; a
+``:DTYPE`` suffix such as ``2,128:int64`` makes token ids) or from ``--data SPEC``
+(``module.path:attr`` or ``path/to/file.py:attr`` naming a Dataset, a (train, eval) pair
+or a function returning one: ``--batch-size`` items, default_collate-d; dict items are
+passed as ``model(**batch)``). A spec that does not resolve, a factory that fails, or a
+forward that does not take the sample is a usage error (exit 2, one paragraph).
+``--json`` prints the document of :mod:`torchgpu.planning.report` instead. Exit codes:
+0 a plan was found, 1 nothing fits (the table still prints, the numbers go to stderr),
+2 bad flags.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -45,6 +52,8 @@ EXAMPLE_INPUT_SHAPES: dict[str, tuple[int, ...]] = {
 }
 #: Default batch per optimizer step, as ``torchgpu train`` uses for each example.
 EXAMPLE_BATCH_SIZES = {"housing": 16, "lenet": 64, "resnet50": 8}
+#: Default batch for ``--model --data`` (``torchgpu train``'s default for a user model).
+DATA_BATCH_SIZE = 16
 
 
 def build_parser() -> ArgumentParser:
@@ -57,8 +66,13 @@ def build_parser() -> ArgumentParser:
     what.add_argument("--model", metavar="MODULE:FACTORY", help="your model: module.path:factory")
     parser.add_argument(
         "--input-shape",
-        metavar="N,C,H,W",
-        help="with --model: the sample batch's shape, batch first",
+        metavar="N,C,H,W[:DTYPE]",
+        help="with --model: the sample batch's shape, batch first; :int64 for token ids",
+    )
+    parser.add_argument(
+        "--data",
+        metavar="SPEC",
+        help="with --model: take the sample batch from your dataset (module.path:attr)",
     )
     parser.add_argument("--batch-size", type=int, metavar="B", help="samples per optimizer step")
     parser.add_argument(
@@ -72,28 +86,20 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
-def parse_shape(text: str) -> tuple[int, ...]:
-    """``"2,3,128,128"`` -> ``(2, 3, 128, 128)``; UsageError unless positive integers."""
-    try:
-        shape = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        shape = ()
-    if not shape or any(dim < 1 for dim in shape):
-        raise UsageError(
-            f"--input-shape {text!r} is not understood: give the sample batch's shape as "
-            "positive integers, batch first, e.g. --input-shape 2,3,128,128"
-        )
-    return shape
-
-
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    if args.model is None and args.input_shape is not None:
-        raise UsageError("--input-shape goes with --model (built-in examples know their shape)")
-    if args.model is not None and args.input_shape is None:
+    if args.model is None and (args.input_shape is not None or args.data is not None):
+        flag = "--input-shape" if args.input_shape is not None else "--data"
+        raise UsageError(f"{flag} goes with --model (built-in examples know their shape)")
+    if args.model is not None and args.input_shape is not None and args.data is not None:
+        raise UsageError(
+            "--input-shape and --data both describe the sample batch: give one of them"
+        )
+    if args.model is not None and args.input_shape is None and args.data is None:
         raise UsageError(
             f"--model {args.model} needs --input-shape, the shape of a sample batch, e.g. "
-            "--input-shape 2,3,128,128"
+            "--input-shape 2,3,128,128 (or 2,128:int64 for token ids), or --data SPEC to "
+            "take it from your dataset"
         )
     if args.batch_size is not None and args.batch_size < 1:
         raise UsageError(f"--batch-size {args.batch_size} must be at least 1, e.g. --batch-size 32")
@@ -102,14 +108,27 @@ def main(argv: list[str]) -> int:
     if example is None and args.model is None:
         example = "housing"
     if args.model is not None:
-        from torchgpu.planning.custom import build_custom_model, measure_custom_model
+        from torchgpu.planning.custom import (
+            build_custom_model,
+            measure_custom_model,
+            parse_input_shape,
+            sample_from_data,
+            shape_sample,
+        )
 
-        shape = parse_shape(args.input_shape)
-        model = build_custom_model(args.model)  # UsageError (exit 2) if the factory fails
-        batch = args.batch_size or shape[0]
-        sample = torch.empty(batch, *shape[1:], device="meta")  # shapes only: nothing allocated
+        sample: Any
+        if args.data is not None:
+            batch = args.batch_size or DATA_BATCH_SIZE
+            model = build_custom_model(args.model)  # UsageError (exit 2) if the factory fails
+            sample, _ = sample_from_data(args.data, batch)
+        else:
+            shape, dtype = parse_input_shape(args.input_shape)
+            model = build_custom_model(args.model)
+            batch = args.batch_size or shape[0]
+            sample = shape_sample(shape, dtype, batch)  # meta: nothing allocated
         footprint = measure_custom_model(
-            model, args.model, sample, optimizer=args.optimizer, precision=args.precision
+            model, args.model, sample, optimizer=args.optimizer, precision=args.precision,
+            source="--input-shape" if args.data is None else "--data",
         )
     else:
         from torchgpu.models import build_model

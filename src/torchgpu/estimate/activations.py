@@ -107,13 +107,14 @@ class SampleCall:
     batch_size: int
 
 
-def _tensors(obj: Any) -> list[torch.Tensor]:
+def tensor_leaves(obj: Any) -> list[torch.Tensor]:
+    """The tensors in ``obj`` (dicts, tuples, lists, nested), in order."""
     if isinstance(obj, torch.Tensor):
         return [obj]
     if isinstance(obj, Mapping):
-        return [t for v in obj.values() for t in _tensors(v)]
+        return [t for v in obj.values() for t in tensor_leaves(v)]
     if isinstance(obj, tuple | list):
-        return [t for v in obj for t in _tensors(v)]
+        return [t for v in obj for t in tensor_leaves(v)]
     return []
 
 
@@ -143,7 +144,7 @@ def as_call(sample_batch: Any) -> SampleCall:
         call = SampleCall(tuple(sample_batch), {}, 0)
     else:
         call = SampleCall((sample_batch,), {}, 0)
-    tensors = _tensors([call.args, call.kwargs])
+    tensors = tensor_leaves([call.args, call.kwargs])
     batched = [t for t in tensors if t.dim() > 0]
     if not batched:
         found = "only scalar tensors" if tensors else f"a {type(sample_batch).__name__}"
@@ -222,7 +223,7 @@ def measure_activations(
     def enter(index: int) -> Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], None]:
         def hook(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             current[0] = index
-            for a in _tensors([args, kwargs]):
+            for a in tensor_leaves([args, kwargs]):
                 slot_inputs[index].add(_storage_key(a, sizes, alive))
 
         return hook

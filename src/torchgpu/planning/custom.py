@@ -1,6 +1,11 @@
 """Plan a user's model (``torchgpu plan --model module:factory``): build and measure it
 safely, so that a failure is one paragraph (exit 2) and never a traceback.
 
+The sample batch comes from ``--input-shape N,D,...[:DTYPE]`` (:func:`parse_input_shape`,
+:func:`shape_sample`; integer dtypes for token ids) or from ``--data SPEC``
+(:func:`sample_from_data`: ``batch`` items of the user's dataset, ``default_collate``-d,
+as the training engine batches them).
+
 The factory and the measured forward run under :func:`cuda_kept_on_cpu`: every request
 for a CUDA device (``.to("cuda:1")``, ``.cuda()``, ``nn.Linear(..., device="cuda:0")``,
 ``torch.empty(..., device="cuda")``) keeps the tensor on the CPU. A model that places
@@ -15,14 +20,14 @@ makes them fails with a message that says so.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from torchgpu.errors import TorchGpuError, UsageError
+from torchgpu.errors import DataError, TorchGpuError, UsageError
 from torchgpu.planning.footprint import Footprint
 
 
@@ -83,6 +88,108 @@ def _gpu_hint(error: BaseException) -> str:
     )
 
 
+#: ``--input-shape ...:DTYPE`` names (torch's own names, and the usual aliases).
+INPUT_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "float": torch.float32, "float16": torch.float16,
+    "half": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
+    "int64": torch.int64, "long": torch.int64, "int32": torch.int32, "int": torch.int32,
+    "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
+}  # fmt: skip
+
+
+def parse_input_shape(text: str) -> tuple[tuple[int, ...], torch.dtype]:
+    """``"2,3,128,128"`` -> ``((2, 3, 128, 128), float32)``; ``"2,128:int64"`` ->
+    ``((2, 128), int64)``. UsageError unless positive integers and a known dtype."""
+    dims, sep, dtype_name = text.partition(":")
+    try:
+        shape = tuple(int(part) for part in dims.split(","))
+    except ValueError:
+        shape = ()
+    if not shape or any(dim < 1 for dim in shape):
+        raise UsageError(
+            f"--input-shape {text!r} is not understood: give the sample batch's shape as "
+            "positive integers, batch first, and a dtype for non-float inputs, e.g. "
+            "--input-shape 2,3,128,128 or --input-shape 2,128:int64 (token ids)"
+        )
+    dtype_name = dtype_name.strip().lower() if sep else "float32"
+    if dtype_name not in INPUT_DTYPES:
+        raise UsageError(
+            f"--input-shape {text!r}: dtype {dtype_name!r} is not known; use one of "
+            f"{', '.join(INPUT_DTYPES)}, e.g. --input-shape 2,128:int64"
+        )
+    return shape, INPUT_DTYPES[dtype_name]
+
+
+def shape_sample(shape: tuple[int, ...], dtype: torch.dtype, batch: int) -> torch.Tensor:
+    """A sample of ``batch`` rows of ``shape[1:]``: a meta tensor (shapes only, nothing
+    allocated). Integer inputs need no valid values: the planner measures on fake
+    tensors, which have none (an embedding lookup only needs the index's shape)."""
+    return torch.empty(batch, *shape[1:], dtype=dtype, device="meta")
+
+
+def sample_from_data(spec: str, batch: int) -> tuple[Any, bool]:
+    """The model's inputs for ``batch`` items of the training data ``spec`` names
+    (:func:`torchgpu.factories.resolve_data`), and whether they are a dict batch.
+
+    The first ``batch`` items (cycling over a smaller dataset) are collated with
+    ``default_collate``: dict items give one dict (``model(**batch)``, its loss from
+    ``output.loss``), ``(inputs, target)`` items give ``inputs``. Raises DataError
+    (exit 2) for items that are neither or do not collate, UsageError for a bad spec.
+    """
+    from torch.utils.data import default_collate
+
+    from torchgpu.factories import resolve_data
+
+    train, _ = resolve_data(spec)
+    try:
+        if hasattr(train, "__len__"):
+            n = len(train)
+            if n == 0:
+                raise DataError(f"--data {spec}: the training data is empty; check the data")
+            items = [train[i % n] for i in range(batch)]
+        else:  # an iterable dataset: its first items
+            stream = iter(train)
+            items = [item for _, item in zip(range(batch), stream, strict=False)]
+            if not items:
+                raise DataError(f"--data {spec}: the training data is empty; check the data")
+            items = [items[i % len(items)] for i in range(batch)]
+        collated = default_collate(items)
+    except TorchGpuError:
+        raise
+    except Exception as error:
+        raise DataError(
+            f"--data {spec}: {batch} items of the training data do not form a batch "
+            f"({_first_line(error)}). Items must be (inputs, target) pairs or dicts of "
+            "tensors of equal shapes, as default_collate batches them."
+        ) from None
+    if isinstance(collated, Mapping):
+        return collated, True
+    if isinstance(collated, tuple | list) and len(collated) == 2:
+        return collated[0], False
+    raise DataError(
+        f"--data {spec}: its items are {type(items[0]).__name__}s, neither (inputs, target) "
+        "pairs nor dicts: return (inputs, target) from __getitem__, or a dict such as "
+        "{'input_ids': ..., 'labels': ...} for a model that computes its own loss."
+    )
+
+
+def describe_sample(sample: Any) -> str:
+    """``shape 2,9`` for a tensor; ``input_ids 2x12 int64, labels 2x12 int64`` for a
+    dict; the tensors in order for a tuple."""
+    from torchgpu.estimate.activations import tensor_leaves
+
+    def one(t: torch.Tensor) -> str:
+        dtype = str(t.dtype).removeprefix("torch.")
+        return "x".join(str(d) for d in t.shape) + ("" if dtype == "float32" else f" {dtype}")
+
+    if isinstance(sample, torch.Tensor):
+        return f"shape {','.join(str(d) for d in sample.shape)}"
+    if isinstance(sample, Mapping):
+        return ", ".join(f"{k} {one(v) if isinstance(v, torch.Tensor) else type(v).__name__}"
+                         for k, v in sample.items())
+    return ", ".join(one(t) for t in tensor_leaves(sample))
+
+
 def build_custom_model(spec: str) -> nn.Module:
     """Resolve ``spec`` (``module:factory``, see :func:`torchgpu.factories.resolve_model`)
     and build the model on the CPU.
@@ -107,14 +214,16 @@ def build_custom_model(spec: str) -> nn.Module:
 def measure_custom_model(
     model: nn.Module,
     spec: str,
-    sample_batch: torch.Tensor,
+    sample_batch: Any,
     optimizer: str = "adam",
     precision: str = "fp32",
+    source: str = "--input-shape",
 ) -> Footprint:
     """:func:`torchgpu.planning.measure.measure_footprint` of a ``--model`` model, with
-    a forward that fails (a wrong ``--input-shape``, a GPU-only call) reported as a
-    :class:`UsageError` naming the module that was running; torch's own log lines about
-    the failed operation are silenced. Errors of torchgpu (unknown optimizer...) pass."""
+    a forward that fails (a wrong ``--input-shape`` or ``--data``, named by ``source``;
+    a GPU-only call) reported as a :class:`UsageError` naming the module that was
+    running; torch's own log lines about the failed operation are silenced. Errors of
+    torchgpu (unknown optimizer...) pass."""
     from torchgpu.placement import quiet_fake_tensor_logs
     from torchgpu.planning.measure import measure_footprint
 
@@ -142,11 +251,17 @@ def measure_custom_model(
         raise
     except Exception as error:
         where = f" in {running[-1]}" if running else ""
-        shape = ",".join(str(d) for d in sample_batch.shape)
+        check = (
+            "Check --input-shape (the shape of a sample batch, batch first, as the model's "
+            "forward takes it, with :int64 for token ids)"
+            if source == "--input-shape"
+            else f"Check that {source}'s batches are what the model's forward takes "
+            "(dicts are passed as model(**batch), pairs as model(inputs))"
+        )
         raise UsageError(
-            f"--model {spec}: the forward on a batch of shape {shape} failed{where}: "
-            f"{_first_line(error)}. Check --input-shape (the shape of a sample batch, batch "
-            f"first, as the model's forward takes it) and the forward's code.{_gpu_hint(error)}"
+            f"--model {spec}: the forward on a batch of {describe_sample(sample_batch)} "
+            f"failed{where}: {_first_line(error)}. {check} and the forward's "
+            f"code.{_gpu_hint(error)}"
         ) from None
     finally:
         for handle in handles:
