@@ -130,29 +130,27 @@ def _clean(value: Any) -> Any:
 
 
 def plot_losses(path: Path, epochs: Sequence[EpochRecord], title: str) -> None:
-    """Save a PNG of train and test loss per epoch (matplotlib, Agg backend)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Save a PNG of train and test loss per epoch (matplotlib's Agg canvas; no pyplot,
+    so no global figure state and no GUI backend)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     xs = [r.epoch + 1 for r in epochs]
-    figure, axis = plt.subplots(figsize=(6.4, 4.0), dpi=100)
-    try:
-        axis.plot(xs, [r.train_loss for r in epochs], marker="o", markersize=3, label="train")
-        axis.plot(xs, [r.test_loss for r in epochs], marker="s", markersize=3, label="test")
-        axis.set_xlabel("epoch")
-        axis.set_ylabel("loss")
-        positive = all(r.train_loss > 0 and r.test_loss > 0 for r in epochs)
-        if positive and len(epochs) > 1:
-            axis.set_yscale("log")
-        axis.set_title(title)
-        axis.grid(True, alpha=0.3)
-        axis.legend()
-        figure.tight_layout()
-        figure.savefig(path)
-    finally:
-        plt.close(figure)
+    figure = Figure(figsize=(6.4, 4.0), dpi=100)
+    FigureCanvasAgg(figure)
+    axis = figure.add_subplot()
+    axis.plot(xs, [r.train_loss for r in epochs], marker="o", markersize=3, label="train")
+    axis.plot(xs, [r.test_loss for r in epochs], marker="s", markersize=3, label="test")
+    axis.set_xlabel("epoch")
+    axis.set_ylabel("loss")
+    positive = all(r.train_loss > 0 and r.test_loss > 0 for r in epochs)
+    if positive and len(epochs) > 1:
+        axis.set_yscale("log")
+    axis.set_title(title)
+    axis.grid(True, alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path)
 
 
 def save_model(path: Path, state: Mapping[str, Any]) -> None:
