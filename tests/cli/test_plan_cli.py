@@ -265,3 +265,67 @@ def test_example_shapes_match_the_data() -> None:
 def test_plan_never_initialises_cuda(capsys: pytest.CaptureFixture[str]) -> None:
     run(capsys, "--example", "housing", "--devices", "2x8GiB", "--json")
     assert not torch.cuda.is_initialized()
+
+
+# ------------------------------------------------- users' models: --data, token inputs
+def test_model_with_data_plans_from_a_collated_batch(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(
+        capsys, "--model", "tests.user_models:lm_factory", "--data", "tests.user_models:lm_data",
+        "--batch-size", "8", "--devices", "2x1GiB", "--json",
+    )
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["workload"]["batch_size"] == 8
+    rows = {s["label"]: s for s in doc["strategies"]}
+    # the causal LM is not sequential: no split rows; its blocks can be checkpointed
+    assert not rows["model"]["applicable"] and not rows["pipeline"]["applicable"]
+    assert rows["single + checkpointing"]["applicable"]
+    fp = doc["footprint"]
+    assert 0 < fp["checkpointed_activation_bytes"] < fp["activation_bytes"]
+
+
+def test_token_inputs_from_a_shape_with_a_dtype(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--model", "tests.user_models:lm_factory", "--devices", "1x1GiB", "--json"]
+    code, out, err = run(capsys, *args, "--input-shape", "4,12:int64")
+    assert code == 0, err
+    assert json.loads(out)["workload"]["batch_size"] == 4
+    # float inputs make the embedding fail: one paragraph that says how to give token ids
+    code, out, err = run(capsys, *args, "--input-shape", "4,12")
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert "failed in embed" in err and ":int64 for token ids" in err
+
+
+def test_data_of_pairs_feeds_the_inputs(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(
+        capsys, "--model", "tests.user_models:cnn_factory", "--data", "tests.user_models:cnn_data",
+        "--devices", "1x1GiB", "--json",
+    )
+    assert code == 0, err
+    assert json.loads(out)["workload"]["batch_size"] == 16  # train's default for --model
+
+
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        (["--data", "tests.user_models:lm_data"], ["--data goes with --model"]),
+        (["--model", "tests.user_models:lm_factory", "--data", "tests.user_models:lm_data",
+          "--input-shape", "2,12"], ["give one of them"]),
+        (["--model", "tests.user_models:lm_factory", "--data", "tests.user_models:not_a_dataset"],
+         ["not_a_dataset() returned a model (Linear), not a Dataset", "--model"]),
+        (["--model", "tests.user_models:lm_factory", "--data", "tests.user_models:nope"],
+         ["has no attribute 'nope'"]),
+        (["--model", "tests.user_models:lm_factory", "--data", "tests.user_models:cnn_data"],
+         ["the forward on a batch of shape 16,3,8,8 failed in embed", "Check that --data"]),
+        (["--model", "tests.user_models:lm_factory", "--input-shape", "2,12:complex"],
+         ["dtype 'complex' is not known", "2,128:int64"]),
+        (["--model", "tests.user_models:lm_factory"], ["needs --input-shape", "--data SPEC"]),
+    ],
+)
+def test_bad_data_specs_exit_2_in_one_paragraph(
+    capsys: pytest.CaptureFixture[str], argv: list[str], needles: list[str]
+) -> None:
+    code, out, err = run(capsys, *argv, "--devices", "1x1GiB")
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    for needle in needles:
+        assert needle in err

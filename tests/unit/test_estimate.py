@@ -336,3 +336,102 @@ def test_estimate_errors(r50: nn.Module) -> None:
 
     with pytest.raises(ConfigError, match="depends on tensor values"):
         estimate_memory(ValueDependent(), torch.empty(2, 4))
+
+
+# ------------------------------------------------- users' models: any batch structure
+def _tiny_lm() -> nn.Module:
+    from tests.user_models import TinyCausalLM
+
+    torch.manual_seed(0)
+    return TinyCausalLM()
+
+
+def _tiny_gpt2() -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(vocab_size=97, n_positions=16, n_embd=32, n_layer=2,
+                                     n_head=4, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    model: nn.Module = transformers.GPT2LMHeadModel(config)
+    return model
+
+
+def _token_batch(rows: int, seq: int, device: str = "cpu") -> dict[str, torch.Tensor]:
+    ids = (torch.arange(rows * seq).reshape(rows, seq) % 11).to(device)
+    return {"input_ids": ids, "labels": ids}
+
+
+@pytest.mark.parametrize(("build", "seq"), [(_tiny_lm, 12), (_tiny_gpt2, 16)])
+def test_dict_token_batches_match_the_real_forward(build, seq) -> None:
+    model = build().train()
+    for rows in (2, 4):
+        real = _token_batch(rows, seq)
+        meta = _token_batch(rows, seq, "meta")  # int64 ids: shapes and dtype only
+        est = estimate_memory(model, meta, optimizer="adam", block_bytes=1)
+        measured = saved_tensor_bytes(lambda: model(**real))  # noqa: B023
+        assert est.devices[0].activations_bytes == measured
+        if rows == 2:
+            two = measured
+    # activations grow linearly with the batch (less a few batch-independent bytes: the
+    # causal mask, scalars)
+    assert measured == pytest.approx(2 * two, rel=0.01)
+    # states: every distinct parameter once (the tied head is the embedding), Adam x2
+    unique = sum(p.numel() * p.element_size() for p in model.parameters())
+    named = sum(p.numel() * p.element_size()
+                for _, p in model.named_parameters(remove_duplicate=False))
+    assert named > unique  # the weights really are tied
+    device = est.devices[0]
+    assert (device.parameters_bytes, device.gradients_bytes) == (unique, unique)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(**_token_batch(2, seq)).loss.backward()
+    optimizer.step()
+    real_state = sum(t.numel() * t.element_size() for s in optimizer.state.values()
+                     for t in s.values() if t.dim() > 0)
+    assert device.optimizer_bytes == real_state
+
+
+def test_checkpointed_estimate_of_repeated_blocks() -> None:
+    model = _tiny_lm().train()
+    batch = _token_batch(8, 12, "meta")
+    plain = estimate_memory(model, batch, block_bytes=1).devices[0].activations_bytes
+    ckpt = estimate_memory(model, batch, block_bytes=1, activation_checkpointing=True)
+    acts = ckpt.devices[0].activations_bytes
+    wrapped = apply_activation_checkpointing(copy.deepcopy(model))
+    real = _token_batch(8, 12)
+    kept = saved_tensor_bytes(lambda: wrapped(**real))  # after the forward: block inputs
+    assert kept <= acts < plain / 2, (kept, acts, plain)
+    with pytest.raises(ConfigError, match="no sequential view and no repeated block"):
+        estimate_memory(nn.Linear(4, 4), torch.empty(2, 4), activation_checkpointing=True)
+
+
+class _TwoInputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 8)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, ids: torch.Tensor, extra: dict[str, torch.Tensor]) -> torch.Tensor:
+        h = self.embed(ids) * extra["scale"].unsqueeze(-1)
+        return self.fc(h).mean(dim=1)
+
+
+def test_tuple_and_nested_samples_keep_their_structure_and_dtypes() -> None:
+    model = _TwoInputs()
+    ids = torch.zeros(4, 5, dtype=torch.long)
+    sample = (ids, {"scale": torch.ones(4, 5)})
+    est = estimate_memory(model, sample, block_bytes=1)
+    measured = saved_tensor_bytes(lambda: model(*sample))
+    assert est.batch_size == 4 and est.devices[0].activations_bytes == measured
+    # a loss function's saved tensors are counted too
+    with_loss = estimate_memory(model, sample, block_bytes=1,
+                                loss_fn=lambda out: out.log_softmax(-1).sum())
+    assert with_loss.devices[0].activations_bytes > measured
+    with pytest.raises(ConfigError, match="got only scalar tensors"):
+        estimate_memory(model, {"scale": torch.tensor(1.0)})
+
+
+def test_a_list_of_blocks_is_split_like_a_sequential() -> None:
+    torch.manual_seed(0)
+    blocks = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(4))
+    est = estimate_memory(blocks, torch.empty(4, 8, device="meta"), strategy="split",
+                          world_size=2)
+    assert est.balance == (2, 2) and len(est.devices) == 2

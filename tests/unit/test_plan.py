@@ -465,3 +465,38 @@ def test_plan_for_training_end_to_end() -> None:
         tight.command
         == "torchgpu train --example resnet50 --strategy single --batch-size 16 --accumulate 4"
     )
+
+
+# ------------------------------------------------------------- what a model can take
+def test_checkpointing_rows_need_a_checkpointable_model() -> None:
+    import dataclasses
+
+    # the same numbers as test_model_that_needs_checkpointing, for a model that has no
+    # layers and no repeated block: checkpointing cannot rescue it, so nothing fits
+    fp = dataclasses.replace(footprint(0.5, 20.0, 3.0, batch=1), checkpointable=False)
+    with pytest.raises(PlanError):
+        plan(fp, "1x16GiB", 1)
+    rows = {c.label: c for c in all_candidates(fp, hypothetical("1x16GiB"), 1)}
+    row = rows["single + checkpointing"]
+    assert not row.applicable and not row.fits
+    assert "no layers or repeated block to checkpoint" in row.note
+
+
+def test_measured_footprints_say_what_the_model_can_take() -> None:
+    import torch
+    from torch import nn
+
+    from tests.user_models import TinyCausalLM
+    from torchgpu.planning.measure import measure_footprint
+
+    ids = torch.zeros(4, 12, dtype=torch.long, device="meta")
+    lm = measure_footprint(TinyCausalLM(), {"input_ids": ids, "labels": ids})
+    assert lm.checkpointable and lm.layers == ()  # repeated blocks, no split
+    assert lm.checkpointed_activation_bytes < lm.activation_bytes / 2
+    blocks = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(4))
+    listed = measure_footprint(blocks, torch.empty(4, 8, device="meta"))
+    assert listed.checkpointable and len(listed.layers) == 4  # a list of blocks splits
+    flat = measure_footprint(nn.Linear(8, 8), torch.empty(4, 8, device="meta"))
+    assert not flat.checkpointable and flat.layers == ()
+    rows = {c.label: c for c in all_candidates(lm, hypothetical("2x1GiB"), 4)}
+    assert not rows["model"].applicable and not rows["pipeline"].applicable
