@@ -184,3 +184,14 @@ class CNNDictWrapper(nn.Module):
 def not_a_dataset() -> nn.Module:
     """A data spec that returns a model by mistake."""
     return nn.Linear(2, 2)
+
+
+def lm_factory_no_dropout() -> TinyCausalLM:
+    """The LM without dropout: DDP and one process then draw no random numbers apart."""
+    torch.manual_seed(0)
+    return TinyCausalLM(dropout=0.0)
+
+
+def sgd(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    """An SGD factory (``params -> Optimizer``)."""
+    return torch.optim.SGD(params, lr=0.5)

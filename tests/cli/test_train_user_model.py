@@ -77,3 +77,29 @@ def test_bad_specs_exit_2_and_write_nothing(tmp_path: Path, args: list[str],
     assert done.returncode == 2, (done.stdout[-1000:], done.stderr[-2000:])
     assert words in done.stderr and "Traceback" not in done.stderr
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_nproc_2_relaunch_builds_from_the_specs_and_equals_one_process(tmp_path: Path) -> None:
+    common = ["--model", f"{MODELS}:lm_factory_no_dropout", "--data", f"{MODELS}:lm_data",
+              "--epochs", "1"]
+    one = _train(tmp_path / "one", *common, "--batch-size", "8")
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = _train(tmp_path / "two", *common, "--batch-size", "4", "--nproc", "2",
+                 "--strategy", "ddp", timeout=240)
+    assert two.returncode == 0, two.stderr[-3000:]
+    summary = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["global_batch"] == 8
+    def losses(run: Path) -> list[float]:
+        return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text()
+                .splitlines() if '"kind": "step"' in line]
+
+    assert losses(tmp_path / "two") == pytest.approx(losses(tmp_path / "one"), rel=1e-5)
+    a = load_file(tmp_path / "one" / "model.safetensors")
+    b = load_file(tmp_path / "two" / "model.safetensors")
+    for key in a:
+        if key.endswith("in_proj_bias"):
+            # Its key part has a true gradient of zero (softmax ignores a shift of every
+            # score), so AdamW turns float rounding there into lr-sized steps.
+            continue
+        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5, msg=key)
