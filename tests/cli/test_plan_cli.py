@@ -93,7 +93,7 @@ def test_custom_model(capsys: pytest.CaptureFixture[str]) -> None:
     doc = json.loads(out)
     assert doc["workload"]["batch_size"] == 4
     assert doc["footprint"]["layers"] == 5
-    assert doc["plan"]["command"] is None  # torchgpu train has no --model
+    assert doc["plan"]["command"] is None  # a custom model gets Python, not a command line
     python = doc["plan"]["python"]  # ... so the plan comes as torchgpu calls
     assert python.splitlines()[0] == "from tests.cli.plan_models import mlp"
     assert "model = mlp().to('cuda:0')" in python
@@ -174,7 +174,7 @@ def test_a_model_that_places_itself_on_gpus_is_planned(
     assert code == 0, err
     assert "Traceback" not in err
     # measured as one model: 8*16+16 + 16*2+2 = 178 fp32 parameters
-    assert "run:" in out and "has no --model" in out
+    assert "run:" in out and "torchgpu's Python API" in out
     assert f"seed_split = runpy.run_path({factories!r})['seed_split']" in out
     assert not torch.cuda.is_initialized()
     code, out, err = run(

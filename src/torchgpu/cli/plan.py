@@ -231,8 +231,8 @@ def _render(
         console.print("[bold]run:[/bold]  " + escape(plan.command), soft_wrap=True)
     elif plan.python is not None:
         console.print(
-            "[bold]run:[/bold]  `torchgpu train` has no --model (it trains the built-in "
-            "examples and CSV files); set your model up with torchgpu's Python API:",
+            "[bold]run:[/bold]  set your model up with torchgpu's Python API (or give "
+            "`torchgpu train --model ... --data ...` the same settings as flags):",
             soft_wrap=True,
         )
         console.print(textwrap.indent(plan.python, "    "), soft_wrap=True, markup=False)
