@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import os
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -93,6 +94,12 @@ def _load_file(path_text: str, spec: str, what: str) -> ModuleType:
 
 
 def _load_module(name: str, spec: str, what: str) -> ModuleType:
+    # The working directory is importable, as with `python -m` (a console script's
+    # sys.path starts at its own bin directory): `torchgpu train --model mypkg.net:build`
+    # run from a project's root finds mypkg there.
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as error:

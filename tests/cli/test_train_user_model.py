@@ -103,3 +103,15 @@ def test_nproc_2_relaunch_builds_from_the_specs_and_equals_one_process(tmp_path:
             # score), so AdamW turns float rounding there into lr-sized steps.
             continue
         torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_a_module_spec_is_found_in_the_working_directory(tmp_path: Path) -> None:
+    package = tmp_path / "proj" / "mypkg"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "models.py").write_text((REPO / "tests" / "user_models.py").read_text())
+    done = run_cli(["train", "--model", "mypkg.models:lm_factory", "--data",
+                    "mypkg.models:lm_data", "--epochs", "1", "--out", str(tmp_path / "run")],
+                   timeout=120, cwd=tmp_path / "proj")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "run" / "summary.json").is_file()
