@@ -20,8 +20,9 @@ becomes ``cuda:K``, the K-th GPU of the machine that runs the plan. Per strategy
 - every strategy: ``--batch-size`` (micro-batch per process), ``--accumulate``,
   ``--activation-checkpointing`` (a pipeline row is priced with it: ``except_last``).
 
-A custom model (``--model module:factory``) cannot be trained by ``torchgpu train``;
-:func:`python_snippet` writes the same settings as calls of torchgpu's Python API.
+For a custom model (``--model module:factory``) the plan does not know the data or the
+loss ``torchgpu train --model`` would need; :func:`python_snippet` writes the same
+settings as calls of torchgpu's Python API.
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ def train_command(
     candidate: Candidate, workload: Workload, targets: Sequence[DeviceTarget]
 ) -> str | None:
     """The exact ``torchgpu train`` line for ``candidate``; None for a custom model
-    (``torchgpu train`` trains built-in examples and CSV files, not ``--model``)."""
+    (see :func:`python_snippet`)."""
     if workload.example is None:
         return None
     args = ["torchgpu", "train", "--example", workload.example]
