@@ -329,3 +329,22 @@ def test_bad_data_specs_exit_2_in_one_paragraph(
     assert len(err.strip().splitlines()) == 1
     for needle in needles:
         assert needle in err
+
+
+def test_plan_with_model_and_data_specs_prints_a_train_command_that_validates() -> None:
+    import shlex
+
+    from tests.procs import REPO, run_cli
+    from torchgpu.cli.train import config_from_argv
+    from torchgpu.train.config import validate
+
+    done = run_cli(["plan", "--model", "tests.user_models:lm_factory", "--data",
+                    "tests.user_models:lm_data", "--batch-size", "32", "--devices", "1x1GiB"],
+                   timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("run:"))
+    argv = shlex.split(line.removeprefix("run:").strip())
+    assert argv[:2] == ["torchgpu", "train"]
+    assert argv[argv.index("--model") + 1] == "tests.user_models:lm_factory"
+    assert argv[argv.index("--data") + 1] == "tests.user_models:lm_data"
+    validate(config_from_argv(argv[2:]))

@@ -142,7 +142,8 @@ def main(argv: list[str]) -> int:
             model, sample, optimizer=args.optimizer, precision=args.precision
         )
     workload = Workload(
-        batch, example=example, model=args.model, precision=args.precision, optimizer=args.optimizer
+        batch, example=example, model=args.model, precision=args.precision,
+        optimizer=args.optimizer, data=getattr(args, "data", None) if args.model else None,
     )
     try:
         plan: Plan | None = plan_from_footprint(footprint, targets, workload)

@@ -132,11 +132,15 @@ def train_settings(candidate: Candidate, targets: Sequence[DeviceTarget]) -> Tra
 def train_command(
     candidate: Candidate, workload: Workload, targets: Sequence[DeviceTarget]
 ) -> str | None:
-    """The exact ``torchgpu train`` line for ``candidate``; None for a custom model
-    (see :func:`python_snippet`)."""
-    if workload.example is None:
+    """The exact ``torchgpu train`` line for ``candidate``: ``--example NAME``, or
+    ``--model SPEC --data SPEC`` for a custom model planned with its data; None for a
+    custom model planned from an input shape (see :func:`python_snippet`)."""
+    if workload.example is not None:
+        args = ["torchgpu", "train", "--example", workload.example]
+    elif workload.model is not None and workload.data is not None:
+        args = ["torchgpu", "train", "--model", workload.model, "--data", workload.data]
+    else:
         return None
-    args = ["torchgpu", "train", "--example", workload.example]
     args += train_settings(candidate, targets).argv()
     if workload.precision != "fp32":
         args += ["--precision", workload.precision]

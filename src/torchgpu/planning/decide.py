@@ -44,14 +44,15 @@ _SIMPLICITY = {"single": 0, "ddp": 1, "fsdp": 2, "pipeline": 3, "model": 4}
 @dataclass(frozen=True)
 class Workload:
     """What is being planned, for the command line: a built-in ``example`` or a custom
-    ``model`` spec (``module:factory``), the requested ``batch_size`` (samples per
-    optimizer step), ``precision``, ``optimizer``."""
+    ``model`` spec (``module:factory``) with its ``data`` spec when one was given, the
+    requested ``batch_size`` (samples per optimizer step), ``precision``, ``optimizer``."""
 
     batch_size: int
     example: str | None = None
     model: str | None = None
     precision: str = "fp32"
     optimizer: str = "adam"
+    data: str | None = None  # the data spec planned with a custom model (--data)
 
 
 @dataclass(frozen=True)
