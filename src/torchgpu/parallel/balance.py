@@ -21,13 +21,15 @@ import copy
 import math
 import statistics
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
 
 from torchgpu.errors import BalanceError
+from torchgpu.parallel.microbatch import map_tensors, tensors_in
 
 
 def even_balance(n_layers: int, parts: int) -> list[int]:
@@ -143,22 +145,22 @@ def validate_balance(
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, (tuple, list)):
-        return [t for item in obj for t in _tensors(item)]
-    if isinstance(obj, dict):
-        return [t for item in obj.values() for t in _tensors(item)]
-    return []
+    return tensors_in(obj)
 
 
 def _detach_to(obj: Any, device: torch.device, grad: bool) -> Any:
-    if isinstance(obj, torch.Tensor):
-        t = obj.detach().to(device)
-        return t.requires_grad_(grad and t.is_floating_point())
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(_detach_to(x, device, grad) for x in obj)
-    return obj
+    """A fresh copy of ``obj``'s tensors on ``device``, cut from any graph. With
+    ``grad``, floating tensors are non-leaf tensors requiring grad, as a stage's input
+    is in a pipeline: an in-place first layer (``ReLU(inplace=True)``) works on them
+    and never writes into the caller's sample."""
+
+    def fresh(t: torch.Tensor) -> torch.Tensor:
+        leaf = t.detach().to(device)
+        if grad and leaf.is_floating_point():
+            return leaf.requires_grad_(True).clone()
+        return leaf.clone()
+
+    return map_tensors(fresh, obj)
 
 
 def _sample_device(sample: Any) -> torch.device:
@@ -177,10 +179,41 @@ def _backward(out: Any) -> None:
         torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
 
 
+def _grad_leaves(out: Any) -> list[torch.Tensor]:
+    """The leaf tensors requiring grad that ``out``'s autograd graph reaches: the
+    tensors a backward from ``out`` would accumulate a gradient into."""
+    leaves = [t for t in _tensors(out) if t.requires_grad and t.grad_fn is None]
+    stack: list[Any] = [t.grad_fn for t in _tensors(out) if t.grad_fn is not None]
+    visited: list[Any] = []  # kept alive so that ids stay unique during the walk
+    seen: set[int] = set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        visited.append(node)
+        variable = getattr(node, "variable", None)  # AccumulateGrad holds its leaf
+        if isinstance(variable, torch.Tensor):
+            leaves.append(variable)
+        stack.extend(nxt for nxt, _ in node.next_functions)
+    return leaves
+
+
 def saved_bytes(layer: nn.Module, x: Any) -> tuple[int, Any]:
     """Bytes ``layer(x)`` saves for backward (unique storages, parameters excluded)
     and the output."""
+    saved, _created, y = _profile_bytes(layer, x)
+    return saved, y
+
+
+def _profile_bytes(layer: nn.Module, x: Any) -> tuple[int, int, Any]:
+    """``(saved, created, output)`` of ``layer(x)``: bytes saved for backward, and bytes
+    of the tensors requiring grad that the layer made itself (a weight built in
+    forward): like a parameter such a tensor lives until backward and gets a gradient
+    of its size. Unique storages; the layer's parameters and the input excluded."""
     param_ptrs = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    inputs = [*_tensors(x), *_grad_leaves(x)]  # the input and the leaves it was made from
+    input_ptrs = {t.untyped_storage().data_ptr() for t in inputs}
     seen: dict[tuple[str, int], int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -191,7 +224,32 @@ def saved_bytes(layer: nn.Module, x: Any) -> tuple[int, Any]:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         y = layer(x)
-    return sum(seen.values()), y
+    created: dict[tuple[str, int], int] = {}
+    for leaf in _grad_leaves(y):
+        storage = leaf.untyped_storage()
+        if storage.data_ptr() not in param_ptrs | input_ptrs:
+            created[(str(leaf.device), storage.data_ptr())] = storage.nbytes()
+    saved = sum(n for key, n in seen.items() if key not in created)
+    return saved, sum(created.values()), y
+
+
+@contextmanager
+def _profiling(device: torch.device) -> Iterator[None]:
+    """Around profiling: gradients on, and the random number generators (CPU and
+    ``device``) put back afterwards, so a Dropout in a profiled copy does not change
+    the draws of the training that follows."""
+    cuda = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda), torch.enable_grad():
+        yield
+
+
+def _probe(layer: nn.Module, device: torch.device) -> nn.Module:
+    """A copy of ``layer`` on ``device`` in training mode: profiling measures what a
+    training step costs (Dropout masks, BatchNorm batch statistics) whatever mode the
+    model is in now, and the model itself (mode, weights, statistics) is not touched."""
+    probe = copy.deepcopy(layer).to(device)
+    probe.train(True)
+    return probe
 
 
 def layer_sizes(
@@ -199,20 +257,29 @@ def layer_sizes(
 ) -> list[int]:
     """Bytes per layer: ``param_scale`` x parameter bytes, plus (with ``sample``) the
     bytes the layer saves for backward on that sample (unique storages, parameters
-    excluded). ``param_scale=2`` counts weights and gradients; use 4 for Adam.
-    The sample's batch size should be the micro-batch size the pipeline will run."""
+    excluded) and twice the bytes of tensors requiring grad that the layer creates in
+    forward (value and gradient, like a parameter). ``param_scale=2`` counts weights
+    and gradients; use 4 for Adam. A parameter shared by several layers (a reused
+    module, tied weights) counts at its first layer only. The sample's batch size should
+    be the micro-batch size the pipeline will run. Runs training-mode copies of the
+    layers; the layers, their mode and the random number generators are left as they were."""
     out: list[int] = []
     x = sample
     device = _sample_device(sample)
-    for layer in layers:
-        param_bytes = sum(p.numel() * p.element_size() for p in layer.parameters())
-        act_bytes = 0
-        if sample is not None:
-            probe = copy.deepcopy(layer).to(device)
-            act_bytes, y = saved_bytes(probe, _detach_to(x, device, grad=True))
-            x = _detach_to(y, device, grad=False)
-            del probe, y
-        out.append(int(param_scale * param_bytes) + act_bytes)
+    counted: set[int] = set()
+    with _profiling(device):
+        for layer in layers:
+            params = [p for p in layer.parameters() if id(p) not in counted]
+            counted.update(id(p) for p in params)
+            param_bytes = sum(p.numel() * p.element_size() for p in params)
+            act_bytes = 0
+            if sample is not None:
+                probe = _probe(layer, device)
+                saved, created, y = _profile_bytes(probe, _detach_to(x, device, grad=True))
+                act_bytes = saved + 2 * created
+                x = _detach_to(y, device, grad=False)
+                del probe, y
+            out.append(int(param_scale * param_bytes) + act_bytes)
     return out
 
 
@@ -236,27 +303,29 @@ def layer_times(
 ) -> list[float]:
     """Median forward+backward seconds of each layer on ``device`` (default: the
     sample's device) over ``runs`` timed runs after ``warmup`` untimed ones. CUDA is
-    synchronised around each run so the time covers the kernels, not the launch."""
+    synchronised around each run so the time covers the kernels, not the launch.
+    Times training-mode copies of the layers (a training step is what the balance is
+    for); the layers, their mode and the random number generators are left as they were."""
     dev = torch.device(device) if device is not None else _sample_device(sample)
     x = _detach_to(sample, dev, grad=False)
     out: list[float] = []
-    for layer in layers:
-        probe = copy.deepcopy(layer).to(dev)
-        probe.train(layer.training)
-        samples: list[float] = []
-        y: Any = None
-        for r in range(warmup + runs):
-            inp = _detach_to(x, dev, grad=True)
-            _sync(dev)
-            start = time.perf_counter()
-            y = probe(inp)
-            _backward(y)
-            _sync(dev)
-            if r >= warmup:
-                samples.append(time.perf_counter() - start)
-        out.append(statistics.median(samples))
-        x = _detach_to(y, dev, grad=False)
-        del probe
+    with _profiling(dev):
+        for layer in layers:
+            probe = _probe(layer, dev)
+            samples: list[float] = []
+            y: Any = None
+            for r in range(warmup + runs):
+                inp = _detach_to(x, dev, grad=True)
+                _sync(dev)
+                start = time.perf_counter()
+                y = probe(inp)
+                _backward(y)
+                _sync(dev)
+                if r >= warmup:
+                    samples.append(time.perf_counter() - start)
+            out.append(statistics.median(samples))
+            x = _detach_to(y, dev, grad=False)
+            del probe
     return out
 
 

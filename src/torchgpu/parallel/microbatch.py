@@ -1,48 +1,84 @@
 """Scatter a mini-batch into micro-batches and gather them back (dim 0).
 
-A batch is a tensor or a tuple/list of tensors sharing their first dimension.
-Non-tensor items of a tuple are handed unchanged to every micro-batch.
+A batch is a tensor, or a tuple/list (named tuples too) or dict of batches, nested
+to any depth, holding at least one tensor; every tensor shares the first dimension.
+Non-tensor values (a flag, a string, None) are handed unchanged to every micro-batch.
 
 ``scatter(batch, chunks)`` makes ``min(chunks, batch_size)`` micro-batches with
 ``torch.tensor_split`` sizes: as equal as possible, the first ones one row larger
 when the batch does not divide (10 rows in 4 chunks -> 3, 3, 2, 2). A batch smaller
 than ``chunks`` gives one row per micro-batch, never an empty one.
-``gather(chunks)`` concatenates along dim 0 and restores the original structure.
+``gather(outputs)`` concatenates along dim 0 and restores the structure. It refuses,
+with :class:`MicroBatchTypeError`, what it cannot join without changing the result: a
+value holding no tensor, a 0-dimensional tensor (a loss, a sum over the batch), a
+type it does not know, or a non-tensor value that differs between micro-batches.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias
 
 import torch
 
 from torchgpu.errors import ConfigError
 
-Batch: TypeAlias = torch.Tensor | tuple[Any, ...] | list[Any]
+Batch: TypeAlias = torch.Tensor | tuple[Any, ...] | list[Any] | dict[Any, Any]
+
+#: Non-tensor values passed through unchanged (they must agree between micro-batches).
+_PLAIN = (str, bytes, int, float, complex, bool, torch.dtype, torch.device)
+
+_JOIN_RULE = (
+    "the pipeline concatenates its micro-batches' outputs along dim 0, so the last layer "
+    "must return tensors with a batch dimension (alone or in tuples, lists or dicts); "
+    "non-tensor values pass through only when every micro-batch gives the same one"
+)
+
+
+class MicroBatchTypeError(ConfigError, TypeError):
+    """A batch or a pipeline output that cannot be split into micro-batches along
+    dim 0, or joined back, without changing the result (also a ``TypeError``)."""
+
+
+def tensors_in(obj: Any) -> list[torch.Tensor]:
+    """The tensors inside ``obj`` (a tensor, or tuples, lists and dicts of them), in order."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (tuple, list)):
+        return [t for item in obj for t in tensors_in(item)]
+    if isinstance(obj, Mapping):
+        return [t for item in obj.values() for t in tensors_in(item)]
+    return []
+
+
+def map_tensors(fn: Callable[[torch.Tensor], Any], obj: Any) -> Any:
+    """``obj`` with every tensor ``t`` inside it replaced by ``fn(t)``; same structure."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, (tuple, list)):
+        return _rebuild_sequence(obj, [map_tensors(fn, x) for x in obj])
+    if isinstance(obj, Mapping):
+        return _rebuild_mapping(obj, {k: map_tensors(fn, v) for k, v in obj.items()})
+    return obj
 
 
 def batch_size(batch: Batch) -> int:
     """The size of dim 0 shared by the tensors of ``batch``.
 
-    Raises ConfigError when ``batch`` holds no tensor, a 0-d tensor, or tensors whose
-    first dimensions differ.
+    Raises MicroBatchTypeError (a ConfigError and TypeError) when ``batch`` holds no
+    tensor or a 0-d tensor, ConfigError when first dimensions differ.
     """
-    tensors = (
-        [batch]
-        if isinstance(batch, torch.Tensor)
-        else [t for t in batch if isinstance(t, torch.Tensor)]
-    )
+    tensors = tensors_in(batch)
     if not tensors:
-        raise ConfigError(
-            f"a pipeline batch must be a tensor or a tuple holding tensors, got "
-            f"{type(batch).__name__}: "
-            "pass the input as a tensor (or a tuple of tensors split along dim 0)"
+        raise MicroBatchTypeError(
+            f"a pipeline batch must be a tensor, or a tuple, list or dict holding tensors, got "
+            f"{type(batch).__name__}: pass the input as a tensor (or a tuple/dict of tensors "
+            "split along dim 0)"
         )
     sizes = []
     for t in tensors:
         if t.dim() == 0:
-            raise ConfigError(
+            raise MicroBatchTypeError(
                 "a pipeline batch tensor is 0-dimensional and cannot be split into micro-batches: "
                 "give every input a batch dimension first (dim 0)"
             )
@@ -67,34 +103,118 @@ def chunk_sizes(total: int, chunks: int) -> list[int]:
 def scatter(batch: Batch, chunks: int) -> list[Batch]:
     """Split ``batch`` along dim 0 into ``min(chunks, batch size)`` micro-batches.
 
-    Each micro-batch has the structure of ``batch`` (tensor, or tuple/list of the same
-    length). Tensors are views of the input (no copy).
+    Each micro-batch has the structure of ``batch``. Tensors are views of the input
+    (no copy); with one micro-batch it is ``batch`` itself.
     """
     sizes = chunk_sizes(batch_size(batch), chunks)
-    if isinstance(batch, torch.Tensor):
-        return list(torch.split(batch, sizes, dim=0))
-    columns = [
-        torch.split(item, sizes, dim=0) if isinstance(item, torch.Tensor) else [item] * len(sizes)
-        for item in batch
-    ]
-    kind = type(batch)
-    return [kind(col[i] for col in columns) for i in range(len(sizes))]
+    if len(sizes) == 1:
+        return [batch]
+    return [_split(batch, sizes, i) for i in range(len(sizes))]
 
 
-def gather(outputs: Sequence[Batch]) -> Batch:
+def _split(obj: Any, sizes: list[int], i: int) -> Any:
+    """Micro-batch ``i`` of ``obj`` (non-tensors unchanged)."""
+    start = sum(sizes[:i])
+    return map_tensors(lambda t: t[start : start + sizes[i]], obj)  # views, no copy
+
+
+def _rebuild_sequence(like: Sequence[Any], items: list[Any]) -> Any:
+    kind: Any = type(like)
+    if hasattr(kind, "_fields"):  # a named tuple takes its fields positionally
+        return kind(*items)
+    return kind(items)
+
+
+def _rebuild_mapping(like: Mapping[Any, Any], values: dict[Any, Any]) -> Any:
+    kind: Any = type(like)
+    if kind is dict:
+        return values
+    try:  # OrderedDict, dataclass-like outputs (keyword fields), other dict subclasses
+        if all(isinstance(k, str) for k in values):
+            return kind(**values)
+        return kind(values)
+    except TypeError as exc:
+        raise MicroBatchTypeError(
+            f"cannot rebuild a {type(like).__name__} from its micro-batch parts ({exc}): return a "
+            "plain dict instead"
+        ) from exc
+
+
+def gather(outputs: Sequence[Any], source: str = "the last layer") -> Any:
     """Concatenate micro-batch outputs along dim 0 (the inverse of ``scatter``).
 
-    Tuples are gathered item by item; a non-tensor item is taken from the first chunk.
+    Tensors are concatenated, tuples/lists/dicts joined item by item (any depth), and
+    a non-tensor value is kept when every micro-batch has the same one. ``source``
+    names who made the outputs in the error (e.g. "layer '3' (Tanh) of stage 1").
+    Raises MicroBatchTypeError for what cannot be joined (see the module docstring),
+    also for a single micro-batch, so a model that fails with M > 1 fails for M = 1.
     """
     if not outputs:
         raise ConfigError("gather needs at least one micro-batch output, got none")
     first = outputs[0]
+    if not tensors_in(first):
+        hint = (
+            "did its forward() forget a return statement?"
+            if first is None
+            else "return a tensor (or tensors in a tuple/list/dict), or use split_model, "
+            "which passes any value on unchanged"
+        )
+        raise MicroBatchTypeError(
+            f"{source} returned {_describe(first)}, which holds no tensor: {_JOIN_RULE}; {hint}"
+        )
+    return _join(list(outputs), "the output", source)
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "None"
+    text = repr(value)
+    text = text if len(text) <= 40 else text[:37] + "..."
+    return f"a {type(value).__name__} ({text})"
+
+
+def _join(parts: list[Any], path: str, source: str) -> Any:
+    first = parts[0]
+    if any(type(p) is not type(first) for p in parts):
+        kinds = sorted({type(p).__name__ for p in parts})
+        raise MicroBatchTypeError(
+            f"{source} returned different types for different micro-batches at {path} "
+            f"({', '.join(kinds)}): {_JOIN_RULE}; return the same structure for every input"
+        )
     if isinstance(first, torch.Tensor):
-        return torch.cat([o for o in outputs if isinstance(o, torch.Tensor)], dim=0)
-    items = []
-    for i, item in enumerate(first):
-        if isinstance(item, torch.Tensor):
-            items.append(torch.cat([o[i] for o in outputs], dim=0))
-        else:
-            items.append(item)
-    return type(first)(items)
+        if any(p.dim() == 0 for p in parts):
+            raise MicroBatchTypeError(
+                f"{source} returned a 0-dimensional tensor at {path} (e.g. a loss or a sum over "
+                f"the batch), which has no batch dimension: {_JOIN_RULE}; return per-sample values "
+                "and reduce them outside the pipeline, e.g. loss_fn(pipe(x), y)"
+            )
+        return torch.cat(parts, dim=0)
+    if isinstance(first, (tuple, list)):
+        if len({len(p) for p in parts}) != 1:
+            raise MicroBatchTypeError(
+                f"{source} returned {type(first).__name__}s of different lengths at {path}: "
+                f"{_JOIN_RULE}; return the same structure for every input"
+            )
+        items = [_join([p[k] for p in parts], f"{path}[{k}]", source) for k in range(len(first))]
+        return _rebuild_sequence(first, items)
+    if isinstance(first, Mapping):
+        keys = list(first)
+        if any(list(p) != keys for p in parts):
+            raise MicroBatchTypeError(
+                f"{source} returned dicts with different keys at {path}: {_JOIN_RULE}; return "
+                "the same keys for every input"
+            )
+        joined = {k: _join([p[k] for p in parts], f"{path}[{k!r}]", source) for k in keys}
+        return _rebuild_mapping(first, joined)
+    if first is None or isinstance(first, _PLAIN):
+        if all(p == first for p in parts[1:]):
+            return first
+        raise MicroBatchTypeError(
+            f"{source} returned {_describe(first)} at {path} and a different value for another "
+            f"micro-batch: {_JOIN_RULE}; return it as a tensor with one row per sample, or use "
+            "chunks=1"
+        )
+    raise MicroBatchTypeError(
+        f"{source} returned {_describe(first)} at {path}, a type the pipeline cannot join: "
+        f"{_JOIN_RULE}; return tensors, or use split_model, which passes any value on unchanged"
+    )

@@ -33,6 +33,7 @@ from torchgpu.parallel.balance import (
     even_balance,
     validate_balance,
 )
+from torchgpu.parallel.microbatch import map_tensors
 
 DeviceLike = str | int | torch.device
 BalanceSpec = Sequence[int] | Literal["size", "time"] | None
@@ -48,12 +49,17 @@ def named_layers(
     module: nn.Module | Sequence[nn.Module],
 ) -> tuple[nn.Module, list[tuple[str, nn.Module]]]:
     """``(owner, [(name, layer), ...])``: as :func:`as_layers`, with the sequential
-    view's child names (``"0"``, ``"1"``... or ``"stem"``, ``"layer1"``...)."""
+    view's child names (``"0"``, ``"1"``... or ``"stem"``, ``"layer1"``...).
+
+    Every position the sequential view runs is listed, also a layer object that sits
+    at several positions (``nn.Sequential(lin1, act, lin2, act)`` has four layers):
+    ``named_children()`` would yield such an object once and silently drop a layer.
+    """
     if isinstance(module, nn.Sequential):
-        return module, list(module.named_children())
+        return module, _positions(module)
     if isinstance(module, (list, tuple)) and all(isinstance(m, nn.Module) for m in module):
         seq = nn.Sequential(*module)
-        return seq, list(seq.named_children())
+        return seq, _positions(seq)
     view = getattr(module, "as_sequential", None)
     if isinstance(module, nn.Module) and callable(view):
         seq = view()
@@ -63,13 +69,59 @@ def named_layers(
                 "nn.Sequential: it must return an nn.Sequential whose children share the model's "
                 "modules"
             )
-        return module, list(seq.named_children())
+        return module, _positions(seq)
     raise ConfigError(
         f"cannot split a {type(module).__name__}: give an nn.Sequential, a list of modules, or a "
         "module with an as_sequential() method returning nn.Sequential"
     )
 
 
+def _positions(seq: nn.Sequential) -> list[tuple[str, nn.Module]]:
+    # ``_modules`` is what ``Sequential.forward`` iterates: one entry per position, repeats
+    # kept (``named_children()`` de-duplicates); a slot set to None is skipped by both.
+    return [(name, layer) for name, layer in seq._modules.items() if layer is not None]
+
+
+def check_shared_state(
+    names: Sequence[str],
+    layers: Sequence[nn.Module],
+    places: Sequence[object],
+    what: str = "device",
+) -> None:
+    """Refuse a split that puts one tensor on two places.
+
+    A layer object used at several positions, or layers that share a parameter or
+    buffer (tied weights), run correctly split only while every position holding that
+    tensor is on the same ``place`` (``places[i]`` is layer ``i``'s device, or its
+    rank for a multi-process pipeline): a tensor lives on one device, so the other
+    stage would use it on the wrong device (or, across processes, train a copy that
+    drifts apart). Stateless repeats (an activation used twice) are always fine.
+    Raises ConfigError naming both layers, the tensor and the fix.
+    """
+    first: dict[int, tuple[int, str]] = {}  # id(tensor) -> (first position, tensor name)
+    for i, layer in enumerate(layers):
+        tensors = [*layer.named_parameters(), *layer.named_buffers()]
+        for tname, tensor in tensors:
+            seen = first.setdefault(id(tensor), (i, tname))
+            j, jname = seen
+            if j == i or places[j] == places[i]:
+                continue
+            same = layers[j] is layer
+            how = (
+                f"the same {type(layer).__name__} object is used at layers {names[j]!r} and "
+                f"{names[i]!r}"
+                if same
+                else f"layers {names[j]!r} ({type(layers[j]).__name__}) and {names[i]!r} "
+                f"({type(layer).__name__}) share the tensor {jname!r} / {tname!r}"
+            )
+            raise ConfigError(
+                f"{how}, but the split puts them on {what} {places[j]} and {what} {places[i]}: "
+                "its parameters and buffers can live on one device only, so one stage would "
+                "use them in the wrong place (or train a separate copy). Plain PyTorch allows "
+                "reusing a module; to split it, give each position its own instance "
+                "(copy.deepcopy(layer)) if the weights need not be tied, or choose a balance "
+                f"that keeps these layers on one {what}"
+            )
 def parse_devices(devices: Sequence[DeviceLike]) -> list[torch.device]:
     """Devices as ``torch.device`` (``"cuda"`` means ``cuda:0``, an int ``N`` means
     ``cuda:N``); repeats allowed. Raises DeviceSpecError / NoDeviceError up front."""
@@ -134,15 +186,10 @@ def resolve_balance(
 
 
 def move(obj: Any, device: torch.device) -> Any:
-    """Tensors (also inside tuples/lists/dicts) moved to ``device``. Copies to CUDA are
-    non-blocking (stream-ordered); copies to the CPU block, so the data is there on return."""
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device, non_blocking=device.type == "cuda")
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(move(x, device) for x in obj)
-    if isinstance(obj, dict):
-        return {k: move(v, device) for k, v in obj.items()}
-    return obj
+    """Tensors (also inside tuples, named tuples, lists and dicts) moved to ``device``;
+    other values unchanged. Copies to CUDA are non-blocking (stream-ordered); copies to
+    the CPU block, so the data is there on return."""
+    return map_tensors(lambda t: t.to(device, non_blocking=device.type == "cuda"), obj)
 
 
 def _refuse_move(model: nn.Module, what: str) -> ConfigError:
@@ -169,15 +216,23 @@ class SplitModel(nn.Module):
         layers: Sequence[nn.Module],
         devices: Sequence[torch.device],
         balance: Sequence[int],
+        names: Sequence[str] | None = None,
     ) -> None:
         super().__init__()
+        names = list(names) if names is not None else [str(i) for i in range(len(layers))]
+        places: list[torch.device] = [
+            d for size, d in zip(balance, devices, strict=True) for _ in range(size)
+        ]
+        check_shared_state(names, layers, places)
         self.module = owner
+        #: The model's name of every layer position, in order (a repeated layer repeats).
+        self.layer_names: tuple[str, ...] = tuple(names)
         self.devices: tuple[torch.device, ...] = tuple(devices)
         self.balance: tuple[int, ...] = tuple(balance)
         stages: list[nn.Sequential] = []
         start = 0
         for size, device in zip(self.balance, self.devices, strict=True):
-            stage = nn.Sequential(*layers[start : start + size])
+            stage = nn.Sequential(*layers[start : start + size])  # repeats kept
             stage.to(device)
             stages.append(stage)
             start += size
@@ -248,10 +303,11 @@ def split_model(
     ``"time"`` (profiled forward+backward on ``devices[0]`` with ``sample``).
     The layers are moved in place: the split model owns them.
     """
-    owner, layers = as_layers(module)
+    owner, named = named_layers(module)
+    layers = [layer for _, layer in named]
     devs = parse_devices(devices)
     counts = resolve_balance(layers, devs, balance, sample)
-    return SplitModel(owner, layers, devs, counts)
+    return SplitModel(owner, layers, devs, counts, [name for name, _ in named])
 
 
 def build_pipeline_model(

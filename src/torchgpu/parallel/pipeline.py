@@ -42,13 +42,13 @@ from torchgpu.parallel.batchnorm import (
     deferred_layers,
     tracking,
 )
-from torchgpu.parallel.microbatch import gather, scatter
+from torchgpu.parallel.microbatch import gather, map_tensors, scatter, tensors_in
 from torchgpu.parallel.model import (
     BalanceSpec,
     DeviceLike,
     SplitModel,
-    as_layers,
     move,
+    named_layers,
     parse_devices,
     resolve_balance,
 )
@@ -86,26 +86,18 @@ def wait_stream(waiter: Stream, source: Stream) -> None:
 
 
 def record_stream(obj: Any, stream: Stream) -> None:
-    """Mark CUDA tensors in ``obj`` as used on ``stream`` (same device only)."""
+    """Mark CUDA tensors in ``obj`` (also inside tuples, lists, dicts) as used on
+    ``stream`` (same device only)."""
     if stream is None:
         return
-    if isinstance(obj, torch.Tensor):
-        if obj.is_cuda and obj.device == stream.device:
-            obj.record_stream(stream)
-    elif isinstance(obj, (tuple, list)):
-        for item in obj:
-            record_stream(item, stream)
+    for t in tensors_in(obj):
+        if t.is_cuda and t.device == stream.device:
+            t.record_stream(stream)
 
 
 def _device_of(obj: Any) -> torch.device | None:
-    if isinstance(obj, torch.Tensor):
-        return obj.device
-    if isinstance(obj, (tuple, list)):
-        for item in obj:
-            dev = _device_of(item)
-            if dev is not None:
-                return dev
-    return None
+    tensors = tensors_in(obj)
+    return tensors[0].device if tensors else None
 
 
 def _check_chunks(chunks: object) -> int:
@@ -165,16 +157,17 @@ class Pipeline(SplitModel):
                 "chunks='auto' measures training steps, so it needs sample=<input batch>, "
                 "sample_target=<its labels> and loss_fn=<loss function>; or give chunks=M"
             )
-        owner, layers = as_layers(module)
+        owner, named = named_layers(module)
         if deferred_batch_norm:
             convert_deferred_batch_norm(owner)
-            owner, layers = as_layers(owner)
+            owner, named = named_layers(owner)
+        layers = [layer for _, layer in named]
         devs = parse_devices(devices)
         balance_sample = sample
         if sample is not None and isinstance(chunks, int):
             balance_sample = scatter(sample, chunks)[0]  # balance for the micro-batch size
         counts = resolve_balance(layers, devs, balance, balance_sample)
-        super().__init__(owner, layers, devs, counts)
+        super().__init__(owner, layers, devs, counts, [name for name, _ in named])
         self.checkpoint = checkpoint
         self._chunks = 1
         self._deferred: list[DeferredBatchNorm] = deferred_layers(owner)
@@ -204,14 +197,22 @@ class Pipeline(SplitModel):
         return list(self._deferred)
 
     def _checkpoint_stop(self, m: int) -> int:
-        """Micro-batches ``i < stop`` are checkpointed."""
-        if not torch.is_grad_enabled() or self.checkpoint == "never":
+        """Micro-batches ``i < stop`` are checkpointed: in training mode with gradients
+        enabled only (in eval mode recomputing would cost time and save nothing that
+        matters, as in torchgpipe)."""
+        if not (self.training and torch.is_grad_enabled()) or self.checkpoint == "never":
             return 0
         return m if self.checkpoint == "always" else m - 1
 
     def forward(self, x: Any) -> Any:
         micro = scatter(x, self._chunks)
         m, n = len(micro), len(self.partitions)
+        if m > 1 and torch.is_grad_enabled():
+            # Sibling views of one tensor share its version counter, so an in-place first
+            # layer on one micro-batch would invalidate what autograd saved for another
+            # (the plain model modifies one tensor once). Only inputs requiring grad
+            # need their own copy.
+            micro = [map_tensors(_own_copy_if_grad, b) for b in micro]
         stop = self._checkpoint_stop(m)
         in_device = _device_of(x) or self.devices[0]
         source_streams = [current_stream(in_device)] * m  # where each micro-batch was made
@@ -231,7 +232,8 @@ class Pipeline(SplitModel):
         wait_stream(out_stream, self._streams[-1])
         for batch in batches:
             record_stream(batch, out_stream)
-        return gather(batches)
+        last = type(self.partitions[-1][-1]).__name__
+        return gather(batches, f"the pipeline's last layer {self.layer_names[-1]!r} ({last})")
 
     def _run_task(self, j: int, x: Any, source: Stream, use_checkpoint: bool) -> Any:
         """Stage ``j`` on one micro-batch ``x`` that was produced on stream ``source``."""
@@ -245,5 +247,24 @@ class Pipeline(SplitModel):
                 record_stream(x, stream)
             stage = self.partitions[j]
             if use_checkpoint:
-                return torch_checkpoint(stage, x, use_reentrant=False, preserve_rng_state=True)
+                return torch_checkpoint(
+                    _run_on_copy, stage, x, use_reentrant=False, preserve_rng_state=True
+                )
             return stage(x)
+
+
+def _run_on_copy(stage: nn.Module, x: Any) -> Any:
+    """``stage`` on a copy of ``x``: what a checkpointed stage runs, forward and recompute.
+
+    The recomputation in backward re-reads the stage's input, so the stage must not
+    change it: an in-place first layer (``ReLU(inplace=True)``, ``x.mul_(2)``) would
+    otherwise feed the recomputation a modified input (wrong gradients) or modify a
+    tensor autograd saved ("modified by an inplace operation"). The copy lives only
+    while the stage runs (checkpointing keeps none of its intermediates), and gradients
+    flow through it to ``x`` unchanged.
+    """
+    return stage(map_tensors(torch.clone, x))
+
+
+def _own_copy_if_grad(t: torch.Tensor) -> torch.Tensor:
+    return t.clone() if t.requires_grad else t

@@ -43,7 +43,12 @@ from torch import nn
 
 from torchgpu.errors import ConfigError, DistributedError
 from torchgpu.parallel.chunks import ChunkChoice, micro_batch_groups, sweep_chunks
-from torchgpu.parallel.model import BalanceSpec, as_layers, named_layers, resolve_balance
+from torchgpu.parallel.model import (
+    BalanceSpec,
+    check_shared_state,
+    named_layers,
+    resolve_balance,
+)
 from torchgpu.parallel.stages_demo import demo_batch, demo_model
 
 __all__ = [
@@ -146,8 +151,13 @@ class StagePipeline:
         self.schedule_name, self.stages_per_rank = schedule, stages_per_rank
         self.device, self.loss_fn, self.group = torch.device(device), loss_fn, group
         self.num_stages = self.world_size * stages_per_rank
-        _, layers = as_layers(module)
+        _, named = named_layers(module)
+        layers = [layer for _, layer in named]
         counts = self._agree_balance(layers, balance, sample)
+        # Each rank trains its own copy of its layers: a tensor shared by layers on two
+        # ranks (a reused module, tied weights) would become two tensors that drift apart.
+        ranks = [s % self.world_size for s, size in enumerate(counts) for _ in range(size)]
+        check_shared_state([name for name, _ in named], layers, ranks, what="rank")
         stages = partition(module, counts)
         self.balance: tuple[int, ...] = tuple(counts)
         self.indices = stage_indices(self.rank, self.world_size, stages_per_rank)
