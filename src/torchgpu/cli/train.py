@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING
 
 from torchgpu.cli.common import ArgumentParser
 from torchgpu.train.config import (
+    DEFAULT_PROFILE_STEPS,
     EXAMPLES,
+    LOG_FORMATS,
     ON_NONFINITE,
     PRECISIONS,
     PROGRESS_MODES,
@@ -108,12 +110,37 @@ def _parser() -> ArgumentParser:
     out.add_argument("--progress", default="auto", help=f"{'|'.join(PROGRESS_MODES)} "
                      "(default auto: a bar on a terminal, one line per epoch otherwise)")
     out.add_argument("--json", action="store_true", help="print the summary as JSON")
+    out.add_argument("--config", metavar="FILE.toml", help="settings from a TOML file (keys "
+                     "= these flags' names); flags given here override it; every run writes "
+                     "its own as OUT/config.toml")
+    see = p.add_argument_group("profiles, logs and memory")
+    see.add_argument("--profile", nargs="?", const=DEFAULT_PROFILE_STEPS, type=int, metavar="N",
+                     help=f"trace N optimizer steps (default {DEFAULT_PROFILE_STEPS}) after "
+                     "warm-up with torch.profiler: OUT/profile.trace.json (Perfetto) and a "
+                     "table of the top operators and the step's phases")
+    see.add_argument("--log", default="jsonl", help=f"{'|'.join(LOG_FORMATS)}: tensorboard "
+                     "also writes event files to OUT/tensorboard (default jsonl)")
+    see.add_argument("--memory-snapshot", action="store_true",
+                     help="CUDA: record the allocator's history, written as "
+                     "OUT/memory_snapshot.pickle and .html")
+    see.add_argument("--estimate-memory", action="store_true",
+                     help="put the planner's memory estimate next to the measured peak in "
+                     "summary.json (about a second)")
     return p
 
 
 def config_from_argv(argv: list[str]) -> TrainConfig:
-    """Parse ``argv`` into a TrainConfig (argparse exits 2 on malformed flags)."""
-    ns = vars(_parser().parse_args(argv))
+    """Parse ``argv`` into a TrainConfig (argparse exits 2 on malformed flags).
+
+    ``--config FILE.toml`` supplies defaults for every flag; flags in ``argv`` win.
+    """
+    parser = _parser()
+    ns = vars(parser.parse_args(argv))
+    if ns.get("config") is not None:
+        from torchgpu.train.config_file import read_settings
+
+        parser.set_defaults(**read_settings(ns["config"]))
+        ns = vars(parser.parse_args(argv))
     if ns.get("batch_size") == "auto":  # --batch-size auto: searched once the model exists
         ns["batch_size"], ns["auto_batch_size"] = None, True
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -186,6 +213,9 @@ def _preflight(config: TrainConfig, nproc: int) -> TrainConfig:
     env = DistEnv(rank=0, local_rank=0, world_size=world, local_world_size=nproc)
     device = build.choose_device(config, DistEnv())
     resolve_mode(config.precision, device)  # fp16 off CUDA: ConfigError before launching
+    from torchgpu.train.runner import _check_observers
+
+    _check_observers(config, device)  # --memory-snapshot off CUDA, tensorboard missing
     if device.type == "cuda":
         import torch
 
@@ -245,9 +275,9 @@ def _report(summary: dict[str, object]) -> str:
         f"trained {summary['run']} ({summary['strategy']}, {summary['world_size']} "
         f"process(es), {summary['epochs']} epochs, {summary['steps']} steps): " + ", ".join(bits),
     ]
-    for label in ("plot", "metrics", "summary", "model"):
+    for label in ("plot", "metrics", "summary", "model", "config", "profile", "tensorboard"):
         if files.get(label):
-            lines.append(f"  {label + ':':9s}{files[label]}")
+            lines.append(f"  {label + ':':{max(9, len(label) + 2)}s}{files[label]}")
     if summary.get("stopped_early"):
         lines.append(f"  stopped early ({summary.get('stop_reason')}) at step {summary['steps']}")
     return "\n".join(lines)

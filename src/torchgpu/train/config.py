@@ -22,6 +22,8 @@ STRATEGIES: tuple[str, ...] = ("auto", "single", "dp", "ddp", "fsdp", "model", "
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "auto")
 ON_NONFINITE: tuple[str, ...] = ("stop", "skip")
 PROGRESS_MODES: tuple[str, ...] = ("auto", "rich", "plain", "off")
+LOG_FORMATS: tuple[str, ...] = ("jsonl", "tensorboard")  # tensorboard: jsonl + event files
+DEFAULT_PROFILE_STEPS = 5  # --profile without N
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,10 @@ class TrainConfig:
     on_nonfinite: str = "stop"
     progress: str = "auto"
     json: bool = False
+    profile: int | None = None  # steps traced by torch.profiler after warm-up (--profile [N])
+    log: str = "jsonl"  # jsonl | tensorboard (event files as well as metrics.jsonl)
+    memory_snapshot: bool = False  # CUDA allocator history -> pickle + HTML under --out
+    estimate_memory: bool = False  # the planner's estimate next to the measured peak
 
     @property
     def run_name(self) -> str:
@@ -212,6 +218,8 @@ def validate(config: TrainConfig) -> None:
     _choice("precision", config.precision, PRECISIONS)
     _choice("on_nonfinite", config.on_nonfinite, ON_NONFINITE)
     _choice("progress", config.progress, PROGRESS_MODES)
+    _choice("log", config.log, LOG_FORMATS)
+    _at_least("profile", config.profile, 1, " (optimizer steps to trace)")
     _at_least("nproc", config.nproc, 1, " (the number of processes on this node)")
     _at_least("nnodes", config.nnodes, 1)
     _at_least("node_rank", config.node_rank, 0)

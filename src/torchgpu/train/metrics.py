@@ -175,5 +175,6 @@ def write_outputs(out_dir: Path, records: Sequence[EpochRecord], state: Mapping[
         "summary": str(out_dir / SUMMARY_FILE),
         "plot": str(out_dir / PLOT_FILE) if records else None,
         "model": str(out_dir / MODEL_FILE),
+        **(summary.get("files") or {}),  # what else the run wrote (config, profile...)
     }
     write_json(out_dir / SUMMARY_FILE, summary)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import resource
 import sys
 import time
@@ -28,6 +29,7 @@ from torchgpu.train.checkpointing import Ranks, RunCheckpoints, RunStart, plan_r
 from torchgpu.train.config import TrainConfig, resolve, validate
 from torchgpu.train.loop import EvalResult, LoopParts, evaluate, run_epoch
 from torchgpu.train.metrics import EpochRecord, MetricsBuffer
+from torchgpu.train.observers import Observers
 from torchgpu.train.progress import NullProgress, make_progress
 from torchgpu.train.state import StopFlag, TrainState
 from torchgpu.train.task import Task, spreads_inputs, task_for_config
@@ -157,15 +159,18 @@ def train(config: TrainConfig, *, stop: StopFlag | None = None,
 
     env = DistEnv.from_env()
     auto_notes: tuple[str, ...] = ()
+    planned: Any = None  # the planner's Plan when it ran: its estimate goes in the summary
     if config.strategy == "auto":  # the planner decides (torchgpu.train.auto_strategy)
         from torchgpu.train.auto_strategy import decide_strategy
 
         decision = decide_strategy(config, env.world_size, task)
         config, auto_notes = decision.config, (decision.note,)
+        planned = decision.plan
     from torchgpu.train.auto_batch import simulated_limit
 
     memory_limit = simulated_limit(env.rank)  # test-only simulated memory, read once
     device = build.choose_device(config, env)
+    _check_observers(config, device)  # --memory-snapshot off CUDA, --log without tensorboard
     auto_notes = (build.device_note(config, device), *auto_notes)
     auto_notes += build.precision_notes(config, device)
     choice = build.choose_strategy(config, env, device)
@@ -184,7 +189,7 @@ def train(config: TrainConfig, *, stop: StopFlag | None = None,
         try:
             return _assembled(config, env, agree, device, choice, data, model, out_dir,
                               auto_notes, memory_limit, stop or StopFlag(),
-                              RunStart(plan, crash, stop_at_step))
+                              RunStart(plan, crash, stop_at_step), planned)
         finally:
             if convention is not None:
                 convention.remove()
@@ -193,14 +198,17 @@ def train(config: TrainConfig, *, stop: StopFlag | None = None,
 def _assembled(config: TrainConfig, env: DistEnv, agree: bool, device: torch.device,
                choice: build.StrategyChoice, data: Task, model: nn.Module, out_dir: Path,
                auto_notes: tuple[str, ...], memory_limit: int | None, stop: StopFlag,
-               start: RunStart) -> TrainResult:
+               start: RunStart, planned: Any = None) -> TrainResult:
     """The run, once device, strategy, data and model exist: wrap, batch size, train."""
     if choice.mode == "pipeline" and env.world_size > 1:  # one stage per process
         from torchgpu.train.stage_strategy import train_stages
 
-        return train_stages(config, env, device, data, model,
-                            out_dir if env.is_main else None, auto_notes + choice.notes,
-                            stop)
+        staged = train_stages(config, env, device, data, model,
+                              out_dir if env.is_main else None, auto_notes + choice.notes,
+                              stop)
+        if staged.out_dir is not None:
+            _write_config(staged.out_dir, staged.config, env.world_size, device)
+        return staged
     model, wrap_notes = build.wrap_model(model, choice, config, data, device)
     from torchgpu.train.auto_batch import apply_auto_batch
 
@@ -208,7 +216,7 @@ def _assembled(config: TrainConfig, env: DistEnv, agree: bool, device: torch.dev
                                           memory_limit)
     notes = auto_notes + choice.notes + wrap_notes + ((batch_note,) if batch_note else ())
     return _run(config, env.rank, env.world_size, agree, device, choice.mode, data,
-                model, out_dir if env.is_main else None, notes, stop, start)
+                model, out_dir if env.is_main else None, notes, stop, start, planned)
 
 
 def _run(
@@ -224,6 +232,7 @@ def _run(
     notes: tuple[str, ...],
     stop: StopFlag,
     start: RunStart | None = None,
+    planned: Any = None,
 ) -> TrainResult:
     from torchgpu.accumulate import GradAccumulator
     from torchgpu.data import make_loader
@@ -269,6 +278,7 @@ def _run(
         out_dir.mkdir(parents=True, exist_ok=True)
         for note in notes:
             print(note, file=sys.stderr)
+        _write_config(out_dir, config, world, device)
     buffer = MetricsBuffer()
     batches_per_epoch = len(train_loader)
     eval_model = unwrap(model) if mode != "fsdp" else model
@@ -280,6 +290,9 @@ def _run(
                           crash=start.crash, stop_at_step=start.stop_at_step)
     state = ckpt.begin(start.plan)  # fresh, or restored from a checkpoint
     on_step = ckpt.step_hook()
+    steps_left = math.ceil(batches_per_epoch / config.accumulate) * config.epochs - state.step
+    watch = Observers.start(config, model, device, rank, out_dir, state, steps_left)
+    on_step = watch.wrap(on_step)
     train_seconds = 0.0
     started = time.perf_counter()
     progress.start(config.epochs, batches_per_epoch, state.epoch)
@@ -297,6 +310,7 @@ def _run(
                                    records=buffer.steps)
                 train_seconds += totals.seconds
                 if totals.stopped:
+                    watch.steps(buffer.steps)
                     ckpt.stopped(state, buffer, batches_per_epoch)  # save, say how to resume
                     break
                 result = evaluate(eval_model, test_loader, loss_fn, task=data.kind,
@@ -306,11 +320,13 @@ def _run(
                 records.append(record)
                 state.epoch_losses.append((record.train_loss, record.test_loss))
                 state.begin_epoch(epoch + 1)
+                watch.epoch(buffer.steps, record)
                 if out_dir is not None:
                     metrics.flush_epoch(out_dir, buffer, record)
                 progress.end_epoch(record, config.epochs)
     finally:
         progress.close()
+        watch.close(state)
     final_state = _final_state(model, mode)
     peaks = _gather((str(device), build.device_name(device), _peak_memory(device)), agree)
     summary = _summary(config, data, mode, world, state, records, peaks, train_seconds,
@@ -319,9 +335,29 @@ def _run(
     if parts.backoff is not None:
         summary["oom_backoffs"] = [event.as_dict() for event in parts.backoff.events]
     if out_dir is not None:
+        watch.report(summary, config, planned, data, mode, world)
+    if out_dir is not None:
         metrics.write_outputs(out_dir, records, final_state, summary,
                               f"{config.run_name}: {mode}, {world} process(es)")
     return TrainResult(config, summary, state, tuple(records), unwrap(model), out_dir, notes)
+
+
+def _check_observers(config: TrainConfig, device: torch.device) -> None:
+    """Refuse, before anything is written, what the run could not observe."""
+    from torchgpu.train.memory_snapshot import refuse_off_cuda
+
+    refuse_off_cuda(config.memory_snapshot, device)
+    if config.log == "tensorboard":
+        from torchgpu.train.tblog import check_available
+
+        check_available()
+
+
+def _write_config(out_dir: Path, config: TrainConfig, world: int, device: torch.device) -> None:
+    from torchgpu.train.config_file import write_config
+
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    write_config(out_dir, config, world_size=world, local_world_size=local, device=str(device))
 
 
 def _epoch_record(state: TrainState, result: EvalResult, samples: int, seconds: float,

@@ -1,0 +1,231 @@
+"""``--config FILE.toml`` and the ``config.toml`` every run writes under ``--out``.
+
+A config file holds ``torchgpu train`` settings as top-level TOML keys named like the
+flags (``batch_size`` or ``batch-size``); flags given on the command line override it.
+Every run writes its resolved settings (the strategy, batch size and so on that
+actually ran) to ``OUT/config.toml``, so ``torchgpu train --config OUT/config.toml
+--out NEW`` runs it again: bitwise the same on CPU for built-in examples, CSV tables
+and ``--model``/``--data`` specs (file specs and CSV paths are written absolute; module
+specs resolve from the working directory, which the file records in a comment).
+
+Reading uses the standard library's ``tomllib`` (Python >= 3.11; on 3.10 the ``tomli``
+package if installed, else a clear error). Writing needs no library: the values are
+strings, integers, floats and booleans, written by :func:`dumps` (strings as JSON
+strings, which TOML basic strings accept; ``None`` = the key is left out).
+
+The optional ``[run]`` table records what the file came from (device, versions,
+``cli = false`` for a :func:`torchgpu.fit` run, whose model and data were Python objects
+and cannot be rebuilt from the file); reading refuses a file with ``cli = false``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from torchgpu.errors import ConfigError, UsageError
+from torchgpu.train.config import TrainConfig
+
+CONFIG_FILE = "config.toml"
+RUN_TABLE = "run"  # metadata, not settings
+# Settings a reproduced run must not inherit: continuing a checkpoint, the launcher's
+# node-specific addresses, and what only changes how the result is printed.
+_NOT_WRITTEN = frozenset({"resume", "trust_checkpoint", "node_rank", "rdzv_endpoint",
+                          "gpus", "json", "progress"})
+
+
+def _field_types() -> dict[str, tuple[type, ...]]:
+    """Setting name -> the Python types its TOML value may have."""
+    hints = typing.get_type_hints(TrainConfig)
+    types: dict[str, tuple[type, ...]] = {}
+    for f in dataclasses.fields(TrainConfig):
+        allowed = tuple(t for t in typing.get_args(hints[f.name]) or (hints[f.name],)
+                        if t is not type(None))
+        types[f.name] = allowed
+    return types
+
+
+def _type_name(types: tuple[type, ...]) -> str:
+    names = {bool: "true/false", int: "an integer", float: "a number", str: "a string"}
+    return " or ".join(names.get(t, t.__name__) for t in types)
+
+
+def _load_toml(text: str, path: str) -> dict[str, Any]:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        try:
+            import tomli as tomllib  # type: ignore[no-redef,import-not-found,unused-ignore]
+        except ModuleNotFoundError:
+            raise UsageError(
+                f"--config {path} needs a TOML reader: Python 3.11+ has one (tomllib); on "
+                "Python 3.10 install tomli (pip install tomli), or pass the settings as flags."
+            ) from None
+    try:
+        return dict(tomllib.loads(text))
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(
+            f"--config {path} is not valid TOML ({error}): fix the file, e.g. "
+            'batch_size = 32 and strategy = "ddp", one setting per line.'
+        ) from None
+
+
+def read_settings(path: str) -> dict[str, Any]:
+    """The settings in the TOML file at ``path``, by field name (dashes become
+    underscores), type-checked against :class:`TrainConfig`.
+
+    Raises UsageError for a missing file or a file written by ``fit`` (``[run]`` has
+    ``cli = false``), ConfigError for bad TOML, an unknown key or a value of the wrong
+    type (naming the key, the value and what is allowed).
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(
+            f"--config {path} does not exist or is not a file: pass the path of a TOML "
+            f"file with settings, e.g. a previous run's OUT/{CONFIG_FILE}."
+        )
+    raw = _load_toml(file.read_text(encoding="utf-8"), path)
+    meta = raw.pop(RUN_TABLE, {})
+    if isinstance(meta, Mapping) and meta.get("cli") is False:
+        raise UsageError(
+            f"--config {path} was written by torchgpu.fit(), whose model and data were "
+            "Python objects that a config file cannot rebuild: call fit() again from your "
+            "script with these settings, or write --model/--data specs into the file and "
+            "delete its [run] table."
+        )
+    types = _field_types()
+    settings: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = key.replace("-", "_")
+        if name not in types:
+            raise ConfigError(
+                f"--config {path}: unknown setting {key!r}. The settings are the `torchgpu "
+                f"train` flags' names: {', '.join(sorted(types))}. Fix or delete that line."
+            )
+        allowed = types[name]
+        ok = isinstance(value, allowed) and not (isinstance(value, bool) and bool not in allowed)
+        if isinstance(value, int) and not isinstance(value, bool) and float in allowed:
+            ok, value = True, float(value)  # lr = 1 means 1.0
+        if name == "batch_size" and value == "auto":
+            ok = True  # --batch-size auto
+        if not ok:
+            raise ConfigError(
+                f"--config {path}: {key} = {value!r} has the wrong type: it must be "
+                f"{_type_name(allowed)}. Fix that line, e.g. {name} = "
+                f"{_example(allowed)}."
+            )
+        settings[name] = value
+    return settings
+
+
+def _example(types: tuple[type, ...]) -> str:
+    if bool in types:
+        return "true"
+    if int in types:
+        return "4"
+    if float in types:
+        return "0.001"
+    return '"value"'
+
+
+def _absolute_spec(spec: str | None) -> str | None:
+    """A file spec (``path/to/file.py:attr``) or a CSV path, made absolute so the file
+    works from any directory; module specs (``package.module:attr``) are kept."""
+    if spec is None or spec.startswith("fit:"):
+        return spec
+    location, sep, attr = spec.rpartition(":")
+    if sep and (location.endswith(".py") or os.sep in location or "/" in location):
+        return f"{os.path.abspath(location)}:{attr}"
+    if not sep and (spec.endswith(".csv") or os.path.exists(spec)):
+        return os.path.abspath(spec)
+    return spec
+
+
+def settings_to_write(config: TrainConfig, *, world_size: int = 1,
+                      local_world_size: int = 1) -> dict[str, Any]:
+    """The settings of ``config`` (resolved) that reproduce the run: launch-only and
+    output-only settings left out, paths made absolute, the process count of the run
+    (``world_size`` processes, ``local_world_size`` per node) filled in."""
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(TrainConfig)
+              if f.name not in _NOT_WRITTEN}
+    values["model"] = _absolute_spec(config.model)
+    if config.model is not None and config.target is None:
+        values["data"] = _absolute_spec(config.data)  # a data spec
+    elif config.data is not None:
+        values["data"] = os.path.abspath(config.data)  # a CSV file
+    if config.auto_batch_size and config.batch_size is not None:
+        values["auto_batch_size"] = False  # the searched size ran: keep it, do not search
+        values["effective_batch_size"] = None
+    if world_size > 1:
+        values["nproc"] = local_world_size
+        values["nnodes"] = max(1, world_size // max(local_world_size, 1))
+    else:
+        values["nproc"] = None
+        values["nnodes"] = 1
+    return values
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)  # the shortest repr that round-trips, always with . or e
+    if isinstance(value, str):
+        return json.dumps(value)  # JSON escapes are TOML basic-string escapes
+    raise TypeError(f"cannot write {type(value).__name__} {value!r} to TOML")
+
+
+def dumps(settings: Mapping[str, Any], run: Mapping[str, Any] | None = None,
+          comments: tuple[str, ...] = ()) -> str:
+    """TOML text: ``comments`` as ``#`` lines, then ``settings`` as top-level keys
+    (``None`` values left out), then ``run`` as the ``[run]`` table."""
+    lines = [f"# {line}" for line in comments]
+    lines += [f"{key} = {_value(v)}" for key, v in settings.items() if v is not None]
+    if run:
+        lines += ["", f"[{RUN_TABLE}]"]
+        lines += [f"{key} = {_value(v)}" for key, v in run.items() if v is not None]
+    return "\n".join(lines) + "\n"
+
+
+def write_config(out_dir: Path, config: TrainConfig, *, world_size: int, local_world_size: int,
+                 device: str) -> Path:
+    """Write ``OUT/config.toml`` for ``config`` (the settings that ran) and return its path.
+
+    A :func:`torchgpu.fit` run (``model`` is ``fit:<name>``: its model and data were
+    objects) still records its settings; the file says it cannot be re-run from the
+    command line, and :func:`read_settings` refuses it.
+    """
+    from torchgpu.train.metrics import versions
+
+    from_fit = (config.model or "").startswith("fit:")
+
+    settings = settings_to_write(config, world_size=world_size,
+                                 local_world_size=local_world_size)
+    comments: tuple[str, ...]
+    if from_fit:
+        comments = ("Settings of a torchgpu.fit() run. Its model and data were Python objects,",
+                    "so `torchgpu train --config` cannot re-run it: call fit() with these.")
+    else:
+        comments = ("The settings this run used. Run it again with:",
+                    f"  torchgpu train --config {out_dir / CONFIG_FILE} --out NEW_DIR",
+                    f"Module specs resolve from the working directory it ran in: {os.getcwd()}")
+    info = versions()
+    run = {"cli": not from_fit, "device": device, "world_size": world_size,
+           "torch": info["torch"], "torchgpu": info["torchgpu"]}
+    path = out_dir / CONFIG_FILE
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(dumps(settings, run, comments), encoding="utf-8")
+    os.replace(temporary, path)
+    return path
