@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from torchgpu.checkpoint import atomic
-from torchgpu.checkpoint.discover import LATEST, find_checkpoint, prune
+from torchgpu.checkpoint.discover import LATEST, find_checkpoint, locate, prune
+from torchgpu.checkpoint.files import show
 from torchgpu.checkpoint.keys import load_state_dict, normalize
 from torchgpu.checkpoint.layout import (
     FORMAT,
@@ -29,13 +30,12 @@ from torchgpu.checkpoint.layout import (
     model_bytes,
     read_meta,
     torch_bytes,
-    verify_checkpoint,
 )
 from torchgpu.checkpoint.readers import read_pickle
 from torchgpu.checkpoint.rng import capture_rng_state, restore_rng_state
-from torchgpu.checkpoint.sources import read_file
+from torchgpu.checkpoint.sources import read_file, verify_before_loading
 from torchgpu.distributed import RankInfo
-from torchgpu.errors import CheckpointError
+from torchgpu.errors import CheckpointError, CheckpointFormatError
 
 
 @dataclass(frozen=True)
@@ -186,13 +186,15 @@ def _write(final: Path, model: nn.Module, optimizer: Any, scheduler: Any, scaler
 def load_checkpoint(
     path: str | Path, *, model: nn.Module | None = None, optimizer: Any = None,
     scheduler: Any = None, scaler: Any = None, map_location: Any = "cpu", strict: bool = True,
-    trust: bool = False, restore_rng: bool = True,
+    trust: bool = False, restore_rng: bool = True, verify: bool = True,
 ) -> LoadedCheckpoint:
     """Restore what :func:`save_checkpoint` saved into the objects given.
 
-    ``path`` is a checkpoint directory or a directory holding them (``latest`` is
-    followed, falling back with a warning to the newest complete one). The manifest is
-    verified first (:class:`CheckpointCorruptError` naming a bad file); files are read
+    ``path`` is a checkpoint directory, a directory holding them or a ``torchgpu train``
+    run directory (``latest`` is followed, falling back with a warning to the newest
+    complete one; see :func:`~torchgpu.checkpoint.discover.locate`). The manifest is
+    verified first (:class:`CheckpointCorruptError` naming a bad file or a missing or
+    malformed manifest; ``verify=False`` skips that for files you trust); files are read
     weights-only onto ``map_location`` (so a checkpoint saved on ``cuda:3`` loads on a
     CPU-only machine). Model weights go through :func:`load_state_dict`, so any wrapper
     fits any wrapper. Asking for a state the checkpoint lacks (e.g. ``optimizer=`` when
@@ -200,11 +202,12 @@ def load_checkpoint(
     file (``.pt``, ``.safetensors``...) loads into ``model`` only, with step 0.
     """
     source = Path(path)
-    if source.is_file():
+    if locate(source).kind == "file":
         if any(x is not None for x in (optimizer, scheduler, scaler)):
             raise CheckpointError(
-                f"{source} is a weights file with no optimizer/scheduler/scaler state; load it "
-                "with model= only (or load_state_dict), or pass a torchgpu checkpoint directory")
+                f"{show(source)} is a weights file with no optimizer/scheduler/scaler state; "
+                "load it with model= only (or load_state_dict), or pass a torchgpu checkpoint "
+                "directory")
         if model is not None:
             load_state_dict(model, read_file(source, trust=trust, map_location=map_location),
                             strict=strict)
@@ -212,9 +215,11 @@ def load_checkpoint(
     found = find_checkpoint(source)
     if found is None:
         raise CheckpointError(
-            f"no complete checkpoint at {source} (no manifest.json there, no 'latest' file, no "
-            "complete checkpoint directory inside); check the path or start without resuming")
-    verify_checkpoint(found)
+            f"no complete checkpoint at {show(source)} (no manifest.json there, no 'latest' "
+            "file, no complete checkpoint directory inside); check the path or start without "
+            "resuming")
+    if verify:
+        verify_before_loading(found)
     state = read_pickle(found / STATE_FILE, map_location=map_location, trust=trust)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{found / STATE_FILE} is not a torchgpu training state; "
@@ -243,6 +248,12 @@ def load_checkpoint(
                 f"the {name} the same way as the run that saved it") from None
     if restore_rng and state.get("rng") is not None:
         restore_rng_state(state["rng"])
-    return LoadedCheckpoint(path=found, step=int(state.get("step", 0)),
-                            epoch=int(state.get("epoch", 0)),
-                            extra=dict(state.get("extra") or {}), meta=read_meta(found))
+    step, epoch, extra = state.get("step", 0), state.get("epoch", 0), state.get("extra") or {}
+    if not (isinstance(step, int) and isinstance(epoch, int) and isinstance(extra, dict)):
+        raise CheckpointFormatError(
+            f"{found / STATE_FILE} holds a step, epoch or extra of the wrong type (step "
+            f"{type(step).__name__}, epoch {type(epoch).__name__}, extra "
+            f"{type(extra).__name__}); it was not written by save_checkpoint. Use another "
+            "checkpoint")
+    return LoadedCheckpoint(path=found, step=step, epoch=epoch, extra=dict(extra),
+                            meta=read_meta(found))

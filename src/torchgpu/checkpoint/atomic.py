@@ -33,7 +33,8 @@ import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from torchgpu.errors import CheckpointError
+from torchgpu.checkpoint import files
+from torchgpu.errors import CheckpointError, CheckpointFormatError
 
 _write: Callable[[int, memoryview], int] = os.write
 
@@ -56,8 +57,10 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_file(path: Path, data: bytes | bytearray | memoryview) -> None:
-    """Create ``path`` (must not exist), write ``data`` fully and fsync it."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    """Create ``path`` (must not exist), write ``data`` fully and fsync it. Its mode is
+    what ``open()`` would give a new file (0o666 less the umask), like every other file a
+    run writes."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         view = memoryview(data).cast("B")
         while view:
@@ -146,14 +149,41 @@ def write_pointer(parent: Path, target_name: str, pointer: str = "latest") -> No
     write_file_atomic(parent / pointer, (target_name + "\n").encode())
 
 
+#: The longest name ``latest`` may hold (NAME_MAX on Linux and macOS).
+MAX_POINTER_NAME = 255
+
+
 def read_pointer(parent: Path, pointer: str = "latest") -> str | None:
-    """The name ``parent/pointer`` holds, or ``None`` when absent or unreadable."""
+    """The directory name ``parent/pointer`` holds, or ``None`` when the file is absent or
+    empty.
+
+    The name must be one plain entry of ``parent``: at most :data:`MAX_POINTER_NAME`
+    characters, no ``/``, no control characters (NUL, newline), not ``.`` or ``..``.
+    Anything else -- or a pointer that is not a readable regular file (a directory, a
+    FIFO, a link loop, no permission) -- is a :class:`CheckpointFormatError` naming the
+    file, never a path outside ``parent`` and never a blocking read.
+    """
+    path = parent / pointer
+    if files.kind_of(path) == "missing":
+        return None
+    raw = files.read_bytes(path, limit=4 * MAX_POINTER_NAME)
     try:
-        text = (parent / pointer).read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError):
+        text = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        text = None
+    if text == "":
         return None
-    if not text or "/" in text or text in (".", ".."):
-        return None
+    if (text is None or len(raw) > 4 * MAX_POINTER_NAME or len(text) > MAX_POINTER_NAME
+            or not text.isprintable() or "/" in text or "\\" in text
+            or text in (".", "..")):
+        shown = files.show(raw[:80].decode("utf-8", "replace"))
+        raise CheckpointFormatError(
+            f"{files.show(path)} does not hold a checkpoint directory name: it holds "
+            f"{shown!r} ({len(raw)}{'+' if len(raw) > 4 * MAX_POINTER_NAME else ''} bytes); "
+            f"it must be one name of at most {MAX_POINTER_NAME} characters inside "
+            f"{files.show(parent)}, without '/', control characters or '..'. Write the name "
+            f"of a checkpoint there (e.g. `echo step-00000100 > {files.show(path)}`) or "
+            "delete it to use the newest complete checkpoint")
     return text
 
 
@@ -172,10 +202,10 @@ def _pid_alive(pid: int) -> bool:
 def iter_orphans(parent: Path) -> Iterator[Path]:
     """Temporaries in ``parent`` left by writers on this host that are no longer running
     (``.NAME.tmp-*`` and ``.NAME.old-*``)."""
-    if not parent.is_dir():
+    if files.kind_of(parent) != "dir":
         return
     host = socket.gethostname()
-    for entry in parent.iterdir():
+    for entry in files.list_dir(parent):
         match = _ORPHAN.match(entry.name)
         if match and match["host"] == host and not _pid_alive(int(match["pid"])):
             yield entry
@@ -203,8 +233,8 @@ def _restore(entry: Path) -> bool:
 def restore_moved_aside(final: Path) -> bool:
     """If ``final`` is missing because its writer died between the two renames of an
     overwrite, rename the moved-aside copy back; returns whether ``final`` now exists."""
-    if final.exists() or not final.parent.is_dir():
-        return final.exists()
+    if files.exists(final) or files.kind_of(final.parent) != "dir":
+        return files.exists(final)
     for entry in iter_orphans(final.parent):
         match = _ORPHAN.match(entry.name)
         if match is not None and match["name"] == final.name:

@@ -1,4 +1,5 @@
-"""Finding checkpoints on disk: ``latest``, the newest complete one, pruning, and
+"""Finding checkpoints on disk: what a given path is (:func:`locate`, the one resolver
+every command and loader uses), ``latest``, the newest complete one, pruning, and
 setting aside the checkpoints of an abandoned branch.
 
 A directory counts as a checkpoint only when it is complete (its manifest lists files
@@ -12,12 +13,15 @@ from __future__ import annotations
 import os
 import shutil
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-from torchgpu.checkpoint import atomic
+from torchgpu.checkpoint import atomic, files
 from torchgpu.checkpoint.layout import (
     FORMAT,
     MANIFEST_FILE,
+    META_FILE,
     MODEL_FILE,
     STATE_FILE,
     commit_order,
@@ -25,70 +29,145 @@ from torchgpu.checkpoint.layout import (
     read_meta,
     verify_checkpoint,
 )
-from torchgpu.errors import CheckpointCorruptError
+from torchgpu.errors import CheckpointError
 
 LATEST = "latest"
-_MARKERS = (MANIFEST_FILE, MODEL_FILE, STATE_FILE)
+RUN_CHECKPOINTS = "checkpoints"
+RUN_MODEL = MODEL_FILE  # a finished `torchgpu train` run's final weights, beside checkpoints/
+# Files only a torchgpu checkpoint directory holds. Not model.safetensors: a finished run
+# directory and a Hugging Face directory hold one too.
+_MARKERS = (MANIFEST_FILE, STATE_FILE, META_FILE)
+_WEIGHTS = ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin",
+            "model.bin", "model.pt", "model.pth")
+
+PathKind = Literal["missing", "file", "checkpoint", "checkpoints", "run", "weights"]
+
+
+@dataclass(frozen=True)
+class Located:
+    """What a user-given checkpoint path is (:func:`locate`).
+
+    ``kind``: ``missing``; ``file`` (one weights file); ``checkpoint`` (a torchgpu
+    checkpoint directory, complete or damaged); ``checkpoints`` (a directory holding
+    checkpoint directories, usually with ``latest``); ``run`` (a ``torchgpu train --out``
+    directory: ``checkpoints/`` inside, and ``model.safetensors`` beside it once the run
+    finished); ``weights`` (a directory of weights in another layout: Hugging Face,
+    Accelerate, or a run that saved no checkpoint). ``parent``: where the checkpoints
+    are (``checkpoints`` and ``run``). ``final_model``: a run's final weights file.
+    """
+
+    path: Path
+    kind: PathKind
+    parent: Path | None = None
+    final_model: Path | None = None
+
+
+def locate(path: str | Path) -> Located:
+    """Classify ``path`` -- the one resolver behind every command and loader that takes
+    a checkpoint path (``ckpt inspect|convert|verify``, ``--resume``,
+    :func:`~torchgpu.checkpoint.load_checkpoint`, :func:`~torchgpu.checkpoint.load_state_dict`).
+
+    Symbolic links are followed. A directory is a ``checkpoint`` when it holds
+    manifest.json, state.pt or meta.json; else ``checkpoints`` when it holds ``latest``;
+    else a ``run`` when it holds a ``checkpoints/`` directory; else ``weights`` when it
+    holds a known weights file; else ``checkpoints`` (checkpoint directories without a
+    ``latest``, or nothing). A missing path whose writer died between the two renames of
+    an overwrite is restored first. A FIFO, device or socket, a link loop, a name too
+    long or a permission denied is a :class:`~torchgpu.errors.CheckpointFormatError`
+    naming the path; nothing is read.
+    """
+    path = Path(path)
+    kind = files.kind_of(path)
+    if kind == "missing" and atomic.restore_moved_aside(path):
+        kind = files.kind_of(path)
+    if kind == "missing":
+        return Located(path, "missing")
+    if kind == "other":
+        files.check_regular(path)  # raises the error naming what it is
+    if kind == "file":
+        return Located(path, "file")
+    if any(files.exists(path / name) for name in _MARKERS):
+        return Located(path, "checkpoint")
+    if files.exists(path / LATEST):
+        return Located(path, "checkpoints", parent=path)
+    if files.kind_of(path / RUN_CHECKPOINTS) == "dir":
+        final = path / RUN_MODEL
+        return Located(path, "run", parent=path / RUN_CHECKPOINTS,
+                       final_model=final if files.kind_of(final) == "file" else None)
+    if any(files.exists(path / name) for name in _WEIGHTS):
+        return Located(path, "weights")
+    return Located(path, "checkpoints", parent=path)
 
 
 def is_checkpoint_dir(path: Path) -> bool:
-    """Whether ``path`` is a checkpoint directory itself, complete or damaged (it holds a
-    manifest, model or state file)."""
-    return path.is_dir() and any((path / name).exists() for name in _MARKERS)
+    """Whether ``path`` is a torchgpu checkpoint directory itself, complete or damaged
+    (it holds a manifest, state or meta file)."""
+    return (files.kind_of(path) == "dir"
+            and any(files.exists(path / name) for name in _MARKERS))
 
 
 def checkpoints_parent(path: Path) -> Path:
     """The directory holding the checkpoints that ``path`` designates: ``path`` itself,
-    or its ``checkpoints/`` subdirectory when ``path`` is a run directory (no ``latest``
-    of its own, a ``checkpoints/`` inside)."""
-    if not (path / LATEST).exists() and (path / "checkpoints").is_dir():
-        return path / "checkpoints"
-    return path
+    or its ``checkpoints/`` subdirectory when ``path`` is a run directory."""
+    return locate(path).parent or path
 
 
 def list_checkpoints(parent: Path) -> list[Path]:
     """Complete checkpoint directories directly inside ``parent``, oldest commit first
     (``created_unix_s`` in meta.json, then modification time, then step)."""
-    if not parent.is_dir():
+    if files.kind_of(parent) != "dir":
         return []
-    found = [entry for entry in parent.iterdir()
-             if entry.is_dir() and not atomic.is_temporary(entry.name)
-             and not entry.name.startswith(".") and is_complete(entry)]
+    found = [entry for entry in files.list_dir(parent)
+             if not atomic.is_temporary(entry.name) and not entry.name.startswith(".")
+             and _is_dir(entry) and is_complete(entry)]
     return sorted(found, key=commit_order)
 
 
-def find_checkpoint(path: str | Path) -> Path | None:
-    """The checkpoint directory ``path`` designates, or ``None`` when there is none.
+def _is_dir(entry: Path) -> bool:
+    """Whether ``entry`` (inside a listed directory) is a directory; an entry that cannot
+    be examined (a link loop) is not one, so one bad entry does not hide the others."""
+    try:
+        return files.kind_of(entry) == "dir"
+    except CheckpointError:
+        return False
 
-    ``path`` may be a checkpoint directory (returned as is, even if damaged, so that
-    loading it reports what is wrong), the directory holding them (its ``latest``
-    file is followed; if that names a missing or incomplete directory, the newest
-    complete one is used with a warning), or a run directory with a ``checkpoints/``
-    subdirectory. Orphan temporaries (left by dead writers on this host) are never
-    returned, and are deleted; an old checkpoint a dead writer had moved aside to
-    overwrite it, and whose replacement never landed, is renamed back first.
+
+def find_checkpoint(path: str | Path) -> Path | None:
+    """The checkpoint directory ``path`` designates (see :func:`locate`), or ``None``
+    when there is none.
+
+    A checkpoint directory is returned as is, even if damaged, so that loading it
+    reports what is wrong. For a directory of checkpoints or a run directory, its
+    ``latest`` file is followed; if that names a missing or incomplete directory, the
+    newest complete one is used with a warning. A run directory's final
+    ``model.safetensors`` is not a checkpoint (it has no training state): the
+    checkpoints in its ``checkpoints/`` are used. Orphan temporaries (left by dead
+    writers on this host) are never returned, and are deleted; an old checkpoint a dead
+    writer had moved aside to overwrite it, and whose replacement never landed, is
+    renamed back first. A ``latest`` holding anything but one plain name, and any path
+    that cannot be examined, is a :class:`~torchgpu.errors.CheckpointFormatError`.
     """
-    path = Path(path)
-    if not path.is_dir() and not atomic.restore_moved_aside(path):
-        return None
-    if is_checkpoint_dir(path):
+    located = locate(path)
+    if located.kind == "checkpoint":
         # Named explicitly: returned as is, so loading reports exactly what is damaged
         # instead of silently using another checkpoint.
-        return path
-    path = checkpoints_parent(path)
-    atomic.clean_orphans(path)
-    name = atomic.read_pointer(path, LATEST)
+        return located.path
+    if located.parent is None:
+        return None
+    parent = located.parent
+    atomic.clean_orphans(parent)
+    name = atomic.read_pointer(parent, LATEST)
     if name is not None:
-        target = path / name
-        if target.is_dir() and is_complete(target):
+        target = parent / name
+        if _is_dir(target) and is_complete(target):
             return target
-        newest = _newest(path)
+        newest = _newest(parent)
         if newest is not None:
             warnings.warn(
-                f"{path / LATEST} names {name!r}, which is missing or incomplete; using the "
+                f"{parent / LATEST} names {name!r}, which is missing or incomplete; using the "
                 f"newest complete checkpoint {newest.name!r} instead", UserWarning, stacklevel=2)
         return newest
-    return _newest(path)
+    return _newest(parent)
 
 
 def _newest(parent: Path) -> Path | None:
@@ -116,10 +195,11 @@ def prune(parent: Path, keep_last: int, protect: Path) -> list[Path]:
 def checkpoint_dirs(parent: Path) -> list[Path]:
     """Checkpoint directories inside ``parent``, complete or damaged
     (:func:`is_checkpoint_dir`), by name; temporaries excluded."""
-    if not parent.is_dir():
+    if files.kind_of(parent) != "dir":
         return []
-    return sorted(entry for entry in parent.iterdir()
-                  if not entry.name.startswith(".") and is_checkpoint_dir(entry))
+    return sorted(entry for entry in files.list_dir(parent)
+                  if not entry.name.startswith(".") and _is_dir(entry)
+                  and any(files.exists(entry / name) for name in _MARKERS))
 
 
 def newest_verified(parent: Path, exclude: Path | None = None) -> Path | None:
@@ -131,7 +211,7 @@ def newest_verified(parent: Path, exclude: Path | None = None) -> Path | None:
             continue
         try:
             verify_checkpoint(directory)
-        except CheckpointCorruptError:
+        except CheckpointError:  # damaged, or unreadable: either way not one to offer
             continue
         return directory
     return None

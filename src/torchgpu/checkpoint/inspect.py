@@ -16,20 +16,20 @@ from typing import Any
 
 import torch
 
-from torchgpu.checkpoint import atomic
+from torchgpu.checkpoint import atomic, files
 from torchgpu.checkpoint.discover import (
     LATEST,
-    checkpoints_parent,
+    Located,
     find_checkpoint,
     is_checkpoint_dir,
+    locate,
 )
+from torchgpu.checkpoint.files import show
 from torchgpu.checkpoint.keys import candidate_states
 from torchgpu.checkpoint.layout import (
     ALIASES_KEY,
     MANIFEST_FILE,
-    META_FILE,
     MODEL_FILE,
-    STATE_FILE,
     is_complete,
     read_manifest,
     read_meta,
@@ -159,17 +159,18 @@ def _inspect_file(path: Path) -> dict[str, Any]:
     return info
 
 
-def _designated(source: Path) -> Path | None:
-    """The checkpoint directory ``source`` names: itself, else the one ``latest`` names
-    when it exists (complete or not: inspecting shows what is wrong with it), else the
-    newest complete one (:func:`find_checkpoint`, which warns about the fallback)."""
-    if is_checkpoint_dir(source):
-        return source
-    parent = checkpoints_parent(source)
-    name = atomic.read_pointer(parent, LATEST)
-    if name is not None and is_checkpoint_dir(parent / name):
-        return parent / name
-    return find_checkpoint(source)
+def _designated(located: Located) -> Path | None:
+    """The checkpoint directory a located path names: itself, else the one ``latest``
+    names when it exists (complete or not: inspecting shows what is wrong with it), else
+    the newest complete one (:func:`find_checkpoint`, which warns about the fallback)."""
+    if located.kind == "checkpoint":
+        return located.path
+    if located.parent is None:
+        return None
+    name = atomic.read_pointer(located.parent, LATEST)
+    if name is not None and is_checkpoint_dir(located.parent / name):
+        return located.parent / name
+    return find_checkpoint(located.path)
 
 
 def _inspect_dir(directory: Path) -> dict[str, Any]:
@@ -197,28 +198,37 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
     (per top-level module, after wrapper prefixes), ``wrapper_prefixes``,
     ``common_prefix``, ``tensors`` (key, shape, dtype, bytes); for torchgpu directories
     also ``step``, ``epoch``, ``meta``, ``files`` and ``complete``; for pickles
-    ``unsafe_globals`` (found statically) and ``container``. A run directory or a
-    directory of checkpoints is inspected at the checkpoint its ``latest`` names, even an
-    incomplete one (``complete: False``, and a ``note`` when its weights are unreadable).
+    ``unsafe_globals`` (found statically) and ``container``. A directory of checkpoints,
+    or a run directory stopped before it finished, is inspected at the checkpoint its
+    ``latest`` names, even an incomplete one (``complete: False``, and a ``note`` when its
+    weights are unreadable); a finished run directory at its final ``model.safetensors``
+    (what :func:`~torchgpu.checkpoint.load_state_dict` loads from it), with a ``note``
+    naming its checkpoints. Paths are resolved by
+    :func:`~torchgpu.checkpoint.discover.locate`.
     """
     source = Path(path)
-    if source.is_file():
+    located = locate(source)
+    if located.kind == "missing":
+        raise CheckpointFormatError(f"{show(source)}: no such file or directory. Check the path")
+    if located.kind == "file":
         return _inspect_file(source)
-    if not source.is_dir():
-        raise CheckpointFormatError(f"{source}: no such file or directory. Check the path")
-    directory = _designated(source)
-    if directory is not None and any((directory / name).exists()
-                                     for name in (MANIFEST_FILE, STATE_FILE, META_FILE)):
-        return _inspect_dir(directory)  # ours (a bare model.safetensors is inspected below)
-    if (source / INDEX_FILE).exists():
+    if located.final_model is not None:  # a finished run: its result, not a checkpoint
+        info = _inspect_file(located.final_model)
+        info["note"] = (f"the final model of the run in {source}; its checkpoints (training "
+                        f"state, what --resume loads) are in {located.parent}")
+        return info
+    directory = _designated(located)
+    if directory is not None:
+        return _inspect_dir(directory)
+    if files.exists(source / INDEX_FILE):
         rows: list[dict[str, Any]] = []
         for shard in sorted(source.glob("*.safetensors")):
             rows += _tensor_rows_from_header(safetensors_header(shard)[0])
         return {"path": str(source), "format": "hf-sharded", **_summarise(rows)}
     for name in WEIGHT_FILES:
-        if (source / name).is_file():
+        if files.kind_of(source / name) == "file":
             return _inspect_file(source / name)
     raise CheckpointFormatError(
-        f"{source} is a directory with no checkpoint in it (looked for {MANIFEST_FILE}, a "
-        f"'latest' file, {INDEX_FILE} and {', '.join(WEIGHT_FILES)}); pass a checkpoint file "
-        "or directory")
+        f"{show(source)} is a directory with no checkpoint in it (looked for {MANIFEST_FILE}, "
+        f"a 'latest' file, a checkpoints/ directory, {INDEX_FILE} and "
+        f"{', '.join(WEIGHT_FILES)}); pass a checkpoint file or directory")

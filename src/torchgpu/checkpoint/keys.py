@@ -16,9 +16,9 @@ the best-scoring one is used.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -82,13 +82,54 @@ def is_state_dict(obj: Any) -> bool:
     return tensors > 0 and tensors >= len(obj) / 2
 
 
+def metadata_of(state: Any) -> Mapping[str, Any] | None:
+    """The ``_metadata`` a ``state_dict()`` carries (module path -> ``{"version": N}``),
+    or ``None``. Torch's version-aware loading (``_load_from_state_dict`` reading
+    ``local_metadata["version"]``) needs it to upgrade old layouts, e.g. a BatchNorm
+    state dict of version 1 without ``num_batches_tracked``."""
+    metadata = getattr(state, "_metadata", None)
+    return metadata if isinstance(metadata, Mapping) else None
+
+
+def with_metadata(state: Mapping[str, Any],
+                  metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A copy of ``state`` carrying ``metadata`` as ``_metadata`` (an ``OrderedDict``,
+    like ``state_dict()`` returns, since a plain dict cannot hold the attribute)."""
+    copy: OrderedDict[str, Any] = OrderedDict(state)
+    if metadata is not None:
+        copy._metadata = OrderedDict(metadata)  # type: ignore[attr-defined]
+    return copy
+
+
+def remap_metadata(metadata: Mapping[str, Any], strip: str, add: str,
+                   modules: Mapping[str, str] | None = None) -> OrderedDict[str, Any]:
+    """``metadata`` re-keyed the way keys are mapped: module path ``P`` (keys ``P.x``)
+    becomes the path of ``add + (P. without strip)``, ``_orig_mod`` components ignored.
+    With ``modules`` (normalised path -> real path of the target's modules), entries for
+    modules the target lacks are dropped and the target's real paths are used."""
+    mapped: OrderedDict[str, Any] = OrderedDict()
+    for path, info in metadata.items():
+        if not isinstance(path, str) or not isinstance(info, Mapping):
+            continue
+        norm = normalize(path)
+        prefix = f"{norm}." if norm else ""
+        if not prefix.startswith(strip):
+            continue
+        new = (add + prefix[len(strip):]).removesuffix(".")
+        real = new if modules is None else modules.get(new)
+        if real is not None:
+            mapped[real] = dict(info)
+    return mapped
+
+
 def candidate_states(obj: Any, max_depth: int = 2) -> list[tuple[str, dict[str, Any]]]:
-    """Every mapping of tensors inside ``obj`` (itself included), with its location."""
+    """Every mapping of tensors inside ``obj`` (itself included), with its location;
+    each keeps the ``_metadata`` its source had."""
     found: list[tuple[str, dict[str, Any]]] = []
 
     def visit(value: Any, where: str, depth: int) -> None:
         if is_state_dict(value):
-            found.append((where, dict(value)))
+            found.append((where, with_metadata(value, metadata_of(value))))
         if depth < max_depth and isinstance(value, Mapping):
             for key, item in value.items():
                 if isinstance(key, str) and isinstance(item, Mapping):
@@ -197,37 +238,74 @@ def mapping_error(report: KeyMapping, source: Mapping[str, Any],
     return CheckpointError(" ".join(parts))
 
 
+def _legacy_keys(model: nn.Module, missing: tuple[str, ...],
+                 metadata: Mapping[str, Any]) -> set[str]:
+    """The ``missing`` target keys that torch's version-aware loading may supply: keys
+    owned directly by a module whose class has a ``_version`` above 1 while the source
+    records an older version (or none) for it -- BatchNorm's ``num_batches_tracked``,
+    added in version 2, is the classic case."""
+    found = set()
+    for key in missing:
+        path, _, _name = key.rpartition(".")
+        try:
+            module = model.get_submodule(path)
+        except AttributeError:
+            continue
+        current = getattr(type(module), "_version", 1)
+        saved = metadata.get(path, {}).get("version")
+        if isinstance(current, int) and current > 1 and (
+                not isinstance(saved, int) or saved < current):
+            found.add(key)
+    return found
+
+
 def load_state_dict(
     model: nn.Module, state_or_path: Mapping[str, Any] | str | Path, strict: bool = True, *,
-    trust: bool = False,
+    trust: bool = False, verify: bool = True,
 ) -> KeyMapping:
     """Load weights saved from any wrapper (plain, DataParallel, DDP, FSDP full state,
     torch.compile, compile(DDP), Lightning, Fabric, Accelerate, ``module.``-prefixed
     layouts) into ``model``, whatever wraps it, and return the :class:`KeyMapping` used.
 
     ``state_or_path`` is a state dict, a checkpoint-like dict, or a path (``.pt``,
-    ``.pth``, ``.bin``, ``.ckpt``, ``.safetensors``, a torchgpu checkpoint directory, an
-    Accelerate/Hugging Face directory). ``strict=True`` requires every key on both sides
-    to match with equal shapes; otherwise :class:`CheckpointError` shows the missing,
-    unexpected and shape-mismatched keys and the closest mapping tried. With
-    ``strict=False`` the keys that fit are loaded and the rest are reported.
+    ``.pth``, ``.bin``, ``.ckpt``, ``.safetensors``, a torchgpu checkpoint directory, a
+    directory of them, a ``torchgpu train`` run directory, an Accelerate/Hugging Face
+    directory). A torchgpu checkpoint directory is verified against its manifest first
+    (a missing manifest is a :class:`CheckpointCorruptError`; ``verify=False`` loads it
+    unverified). ``strict=True`` requires every key on both sides to match with equal
+    shapes; otherwise :class:`CheckpointError` shows the missing, unexpected and
+    shape-mismatched keys and the closest mapping tried. The state dict's ``_metadata``
+    (module versions) is mapped with the keys and passed on, so torch's version-aware
+    loading upgrades old layouts exactly as ``module.load_state_dict`` does (a version-1
+    BatchNorm state without ``num_batches_tracked`` loads strictly). With
+    ``strict=False`` the keys that fit are loaded and ``missing`` reports what was not.
     """
     if isinstance(state_or_path, (str, Path)):
+        from torchgpu.checkpoint.files import show
         from torchgpu.checkpoint.sources import read_weights
 
-        obj: Any = read_weights(Path(state_or_path), trust=trust)
-        origin = str(state_or_path)
+        obj: Any = read_weights(Path(state_or_path), trust=trust, verify=verify)
+        origin = show(state_or_path)
     else:
         obj = state_or_path
         origin = "the given state dict"
     target = model.state_dict()
     report, pairs, source = match_keys(candidate_states(obj), target)
-    if strict and not report.exact:
-        raise mapping_error(report, source, target, origin)
-    if report.matched == 0:
-        raise mapping_error(report, source, target, origin)
-    remapped = {pairs[k]: source[k] for k in source if k in pairs}
-    result = model.load_state_dict(remapped, strict=strict)
-    if strict and (result.missing_keys or result.unexpected_keys):  # pragma: no cover - guarded
-        raise mapping_error(report, source, target, origin)
+    saved = metadata_of(source)
+    modules = {normalize(name): name for name, _ in model.named_modules()}
+    metadata = (remap_metadata(saved, report.strip, report.add, modules)
+                if saved is not None else None)
+    legacy = _legacy_keys(model, report.missing, metadata or {})
+    expected = replace(report, missing=tuple(k for k in report.missing if k not in legacy))
+    if (strict and not expected.exact) or report.matched == 0:
+        raise mapping_error(expected if strict else report, source, target, origin)
+    remapped = with_metadata({pairs[k]: source[k] for k in source if k in pairs}, metadata)
+    # strict=False here: the strict check was done above, before any weight was copied,
+    # and torch's own check would fail on the keys its version-aware loading supplies.
+    result = model.load_state_dict(remapped, strict=False)
+    report = replace(report, missing=tuple(result.missing_keys))
+    if strict and (result.missing_keys or result.unexpected_keys):
+        raise mapping_error(replace(report, unexpected=tuple(result.unexpected_keys)), source,
+                            target, origin + " (the older module versions it records did not "
+                            "supply them)")
     return report

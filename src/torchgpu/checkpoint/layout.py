@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from torchgpu.checkpoint import files
 from torchgpu.errors import CheckpointCorruptError, CheckpointError
 
 FORMAT = "torchgpu-checkpoint"
@@ -207,63 +208,120 @@ def manifest_bytes(files: Mapping[str, bytes | bytearray | memoryview]) -> bytes
             + "\n").encode()
 
 
-def read_manifest(directory: Path) -> dict[str, dict[str, Any]]:
-    """The ``files`` table of ``directory/manifest.json``.
+#: Files the loaders read from a checkpoint directory; its manifest must list each one.
+REQUIRED_FILES = (MODEL_FILE, STATE_FILE, META_FILE)
+_MAX_MANIFEST_BYTES = 1 << 20
+_HEX = frozenset("0123456789abcdef")
 
-    Raises :class:`CheckpointCorruptError` when the manifest is missing or unreadable.
+
+def _bad_manifest(path: Path, problem: str) -> CheckpointCorruptError:
+    return CheckpointCorruptError(
+        f"{files.show(path)} is malformed ({problem}), so the checkpoint cannot be verified. "
+        "Use an earlier checkpoint, or save this one again")
+
+
+def _check_entry(path: Path, name: Any, info: Any) -> None:
+    if (not isinstance(name, str) or not name or not name.isprintable() or "/" in name
+            or "\\" in name or name.startswith(".") or name == MANIFEST_FILE):
+        raise _bad_manifest(path, f"file name {files.show(repr(name))} is not a plain name "
+                                  "inside the checkpoint directory")
+    if not isinstance(info, dict):
+        raise _bad_manifest(path, f"the entry of {name!r} is a {type(info).__name__}, not an "
+                                  "object with 'sha256' and 'size_bytes'")
+    digest, size = info.get("sha256"), info.get("size_bytes")
+    if not (isinstance(digest, str) and len(digest) == 64 and set(digest) <= _HEX):
+        raise _bad_manifest(path, f"the sha256 of {name!r} is not 64 lowercase hex digits")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise _bad_manifest(path, f"the size_bytes of {name!r} is not a non-negative integer")
+
+
+def read_manifest(directory: Path) -> dict[str, dict[str, Any]]:
+    """The ``files`` table of ``directory/manifest.json``, validated: a JSON object with
+    ``"format"`` and ``"files"``, each entry a plain file name mapped to
+    ``{"sha256": 64 hex digits, "size_bytes": int}``, and every file the loaders read
+    (:data:`REQUIRED_FILES`) listed -- an empty or partial table would let altered files
+    through unverified.
+
+    Raises :class:`CheckpointCorruptError` naming the manifest when it is missing or
+    malformed in any way, :class:`CheckpointFormatError` when it cannot be read
+    (permissions, not a regular file).
     """
     path = directory / MANIFEST_FILE
+    if files.kind_of(path) == "missing":
+        raise CheckpointCorruptError(
+            f"{files.show(path)} is missing, so {files.show(directory)} is not a complete "
+            "checkpoint (the save was interrupted before it committed, or the manifest was "
+            "deleted) and its files cannot be verified; use an earlier checkpoint")
+    raw = files.read_bytes(path, limit=_MAX_MANIFEST_BYTES)
+    if len(raw) > _MAX_MANIFEST_BYTES:
+        raise _bad_manifest(path, f"larger than {_MAX_MANIFEST_BYTES} bytes")
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-        files = record["files"]
-        if not isinstance(files, dict):
-            raise TypeError("files is not an object")
-    except FileNotFoundError:
-        raise CheckpointCorruptError(
-            f"{path} is missing, so {directory} is not a complete checkpoint (the save was "
-            "interrupted before it committed); use an earlier checkpoint") from None
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise CheckpointCorruptError(
-            f"{path} is unreadable ({error}); the checkpoint cannot be verified. Use an earlier "
-            "checkpoint") from None
-    return files
+        record = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:
+        raise _bad_manifest(path, f"not JSON: {error}") from None
+    if not isinstance(record, dict):
+        raise _bad_manifest(path, f"a JSON {type(record).__name__}, not an object")
+    if record.get("format") != FORMAT:
+        raise _bad_manifest(path, f"'format' is {record.get('format')!r}, not {FORMAT!r}")
+    table = record.get("files")
+    if not isinstance(table, dict):
+        raise _bad_manifest(path, "'files' is missing or not an object" if table is None
+                            else f"'files' is a {type(table).__name__}, not an object")
+    for name, info in table.items():
+        _check_entry(path, name, info)
+    unlisted = [name for name in REQUIRED_FILES if name not in table]
+    if unlisted:
+        raise _bad_manifest(path, f"it does not list {', '.join(unlisted)}, which the loader "
+                                  "reads")
+    return table
 
 
 def is_complete(directory: Path) -> bool:
-    """Cheap completeness check: a manifest whose files all exist with their sizes."""
+    """Cheap completeness check: a valid manifest whose files all exist with their sizes."""
     try:
-        files = read_manifest(directory)
-        return all((directory / name).stat().st_size == int(info["size_bytes"])
-                   for name, info in files.items())
-    except (CheckpointCorruptError, OSError, KeyError, TypeError, ValueError):
+        table = read_manifest(directory)
+        return all((directory / name).stat().st_size == info["size_bytes"]
+                   for name, info in table.items())
+    except (CheckpointError, OSError):
         return False
+
+
+def _sha256(file: Path) -> tuple[int, str]:
+    """(size, sha256) of regular file ``file``, read in 4 MiB blocks."""
+    digest = hashlib.sha256()
+    size = 0
+    with files.open_regular(file) as handle:
+        try:
+            for block in iter(lambda: handle.read(1 << 22), b""):
+                digest.update(block)
+                size += len(block)
+        except OSError as error:
+            raise files.os_error(file, error) from None
+    return size, digest.hexdigest()
 
 
 def verify_checkpoint(path: str | Path) -> dict[str, int]:
     """Check every file of checkpoint directory ``path`` against its manifest (size and
-    sha256). Returns ``{file name: size_bytes}``; a missing, truncated or altered file
-    raises :class:`CheckpointCorruptError` naming it."""
+    sha256). Returns ``{file name: size_bytes}``; a missing, truncated or altered file,
+    or a missing or malformed manifest, raises :class:`CheckpointCorruptError` naming
+    it; a file that cannot be read (permissions, not a regular file) raises
+    :class:`CheckpointFormatError` naming it."""
     directory = Path(path)
-    files = read_manifest(directory)
+    table = read_manifest(directory)
     checked: dict[str, int] = {}
-    for name, info in sorted(files.items()):
+    for name, info in sorted(table.items()):
         file = directory / name
-        try:
-            size = file.stat().st_size
-        except FileNotFoundError:
+        if files.kind_of(file) == "missing":
             raise CheckpointCorruptError(
                 f"{file} is listed in the manifest but missing; the checkpoint is damaged. Use "
-                "an earlier checkpoint") from None
-        expected = int(info.get("size_bytes", -1))
+                "an earlier checkpoint")
+        size, digest = _sha256(file)
+        expected = info["size_bytes"]
         if size != expected:
             raise CheckpointCorruptError(
                 f"{file} is {size} bytes but the manifest records {expected} "
                 f"({'truncated' if size < expected else 'altered'}); use an earlier checkpoint")
-        digest = hashlib.sha256()
-        with file.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 22), b""):
-                digest.update(block)
-        if digest.hexdigest() != info.get("sha256"):
+        if digest != info["sha256"]:
             raise CheckpointCorruptError(
                 f"{file} does not match its sha256 in the manifest (the bytes were altered); use "
                 "an earlier checkpoint")
@@ -272,10 +330,12 @@ def verify_checkpoint(path: str | Path) -> dict[str, int]:
 
 
 def read_meta(directory: Path) -> dict[str, Any]:
-    """``meta.json`` of a checkpoint directory ({} when absent or unreadable)."""
+    """``meta.json`` of a checkpoint directory ({} when absent, unreadable, not a
+    regular file or not a JSON object)."""
     try:
-        record = json.loads((directory / META_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        raw = files.read_bytes(directory / META_FILE, limit=_MAX_MANIFEST_BYTES * 16)
+        record = json.loads(raw.decode("utf-8"))
+    except (CheckpointError, ValueError, RecursionError):
         return {}
     return record if isinstance(record, dict) else {}
 

@@ -18,6 +18,7 @@ Contract:
 from __future__ import annotations
 
 import json
+import os
 import pickletools
 import struct
 import warnings
@@ -26,6 +27,7 @@ from typing import Any, Literal
 
 import torch
 
+from torchgpu.checkpoint import files
 from torchgpu.errors import CheckpointFormatError
 
 FileKind = Literal["torch-zip", "pickle", "safetensors"]
@@ -43,7 +45,7 @@ TRUST_HINT = (
 
 
 def _format_error(path: Path, problem: str, fix: str) -> CheckpointFormatError:
-    return CheckpointFormatError(f"{path}: {problem}. {fix}.")
+    return CheckpointFormatError(f"{files.show(path)}: {problem}. {fix}.")
 
 
 def sniff(path: Path) -> FileKind:
@@ -52,13 +54,14 @@ def sniff(path: Path) -> FileKind:
     Raises :class:`CheckpointFormatError` when the file is missing, empty, not a
     recognised layout, or named ``.safetensors`` while holding something else.
     """
-    if not path.exists():
+    if files.kind_of(path) == "missing":
         raise _format_error(path, "no such file", "Check the path")
-    if not path.is_file():
-        raise _format_error(path, "not a regular file", "Pass a checkpoint file or directory")
-    size = path.stat().st_size
-    with path.open("rb") as handle:
-        head = handle.read(9)
+    with files.open_regular(path) as handle:  # refuses FIFOs, devices, directories
+        try:
+            size = os.fstat(handle.fileno()).st_size
+            head = handle.read(9)
+        except OSError as error:
+            raise files.os_error(path, error) from None
     if len(head) < 2:
         raise _format_error(path, f"file is {size} bytes, too short for any checkpoint", (
             "It was probably truncated; use an earlier checkpoint"))
@@ -90,9 +93,12 @@ def safetensors_header(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     :data:`MAX_HEADER_BYTES` and the file size, and that every tensor's bytes lie
     inside the file; any violation is a :class:`CheckpointFormatError`.
     """
-    size = path.stat().st_size
-    with path.open("rb") as handle:
-        prefix = handle.read(8)
+    with files.open_regular(path) as handle:
+        try:
+            size = os.fstat(handle.fileno()).st_size
+            prefix = handle.read(8)
+        except OSError as error:
+            raise files.os_error(path, error) from None
         if len(prefix) < 8:
             raise _format_error(path, "safetensors file shorter than its 8-byte header length",
                                 "The file is truncated; use an earlier checkpoint")
@@ -105,7 +111,10 @@ def safetensors_header(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
             raise _format_error(
                 path, f"safetensors header claims {header_len} bytes but the file has only "
                 f"{size} bytes", "The file is truncated; use an earlier checkpoint")
-        raw = handle.read(header_len)
+        try:
+            raw = handle.read(header_len)
+        except OSError as error:
+            raise files.os_error(path, error) from None
     try:
         header = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -153,7 +162,7 @@ def unsafe_globals(path: Path) -> list[str]:
     if kind == "torch-zip":
         try:
             found = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
-        except (ValueError, RuntimeError) as error:
+        except (ValueError, RuntimeError, OSError) as error:
             raise _format_error(path, f"unreadable torch.save archive ({error})",
                                 "The file is corrupt or truncated") from None
         return sorted(found)
@@ -167,7 +176,7 @@ def _pickle_stream_globals(path: Path, max_pickles: int = 5) -> set[str]:
     """Globals named by the (up to ``max_pickles``) consecutive pickles at the start of
     ``path`` -- a legacy torch.save file is several pickles in a row."""
     found: set[str] = set()
-    with path.open("rb") as handle:
+    with files.open_regular(path) as handle:
         for _ in range(max_pickles):
             strings: list[str] = []
             try:
@@ -178,7 +187,7 @@ def _pickle_stream_globals(path: Path, max_pickles: int = 5) -> set[str]:
                         found.add(f"{strings[-2]}.{strings[-1]}")
                     elif isinstance(arg, str):
                         strings.append(arg)
-            except (ValueError, EOFError, UnicodeDecodeError, struct.error):
+            except (ValueError, EOFError, UnicodeDecodeError, struct.error, OSError):
                 break
     return found
 

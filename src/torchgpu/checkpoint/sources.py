@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from torchgpu.checkpoint.discover import find_checkpoint
+from torchgpu.checkpoint import files
+from torchgpu.checkpoint.discover import find_checkpoint, locate
 from torchgpu.checkpoint.layout import (
     MANIFEST_FILE,
     MODEL_FILE,
@@ -25,7 +26,7 @@ from torchgpu.checkpoint.layout import (
     verify_checkpoint,
 )
 from torchgpu.checkpoint.readers import read_pickle, read_safetensors, sniff
-from torchgpu.errors import CheckpointFormatError
+from torchgpu.errors import CheckpointCorruptError, CheckpointFormatError
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.bin", "model.pt", "model.pth")
 INDEX_FILE = "model.safetensors.index.json"
@@ -41,54 +42,77 @@ def read_file(path: Path, *, trust: bool = False, map_location: Any = "cpu") -> 
     return read_pickle(path, map_location=map_location, trust=trust)
 
 
+def verify_before_loading(directory: Path) -> dict[str, int]:
+    """:func:`~torchgpu.checkpoint.layout.verify_checkpoint` for a loader: a missing
+    manifest is a :class:`CheckpointCorruptError` that also names the opt-out."""
+    if not files.exists(directory / MANIFEST_FILE):
+        raise CheckpointCorruptError(
+            f"{files.show(directory / MANIFEST_FILE)} is missing, so the files of "
+            f"{files.show(directory)} cannot be verified (the save was interrupted, or the "
+            "manifest was deleted) and nothing was loaded. Use an earlier checkpoint, or, if "
+            "you trust these files, load them unverified with verify=False")
+    return verify_checkpoint(directory)
+
+
 def read_our_model(directory: Path, *, map_location: Any = "cpu",
                    verify: bool = True) -> dict[str, Any]:
     """The model state dict of a torchgpu checkpoint directory, aliases and non-tensor
-    entries included. ``verify`` checks the manifest first."""
+    entries included. ``verify`` checks every file against the manifest first; a missing
+    manifest is then a :class:`CheckpointCorruptError` saying how to opt out."""
     if verify:
-        verify_checkpoint(directory)
+        verify_before_loading(directory)
     state: dict[str, Any] = read_file(directory / MODEL_FILE, map_location=map_location)
-    extras = read_pickle(directory / STATE_FILE, map_location=map_location).get("model_extra")
-    if isinstance(extras, dict):
-        state.update(extras)
+    extras = read_pickle(directory / STATE_FILE, map_location=map_location)
+    if isinstance(extras, dict) and isinstance(extras.get("model_extra"), dict):
+        state.update(extras["model_extra"])
     return state
 
 
 def _read_sharded(directory: Path, map_location: Any) -> dict[str, Any]:
     index_path = directory / INDEX_FILE
     try:
-        weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
+        weight_map = json.loads(files.read_bytes(index_path).decode("utf-8"))["weight_map"]
         shards = sorted(set(weight_map.values()))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as error:
         raise CheckpointFormatError(
             f"{index_path} is not a valid safetensors index ({error}); it must hold a "
             "'weight_map' of tensor name -> shard file") from None
     state: dict[str, Any] = {}
     for shard in shards:
-        if "/" in shard or shard.startswith("."):
+        if not isinstance(shard, str) or "/" in shard or shard.startswith("."):
             raise CheckpointFormatError(f"{index_path} names shard {shard!r} outside its "
                                         "directory; refusing to read it")
         state.update(read_file(directory / shard, map_location=map_location))
     return state
 
 
-def read_weights(path: Path, *, trust: bool = False, map_location: Any = "cpu") -> Any:
-    """The weights object stored at ``path`` (file or directory); see the module doc."""
-    if path.is_file():
+def read_weights(path: Path, *, trust: bool = False, map_location: Any = "cpu",
+                 verify: bool = True) -> Any:
+    """The weights object stored at ``path`` (file or directory, as
+    :func:`~torchgpu.checkpoint.discover.locate` classifies it); see the module doc. A
+    finished run directory gives its final ``model.safetensors`` (the trained model), a
+    run stopped early the checkpoint its ``latest`` names. ``verify=False`` skips the
+    manifest check of a torchgpu checkpoint directory."""
+    located = locate(path)
+    if located.kind == "file":
         return read_file(path, trust=trust, map_location=map_location)
-    if not path.exists():
-        raise CheckpointFormatError(f"{path}: no such file or directory. Check the path")
-    if (path / MANIFEST_FILE).exists() and (path / MODEL_FILE).exists():
-        return read_our_model(path, map_location=map_location)
-    if (path / INDEX_FILE).exists():
-        return _read_sharded(path, map_location)
-    for name in WEIGHT_FILES:
-        if (path / name).is_file():
-            return read_file(path / name, trust=trust, map_location=map_location)
+    if located.kind == "missing":
+        raise CheckpointFormatError(f"{files.show(path)}: no such file or directory. Check "
+                                    "the path")
+    if located.kind == "checkpoint":
+        return read_our_model(path, map_location=map_location, verify=verify)
+    if located.final_model is not None:
+        return read_file(located.final_model, trust=trust, map_location=map_location)
+    if located.kind == "weights":
+        if files.exists(path / INDEX_FILE):
+            return _read_sharded(path, map_location)
+        for name in WEIGHT_FILES:
+            if files.kind_of(path / name) == "file":
+                return read_file(path / name, trust=trust, map_location=map_location)
     found = find_checkpoint(path)
     if found is not None:
-        return read_our_model(found, map_location=map_location)
+        return read_our_model(found, map_location=map_location, verify=verify)
     raise CheckpointFormatError(
-        f"{path} is a directory with no checkpoint in it (looked for {MANIFEST_FILE}, a "
-        f"'latest' file, {INDEX_FILE} and {', '.join(WEIGHT_FILES)}); pass a checkpoint file "
-        "or directory")
+        f"{files.show(path)} is a directory with no checkpoint in it (looked for "
+        f"{MANIFEST_FILE}, a 'latest' file, a checkpoints/ directory, {INDEX_FILE} and "
+        f"{', '.join(WEIGHT_FILES)}); pass a checkpoint file or directory")

@@ -112,26 +112,26 @@ def _with_notes(call: Callable[[], T]) -> T:
 
 
 def _verify_targets(path: Path) -> list[Path] | str:
-    """The checkpoint directories ``ckpt verify PATH`` checks, or why it cannot (exit 1)."""
-    from torchgpu.checkpoint import atomic
-    from torchgpu.checkpoint.discover import (
-        LATEST,
-        checkpoint_dirs,
-        checkpoints_parent,
-        is_checkpoint_dir,
-        newest_verified,
-    )
+    """The checkpoint directories ``ckpt verify PATH`` checks, or why it cannot (exit 1).
+    ``PATH`` is resolved like everywhere else (:func:`~torchgpu.checkpoint.discover.locate`):
+    a run directory's final model.safetensors is not a checkpoint; its ``checkpoints/`` are
+    what is verified."""
+    from torchgpu.checkpoint import atomic, files
+    from torchgpu.checkpoint.discover import LATEST, checkpoint_dirs, locate, newest_verified
 
-    if is_checkpoint_dir(path):
+    located = locate(path)
+    if located.kind == "checkpoint":
         return [path]
-    parent = checkpoints_parent(path)
-    if not (parent / LATEST).exists():
+    parent = located.parent
+    if parent is None:  # a weights file or a directory of weights: no manifest to check
+        return []
+    if not files.exists(parent / LATEST):
         return checkpoint_dirs(parent)
     name = atomic.read_pointer(parent, LATEST)
-    if name is not None and (parent / name).is_dir():
+    if name is not None and files.exists(parent / name):
         return [parent / name]
     good = newest_verified(parent)
-    what = f"names {name!r}, which does not exist" if name else "is empty or unreadable"
+    what = f"names {name!r}, which does not exist" if name else "is empty"
     return (f"{parent / LATEST} {what}: the latest checkpoint of the run is missing. "
             + (f"The newest checkpoint that verifies is {good}; resume from it with --resume "
                f"{good}" if good is not None else "No checkpoint there verifies"))
@@ -140,16 +140,18 @@ def _verify_targets(path: Path) -> list[Path] | str:
 def _verify(path: Path) -> int:
     from torchgpu.checkpoint import verify_checkpoint
     from torchgpu.checkpoint.discover import newest_verified
+    from torchgpu.checkpoint.files import exists, show
 
-    if not path.exists():
-        return fail(f"{path}: no such file or directory. Check the path", EXIT_USAGE)
+    if not exists(path):
+        return fail(f"{show(path)}: no such file or directory. Check the path", EXIT_USAGE)
     targets = _verify_targets(path)
     if isinstance(targets, str):
         return fail(targets, EXIT_FAILURE)
     if not targets:
-        return fail(f"{path} holds no torchgpu checkpoint (no manifest.json, no 'latest', no "
-                    "checkpoint directory inside); verify checks torchgpu checkpoint "
-                    "directories. Use `torchgpu ckpt inspect` for other files", EXIT_USAGE)
+        return fail(f"{show(path)} holds no torchgpu checkpoint (no manifest.json, no "
+                    "'latest', no checkpoint directory inside); verify checks torchgpu "
+                    "checkpoint directories. Use `torchgpu ckpt inspect` for other files",
+                    EXIT_USAGE)
     problems = []
     for directory in targets:
         try:

@@ -154,13 +154,17 @@ def plot_losses(path: Path, epochs: Sequence[EpochRecord], title: str) -> None:
 
 
 def save_model(path: Path, state: Mapping[str, Any]) -> None:
-    """Write ``state`` (canonical keys) as safetensors at ``path``, via a temporary file."""
-    from safetensors.torch import save_file
+    """Write ``state`` (canonical keys) as safetensors at ``path``, atomically (temporary
+    sibling, fsync, rename), with the mode every other file of the run gets (0o666 less
+    the umask; safetensors' own ``save_file`` would leave a 0600 temporary file)."""
+    from safetensors.torch import save
 
-    temporary = path.with_name(path.name + ".tmp")
+    from torchgpu.checkpoint.atomic import write_file_atomic
+
     # safetensors refuses tensors that share memory (tied weights): clone them apart.
-    save_file({k: v.clone() for k, v in state.items()}, str(temporary))
-    temporary.replace(path)
+    data = save({k: v.detach().clone().contiguous().cpu() for k, v in state.items()},
+                metadata={"format": "pt"})
+    write_file_atomic(path, data)
 
 
 def write_outputs(out_dir: Path, records: Sequence[EpochRecord], state: Mapping[str, Any],
