@@ -345,3 +345,25 @@ def test_balance_by_size_counts_tensors_a_layer_creates() -> None:
     lin = nn.Linear(64, 64)
     shared = layer_sizes([lin, nn.ReLU(), lin])
     assert shared[0] == 2 * (64 * 64 + 64) * 4 and shared[2] == 0
+
+
+def test_mapping_types_survive_scatter_and_gather() -> None:
+    from collections import OrderedDict, UserDict
+
+    for kind in (OrderedDict, UserDict):
+        batch = kind(x=torch.arange(12.0).reshape(6, 2))
+        parts = scatter(batch, 4)
+        assert all(type(p) is kind for p in parts)
+        back = gather(parts)
+        assert type(back) is kind and torch.equal(back["x"], batch["x"])
+
+
+def test_chunks_auto_with_a_dict_sample() -> None:
+    class Pick(nn.Module):
+        def forward(self, d: dict[str, torch.Tensor]) -> torch.Tensor:
+            return d["x"]
+
+    pipe = Pipeline(nn.Sequential(Pick(), nn.Linear(3, 2), nn.Linear(2, 2)), CPU2,
+                    chunks="auto", sample={"x": torch.randn(4, 3)},
+                    sample_target=torch.randn(4, 2), loss_fn=nn.functional.mse_loss)
+    assert [r.chunks for r in pipe.chunk_choice.table] == [1, 2, 3, 4]

@@ -20,6 +20,8 @@ import torch
 from torch import nn
 
 from torchgpu.errors import ConfigError
+from torchgpu.parallel.microbatch import batch_size
+from torchgpu.parallel.model import move
 
 logger = logging.getLogger("torchgpu.parallel.chunks")
 
@@ -154,9 +156,7 @@ def _row_range(batch_rows: int, chunks: int) -> tuple[int, int]:
 
 
 def _first_dim(obj: Any) -> int:
-    if isinstance(obj, torch.Tensor):
-        return int(obj.shape[0])
-    return _first_dim(next(t for t in obj if isinstance(t, torch.Tensor)))
+    return batch_size(obj)
 
 
 def _cuda_sync(devices: Iterable[torch.device]) -> Callable[[], None] | None:
@@ -232,8 +232,4 @@ def choose_chunks(
 
 
 def _move(obj: Any, device: torch.device) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(_move(x, device) for x in obj)
-    return obj
+    return move(obj, device)

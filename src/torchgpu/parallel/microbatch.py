@@ -16,6 +16,7 @@ type it does not know, or a non-tensor value that differs between micro-batches.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias
 
@@ -129,15 +130,20 @@ def _rebuild_mapping(like: Mapping[Any, Any], values: dict[Any, Any]) -> Any:
     kind: Any = type(like)
     if kind is dict:
         return values
-    try:  # OrderedDict, dataclass-like outputs (keyword fields), other dict subclasses
-        if all(isinstance(k, str) for k in values):
-            return kind(**values)
-        return kind(values)
-    except TypeError as exc:
-        raise MicroBatchTypeError(
-            f"cannot rebuild a {type(like).__name__} from its micro-batch parts ({exc}): return a "
-            "plain dict instead"
-        ) from exc
+    # Dataclass-like outputs (transformers' ModelOutput) take their fields as keywords;
+    # OrderedDict, UserDict and BatchEncoding-like types take one mapping.
+    keywords = dataclasses.is_dataclass(kind) and all(isinstance(k, str) for k in values)
+    attempts: list[Callable[[], Any]] = [lambda: kind(**values), lambda: kind(values)]
+    errors: list[str] = []
+    for attempt in attempts if keywords else attempts[::-1]:
+        try:
+            return attempt()
+        except TypeError as exc:
+            errors.append(str(exc))
+    raise MicroBatchTypeError(
+        f"cannot rebuild a {kind.__name__} from its micro-batch parts ({'; '.join(errors)}): "
+        "return or pass a plain dict instead"
+    )
 
 
 def gather(outputs: Sequence[Any], source: str = "the last layer") -> Any:

@@ -7,7 +7,11 @@ its device, and ``forward`` moves the activation to the next stage's device.
 Accepted models: an ``nn.Sequential``; a list of modules (each one a layer, so a
 list as long as ``devices`` with no balance is one stage per device); or any module
 with ``as_sequential() -> nn.Sequential`` whose children share the model's modules
-(the built-in ResNet-50 and HousingNet).
+(the built-in ResNet-50 and HousingNet). Every position of the sequential view is a
+layer, also a module object used at several positions (``nn.Sequential(lin1, act,
+lin2, act)`` has four layers). Such a module, or weights tied between layers, must
+stay on one device: a split that would place it on two is refused
+(:func:`check_shared_state`).
 
 The split model owns placement, so ``.to(device)``, ``.cuda()`` and ``.cpu()`` are
 refused; ``.to(dtype)`` is allowed. Its output lives on ``model.output_device`` (the

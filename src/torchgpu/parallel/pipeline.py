@@ -23,6 +23,15 @@ Transparency: outputs and gradients equal the plain model's up to float rounding
 for every M and checkpoint mode, as long as layers do not mix rows of a batch
 (BatchNorm does: see :mod:`torchgpu.parallel.batchnorm`) and draw no random numbers
 in an order that depends on the batch split (dropout masks differ per micro-batch).
+In-place layers work anywhere, also first in a checkpointed stage (such a stage runs
+on a copy of its input, so the recomputation in backward reads the original).
+
+Values between stages are whatever the layers pass (tensors, tuples, dicts, None...),
+as in the plain model. The last layer's outputs are concatenated along dim 0
+(:func:`torchgpu.parallel.microbatch.gather`): tensors with a batch dimension, alone
+or in tuples, named tuples, lists and dicts; anything else (None, a string, a
+0-dimensional loss) is refused with a ``MicroBatchTypeError`` (a ``TypeError``) naming
+the layer and the type, for every M.
 """
 
 from __future__ import annotations
@@ -123,7 +132,7 @@ class Pipeline(SplitModel):
             kept in ``self.chunk_choice``). A batch smaller than M runs in fewer chunks.
         checkpoint: ``"never"``; ``"except_last"`` (every micro-batch but the last
             recomputes its stage forward in backward — the last one's backward starts
-            at once); ``"always"``. Only while gradients are enabled.
+            at once); ``"always"``. Only in training mode with gradients enabled.
         deferred_batch_norm: replace BatchNorm layers by
             :class:`~torchgpu.parallel.batchnorm.DeferredBatchNorm` so running
             statistics are those of the whole mini-batch (normalisation in training
