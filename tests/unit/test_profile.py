@@ -1,0 +1,100 @@
+"""--profile [N]: the window arithmetic, the phase shares, and a real run whose Chrome
+trace holds forward and backward events; with the flag off the loop's hook is untouched."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from torchgpu.cli.train import config_from_argv
+from torchgpu.train.config import DEFAULT_PROFILE_STEPS, TrainConfig
+from torchgpu.train.observers import Observers
+from torchgpu.train.profiling import (
+    FORWARD_LABEL,
+    TABLE_FILE,
+    TRACE_FILE,
+    ProfileWindow,
+    profile_window,
+    step_shares,
+    union_us,
+)
+from torchgpu.train.runner import train
+from torchgpu.train.state import TrainState
+
+
+@pytest.mark.parametrize(("requested", "remaining", "window"), [
+    (5, 100, ProfileWindow(3, 5)),
+    (5, 8, ProfileWindow(3, 5)),
+    (5, 7, ProfileWindow(2, 5)),
+    (5, 5, ProfileWindow(0, 5)),
+    (5, 3, ProfileWindow(0, 3)),  # a short run: all of it
+    (1, 0, ProfileWindow(0, 0)),
+])
+def test_profile_window(requested: int, remaining: int, window: ProfileWindow) -> None:
+    assert profile_window(requested, remaining) == window
+
+
+def test_union_counts_overlaps_once() -> None:
+    assert union_us([]) == 0
+    assert union_us([(0, 10), (5, 15), (20, 25), (21, 22)]) == 20
+
+
+def test_step_shares_by_phase() -> None:
+    events = [
+        ("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 0, 10),
+        (FORWARD_LABEL, 10, 30), ("aten::addmm", 12, 20),  # nested op: not a phase
+        ("autograd::engine::evaluate_function: AddmmBackward0", 30, 50),
+        ("autograd::engine::evaluate_function: TBackward0", 35, 40),  # nested: once
+        ("Optimizer.step#Adam.step", 50, 70), ("Optimizer.zero_grad#Adam.zero_grad", 70, 75),
+        ("gloo:all_reduce", 40, 60),
+    ]
+    shares = step_shares(events, 100.0)
+    assert shares == {"data": 0.1, "forward": 0.2, "backward": 0.2, "optimizer": 0.25,
+                      "communication": 0.2}
+
+
+def test_flag_parsing() -> None:
+    assert config_from_argv([]).profile is None
+    assert config_from_argv(["--profile"]).profile == DEFAULT_PROFILE_STEPS
+    assert config_from_argv(["--profile", "2"]).profile == 2
+
+
+def test_profile_zero_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from torchgpu.cli.main import main
+
+    assert main(["train", "--profile", "0", "--out", str(tmp_path / "o")]) == 2
+    assert "--profile 0" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_profiled_run_writes_a_trace_with_forward_and_backward(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    result = train(TrainConfig(example="housing", data_size=96, epochs=1, batch_size=16,
+                               device="cpu", out=str(tmp_path), progress="off", profile=2))
+    trace = json.loads((tmp_path / TRACE_FILE).read_text())
+    names = {event.get("name", "") for event in trace["traceEvents"]}
+    assert FORWARD_LABEL in names
+    assert any(n.startswith("autograd::engine::evaluate_function") for n in names)
+    assert any(n.startswith("Optimizer.step#") for n in names)
+    profile = result.summary["profile"]
+    assert profile["steps"] == 2 and profile["warmup_steps"] == 3
+    assert profile["shares"]["forward"] > 0 and profile["shares"]["backward"] > 0
+    assert profile["top_operators"] and profile["step_seconds"] > 0
+    assert result.summary["files"]["profile"] == str(tmp_path / TRACE_FILE)
+    err = capsys.readouterr().err
+    assert "share of step time" in err and "top operators by self time" in err
+    assert "share of step time" in (tmp_path / TABLE_FILE).read_text()
+
+
+def test_hook_untouched_without_flags(tmp_path: Path) -> None:
+    model = torch.nn.Linear(2, 1)
+    watch = Observers.start(TrainConfig(out=str(tmp_path)), model, torch.device("cpu"), 0,
+                            tmp_path, TrainState(), 10)
+    assert watch.wrap(None) is None
+    hook = print
+    assert watch.wrap(hook) is hook
+    assert (watch.profiler, watch.tensorboard, watch.memory) == (None, None, None)
+    assert not model._forward_hooks and not model._forward_pre_hooks

@@ -1,0 +1,84 @@
+"""--log tensorboard: event files hold the run's step losses (read back with TensorBoard's
+own reader) and epoch metrics; a missing tensorboard is refused before anything is
+written; importing torchgpu never imports tensorboard."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from torchgpu.errors import ConfigError
+from torchgpu.train.config import TrainConfig
+from torchgpu.train.runner import train
+from torchgpu.train.tblog import TB_DIR
+
+
+def _scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    return {tag: [(e.step, e.value) for e in accumulator.Scalars(tag)]
+            for tag in accumulator.Tags()["scalars"]}
+
+
+def test_event_files_hold_the_step_losses_and_epoch_metrics(tmp_path: Path) -> None:
+    result = train(TrainConfig(example="housing", data_size=96, epochs=2, batch_size=16,
+                               device="cpu", out=str(tmp_path), progress="off",
+                               log="tensorboard"))
+    scalars = _scalars(tmp_path / TB_DIR)
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [(r["step"], r["loss"]) for r in lines if r["kind"] == "step"]
+    epochs = [r for r in lines if r["kind"] == "epoch"]
+    assert len(steps) == result.summary["steps"] > 0
+    logged = scalars["train/loss"]
+    assert [s for s, _ in logged] == [s for s, _ in steps]
+    assert [v for _, v in logged] == pytest.approx([v for _, v in steps], rel=1e-6)
+    assert [v for _, v in scalars["test/loss"]] == pytest.approx(
+        [e["test_loss"] for e in epochs], rel=1e-6)
+    assert [s for s, _ in scalars["test/r2"]] == [e["step"] for e in epochs]
+    assert len(scalars["throughput/samples_per_s"]) == 2
+    assert all(v > 0 for _, v in scalars["memory/peak_bytes"])
+    assert result.summary["files"]["tensorboard"] == str(tmp_path / TB_DIR)
+
+
+def test_default_log_writes_no_event_files(tmp_path: Path) -> None:
+    train(TrainConfig(example="housing", data_size=64, epochs=1, device="cpu",
+                      out=str(tmp_path), progress="off"))
+    assert (tmp_path / "metrics.jsonl").is_file() and not (tmp_path / TB_DIR).exists()
+
+
+def test_missing_tensorboard_refused_before_writing(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, *args: Any) -> Any:
+        return None if name == "tensorboard" else real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match=r"torchgpu\[tensorboard\]"):
+        train(TrainConfig(example="housing", data_size=64, epochs=1, device="cpu",
+                          out=str(out), progress="off", log="tensorboard"))
+    assert not out.exists()
+
+
+def test_unknown_log_format_refused() -> None:
+    from torchgpu.train.config import validate
+
+    with pytest.raises(ConfigError, match="unknown log 'csv'"):
+        validate(TrainConfig(log="csv"))
+
+
+def test_importing_torchgpu_does_not_import_tensorboard() -> None:
+    code = ("import sys, torchgpu, torchgpu.train.runner, torchgpu.cli.train; "
+            "print(sorted(m for m in sys.modules if 'tensorboard' in m))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert done.stdout.strip() == "[]"
