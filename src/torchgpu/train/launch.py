@@ -109,7 +109,12 @@ def run(spec: LaunchSpec, target: str, target_args: Sequence[str]) -> int:
     from torch.distributed.run import get_args_parser
     from torch.distributed.run import run as torchrun
 
-    args = get_args_parser().parse_args(torchrun_args(spec, target, target_args))
+    # Only torchrun's own options go through its parser: argparse classifies every
+    # "--x" token, even after the script, so a worker flag that abbreviates one of
+    # torchrun's (--log for --log-dir) would be refused as ambiguous. The script's
+    # arguments are handed over as they are.
+    args = get_args_parser().parse_args(torchrun_args(spec, target, []))
+    args.training_script_args = list(target_args)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default, without its warning
     if spec.max_restarts > 0:
         # With the agent's TCP store shared across rounds (torch >= 2.4 default), restarted
