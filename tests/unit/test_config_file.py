@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,8 @@ from torchgpu.train.config_file import (
     settings_to_write,
     write_config,
 )
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+ (the reader falls back to tomli)
 
 TRICKY = ['plain', 'quote " inside', "back\\slash", "new\nline\ttab", "unicode é ✓",
           "control \x01 char", "C:\\path\\to\\file.py:attr", ""]
@@ -77,7 +78,7 @@ def test_missing_file_and_fit_file_are_usage_errors(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="does not exist"):
         read_settings(str(tmp_path / "nope.toml"))
     path = _write(tmp_path, 'model = "fit:Net"\n[run]\ncli = false\n')
-    with pytest.raises(UsageError, match="torchgpu.fit"):
+    with pytest.raises(UsageError, match=r"torchgpu\.fit"):
         read_settings(path)
 
 
@@ -118,3 +119,21 @@ def test_fit_runs_write_a_file_that_says_it_cannot_be_rerun(tmp_path: Path) -> N
     assert "cannot re-run" in text and tomllib.loads(text)["run"]["cli"] is False
     with pytest.raises(UsageError, match="Python objects"):
         read_settings(str(path))
+
+
+def test_fit_takes_the_new_settings_and_writes_config_toml(tmp_path: Path) -> None:
+    import torch
+    from torch.utils.data import TensorDataset
+
+    from torchgpu import fit
+
+    data = TensorDataset(torch.randn(32, 3), torch.randn(32, 1))
+    result = fit(torch.nn.Linear(3, 1), data, eval_data=data, loss=torch.nn.functional.mse_loss,
+                 epochs=1, batch_size=8, device="cpu", out=tmp_path, progress="off",
+                 profile=1, log="tensorboard", estimate_memory=True)
+    text = (tmp_path / CONFIG_FILE).read_text()
+    assert 'model = "fit:Linear"' in text and "profile = 1" in text
+    assert tomllib.loads(text)["run"]["cli"] is False
+    assert result.summary["profile"]["steps"] == 1
+    assert result.summary["memory_estimate"]["source"] == "estimate_memory"
+    assert (tmp_path / "tensorboard").is_dir()

@@ -72,7 +72,7 @@ def test_live_allocations_grouped_by_module() -> None:
 def test_refused_on_cpu_with_the_reason(tmp_path: Path) -> None:
     ms.refuse_off_cuda(False, torch.device("cpu"))  # not asked: nothing to refuse
     out = tmp_path / "out"
-    with pytest.raises(ConfigError, match="CUDA caching allocator.*trains on cpu"):
+    with pytest.raises(ConfigError, match=r"CUDA caching allocator.*trains on cpu"):
         train(TrainConfig(example="housing", data_size=64, epochs=1, device="cpu",
                           out=str(out), memory_snapshot=True))
     assert not out.exists()

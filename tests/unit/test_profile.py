@@ -87,6 +87,7 @@ def test_profiled_run_writes_a_trace_with_forward_and_backward(
     err = capsys.readouterr().err
     assert "share of step time" in err and "top operators by self time" in err
     assert "share of step time" in (tmp_path / TABLE_FILE).read_text()
+    assert not result.model._forward_hooks and not result.model._forward_pre_hooks
 
 
 def test_hook_untouched_without_flags(tmp_path: Path) -> None:
