@@ -10,6 +10,7 @@ highest step: after a resume from an earlier step the lower steps are the newer 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import warnings
@@ -26,10 +27,11 @@ from torchgpu.checkpoint.layout import (
     STATE_FILE,
     commit_order,
     is_complete,
+    read_manifest,
     read_meta,
     verify_checkpoint,
 )
-from torchgpu.errors import CheckpointError
+from torchgpu.errors import CheckpointCorruptError, CheckpointError
 
 LATEST = "latest"
 RUN_CHECKPOINTS = "checkpoints"
@@ -159,8 +161,14 @@ def find_checkpoint(path: str | Path) -> Path | None:
     name = atomic.read_pointer(parent, LATEST)
     if name is not None:
         target = parent / name
-        if _is_dir(target) and is_complete(target):
-            return target
+        if _is_dir(target):
+            # Incomplete (CheckpointCorruptError): the fallback below. A
+            # CheckpointFormatError (no permission, not a regular file) propagates: the
+            # environment, not the checkpoint, is wrong, and a fallback would hide it.
+            with contextlib.suppress(CheckpointCorruptError):
+                read_manifest(target)
+            if is_complete(target):
+                return target
         newest = _newest(parent)
         if newest is not None:
             warnings.warn(
