@@ -50,7 +50,8 @@ def verify_before_loading(directory: Path) -> dict[str, int]:
             f"{files.show(directory / MANIFEST_FILE)} is missing, so the files of "
             f"{files.show(directory)} cannot be verified (the save was interrupted, or the "
             "manifest was deleted) and nothing was loaded. Use an earlier checkpoint, or, if "
-            "you trust these files, load them unverified with verify=False")
+            "you trust these files, load them unverified from Python with verify=False "
+            "(load_state_dict / load_checkpoint)")
     return verify_checkpoint(directory)
 
 
