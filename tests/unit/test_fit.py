@@ -65,10 +65,11 @@ def test_saved_weights_load_back_into_a_fresh_model(tmp_path: Path) -> None:
     result = fit(lm_factory, TokenDataset(32), epochs=1, batch_size=8, out=tmp_path / "run",
                  **_quiet())
     state = load_file(tmp_path / "run" / "model.safetensors")
+    assert "embed.weight" in state and "head.weight" not in state  # tied: stored once
     fresh = TinyCausalLM()
     from torchgpu import load_state_dict
 
-    load_state_dict(fresh, state)
+    load_state_dict(fresh, tmp_path / "run" / "model.safetensors")  # re-tied on load
     assert fresh.head.weight is fresh.embed.weight
     for key, value in result.model.state_dict().items():
         assert torch.equal(fresh.state_dict()[key], value.cpu()), key

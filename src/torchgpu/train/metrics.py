@@ -156,14 +156,14 @@ def plot_losses(path: Path, epochs: Sequence[EpochRecord], title: str) -> None:
 def save_model(path: Path, state: Mapping[str, Any]) -> None:
     """Write ``state`` (canonical keys) as safetensors at ``path``, atomically (temporary
     sibling, fsync, rename), with the mode every other file of the run gets (0o666 less
-    the umask; safetensors' own ``save_file`` would leave a 0600 temporary file)."""
-    from safetensors.torch import save
-
+    the umask; safetensors' own ``save_file`` would leave a 0600 temporary file).
+    Tensors may sit on any device: aliases are found before they are copied to the CPU."""
     from torchgpu.checkpoint.atomic import write_file_atomic
+    from torchgpu.checkpoint.layout import model_bytes
 
-    # safetensors refuses tensors that share memory (tied weights): clone them apart.
-    data = save({k: v.detach().clone().contiguous().cpu() for k, v in state.items()},
-                metadata={"format": "pt"})
+    # Tied weights (one tensor under two names) are stored once; the other names are
+    # recorded as aliases in the file's metadata and re-created by torchgpu's loaders.
+    data, _ = model_bytes(state)
     write_file_atomic(path, data)
 
 

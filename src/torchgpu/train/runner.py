@@ -132,8 +132,8 @@ def _final_state(model: nn.Module, mode: str) -> dict[str, torch.Tensor]:
         state: dict[str, Any] = dict(get_model_state_dict(model, options=options))
     else:
         state = unwrap(model).state_dict()
-    return {k: v.detach().to("cpu").contiguous() for k, v in state.items()
-            if isinstance(v, torch.Tensor)}
+    # Left on their device: the writer finds tied weights by storage before copying.
+    return {k: v.detach() for k, v in state.items() if isinstance(v, torch.Tensor)}
 
 
 def train(config: TrainConfig, *, stop: StopFlag | None = None,
