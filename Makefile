@@ -12,7 +12,7 @@ PY := $(VENV)/bin/python
 # instead of silently keeping the one installed before.
 STAMP := $(VENV)/.installed-$(subst <,lt,$(subst >,gt,$(subst =,-,$(subst $(space),_,$(TORCH)))))
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench gpu-check clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,12 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	bash benchmarks/run.sh
+
+# The GPU check on a GPU machine with nothing installed (no venv): PART=tests|bench|train|
+# multi|all, DRY_RUN=1 prints the commands, OUT=DIR packs the results (benchmarks/gpu/).
+PART ?= all
+gpu-check:
+	PART=$(PART) DRY_RUN=$(DRY_RUN) bash benchmarks/gpu.sh
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

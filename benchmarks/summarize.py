@@ -9,7 +9,9 @@ JSON, the report and every plot, a warning when the CPU was contended, and its f
 - machines without a GPU: times only as the per-round ratios the suite measured (what
   transfers between CPUs); rates (TFLOP/s, GB/s, samples/s) relative to the best row of
   the same run; memory in bytes (counts, not timings) with a ratio to the first row;
-- GPU machines: absolute figures with the device name, plus the ratios and memory.
+- GPU machines: absolute figures with the device name, plus the ratios and memory;
+  and first, the GPU check's headline figures against their goals from
+  ``benchmarks/results/<gpu-tag>/summary.json`` (``make gpu-check``, benchmarks/gpu/).
 
 No number in the README is typed by hand.
 
@@ -32,7 +34,7 @@ RESULTS = HERE / "results"
 README = HERE / "README.md"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 ORDER = ("matmul", "transfer", "parallel", "split-sweep", "dp-ddp", "checkpointing",
-         "accumulation", "overhead")
+         "accumulation", "overhead", "resnet50-step")
 EXTRA_ORDER = ("overhead", "ddp_cpu", "pipeline_cpu")
 MEMORY_KEYS = {"saved_bytes": "saved for backward", "peak_allocated_bytes": "peak allocated"}
 Doc = dict[str, Any]
@@ -308,13 +310,75 @@ EXTRA_RENDERERS: dict[str, tuple[str, Callable[[Doc], list[str]]]] = {
 }
 
 
+# --- the GPU check's headline figures (benchmarks/gpu/kit.py writes summary.json) --------
+
+GPU_CHECK_SCHEMA = "torchgpu.gpu-check/1"
+
+
+def load_gpu_checks(root: Path = RESULTS) -> list[tuple[Path, Doc]]:
+    """Every ``<machine>/summary.json`` the GPU check wrote, by machine."""
+    found = []
+    for path in sorted(root.glob("*/summary.json")):
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as error:
+            print(f"skipping {path}: {error}", file=sys.stderr)
+            continue
+        if doc.get("schema") == GPU_CHECK_SCHEMA:
+            found.append((path, doc))
+    return found
+
+
+def gpu_figure_value(figure: Doc) -> str:
+    value, unit = figure.get("value"), figure.get("unit", "")
+    if value is None:
+        return f"not measured ({figure.get('missing')})"
+    if unit == "fraction":
+        return f"{value * 100:.0f}%"
+    if unit == "error":
+        return f"{value * 100:+.1f}%"
+    if unit.startswith("x"):
+        return f"{value:.3g}{unit}"
+    return f"{value:.1f} {unit}"
+
+
+def gpu_check(path: Path, doc: Doc, root: Path) -> list[str]:
+    """One machine's GPU check: the quoted figures against their goals, the steps'
+    outcome, and what needs 2 GPUs; the suites' own rows follow in their sections."""
+    counts = ", ".join(f"{n} {status}" for status, n in doc.get("counts", {}).items())
+    lines = [f"### GPU check: {doc.get('tag', path.parent.name)}", "",
+             f"*{doc.get('device_name') or '?'}; torch {doc.get('torch') or '?'}, git "
+             f"{doc.get('git') or '?'}; steps: {counts or 'none run'}* — "
+             f"[summary.md]({link(path.parent / 'summary.md', root)}) · "
+             f"[summary.json]({link(path, root)})", "",
+             "| figure | value | goal | verdict | detail |", "|---|---|---|---|---|"]
+    for f in doc.get("figures", []):
+        met = f.get("met")
+        verdict = ("met" if met else "missed") if met is not None else (
+            "—" if f.get("value") is not None else "no data")
+        lines.append(f"| {f['label']} | {gpu_figure_value(f)} | {f.get('goal') or '—'} | "
+                     f"{verdict} | {f.get('detail') or f.get('source', '')} |")
+    lines.append("")
+    failed = [s["name"] for s in doc.get("steps", []) if s.get("status") in ("fail",
+                                                                              "timeout")]
+    if failed:
+        lines += [f"- steps that failed: {', '.join(failed)} (see summary.md)", ""]
+    multi = doc.get("needs_2_gpus", [])
+    if multi:
+        lines += [f"- needs 2 GPUs, not run here: {', '.join(m['name'] for m in multi)} "
+                  "(`make gpu-check PART=multi` on such a machine)", ""]
+    return lines
+
+
 def render(root: Path = RESULTS) -> str:
-    """The generated Markdown: one section per suite and extra benchmark, one table each
-    per machine."""
-    results, extras = load(root), load_extras(root)
-    if not results and not extras:
+    """The generated Markdown: the GPU checks' headline figures, then one section per suite
+    and extra benchmark, one table each per machine (CPU and GPU rows side by side)."""
+    results, extras, checks = load(root), load_extras(root), load_gpu_checks(root)
+    if not results and not extras and not checks:
         return "_No result files yet: run `make bench` (benchmarks/run.sh)._\n"
     out: list[str] = []
+    for path, doc in checks:
+        out += gpu_check(path, doc, root)
     current = None
     for path, doc in results:
         if doc["suite"] != current:

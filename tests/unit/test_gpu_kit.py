@@ -1,0 +1,354 @@
+"""The GPU check (benchmarks/gpu/) kept alive without a GPU: every command it would run
+parses with the real parsers, scripts exist and accept their flags, the budgets fit the
+9-minute limit, the tag table, the packer, the summary and its README rendering, and one
+cheap step run for real on the CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+KIT = REPO / "benchmarks" / "gpu"
+sys.path.insert(0, str(KIT))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import kit  # noqa: E402
+import pack  # noqa: E402
+import parsecheck  # noqa: E402
+import steps  # noqa: E402
+import summarize  # noqa: E402
+import summary  # noqa: E402
+from tag import gpu_tag  # noqa: E402
+
+GIB = 2**30
+CTX = steps.Ctx(repo=REPO, results="benchmarks/results/test-gpu",
+                scratch="runs/gpu-kit/test-gpu")
+
+
+def dry_run(*args: str) -> str:
+    done = subprocess.run([sys.executable, str(KIT / "kit.py"), "--dry-run", *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize("part", ["tests", "bench", "train", "multi", "all"])
+def test_dry_run_lists_every_step_of_the_part(part: str) -> None:
+    text = dry_run("--part", part, "--tag", "test-gpu", "--threads", "16")
+    plan = steps.make_plan(part)
+    assert plan.steps
+    for step in plan.steps:
+        assert f"] {step.name} (" in text
+        assert kit.display(step.command(CTX), step.environment(CTX)) in text
+    if part != "multi":  # what needs 2 GPUs is listed with its command, not dropped
+        assert "needs 2 GPUs" in text
+        for step in steps.multi_gpu_steps():
+            assert f"{step.name}: " in text
+
+
+def test_make_dry_run_prints_the_commands() -> None:
+    done = subprocess.run(["make", "-s", "gpu-check", "DRY_RUN=1", "PART=bench"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "python3 -m torchgpu bench matmul --device cuda:0" in done.stdout
+    assert "benchmarks/results/<gpu-tag>/matmul" in done.stdout
+
+
+@pytest.mark.parametrize("step", steps.STEPS, ids=lambda s: s.name)
+def test_every_command_parses_with_the_real_parser(step: steps.Step) -> None:
+    argv = step.command(CTX)
+    checked = parsecheck.check_command(REPO, argv)
+    assert checked
+
+
+@pytest.mark.parametrize("argv", [
+    ["py", "-m", "torchgpu", "train", "--no-such-flag"],
+    ["py", "-m", "torchgpu", "train", "--strategy", "pipeline", "--devices", "cpu,cpu",
+     "--device", "cpu"],
+    ["py", "-m", "torchgpu", "train", "--precision", "fp8"],
+    ["py", "-m", "torchgpu", "bench", "no-such-suite"],
+    ["py", "-m", "torchgpu", "bench", "matmul", "--size", "medium"],
+    ["py", "-m", "torchgpu", "no-such-verb"],
+    ["py", "benchmarks/gpu/resnet_step.py", "--out", "x", "--no-such-flag"],
+    ["py", "benchmarks/gpu/no_such_script.py"],
+    ["py", "-m", "pytest", "tests/no_such_test.py"],
+])
+def test_the_parse_check_refuses_what_would_fail(argv: list[str]) -> None:
+    with pytest.raises(parsecheck.CommandError):
+        parsecheck.check_command(REPO, argv)
+
+
+def test_scripts_exist_and_compile() -> None:
+    scripts = {a for s in steps.STEPS for a in s.command(CTX) if a.endswith(".py")}
+    assert {"benchmarks/gpu/resnet_step.py", "benchmarks/gpu/memory_check.py"} <= scripts
+    for path in scripts:
+        compile((REPO / path).read_text(), path, "exec")
+    assert os.access(REPO / "benchmarks" / "gpu.sh", os.X_OK)
+
+
+def test_budgets_fit_nine_minutes_and_each_part_a_device_call() -> None:
+    one_gpu = [s for s in steps.STEPS if s.part in steps.ONE_GPU_PARTS]
+    assert sum(s.budget_s for s in one_gpu) <= steps.ALL_DEADLINE_S - steps.RESERVE_S
+    assert steps.ALL_DEADLINE_S <= 9 * 60
+    for part in steps.PARTS:
+        total = sum(s.budget_s for s in steps.STEPS if s.part == part)
+        assert total <= steps.PART_DEADLINE_S - steps.RESERVE_S, part
+    assert len({s.name for s in steps.STEPS}) == len(steps.STEPS)
+
+
+def test_the_plan_covers_the_spec() -> None:
+    names = {s.name for s in steps.STEPS}
+    for suite in ("matmul", "transfer", "checkpointing", "accumulation", "parallel",
+                  "split-sweep", "overhead"):
+        assert f"bench-{suite}" in names
+    assert {"train-fp32", "train-bf16", "train-auto-batch", "train-oom-backoff",
+            "estimate-memory", "devices", "env", "doctor", "tests-gpu"} <= names
+    multi = " ".join(" ".join(s.command(CTX)) for s in steps.multi_gpu_steps())
+    for needed in ("dp-ddp", "--strategy ddp", "--strategy dp", "--strategy model",
+                   "--strategy pipeline"):
+        assert needed in multi
+
+
+def test_cuda_test_files_are_the_suites_files_that_mention_cuda() -> None:
+    files = steps.cuda_test_files(REPO)
+    assert "tests/unit/test_transfer.py" in files
+    assert "tests/unit/test_gpu_kit.py" not in files
+    for name in files:
+        assert "cuda" in (REPO / name).read_text()
+
+
+def test_unknown_step_or_part_is_refused() -> None:
+    with pytest.raises(ValueError, match="no step named nope"):
+        steps.make_plan("bench", ["nope"])
+    with pytest.raises(ValueError, match="PART='gpu'"):
+        steps.make_plan("gpu")
+
+
+@pytest.mark.parametrize(("name", "total", "tag"), [
+    ("NVIDIA H100 80GB HBM3", int(79.19 * GIB), "h100-sxm-80gb"),
+    ("NVIDIA H100 PCIe", int(79.6 * GIB), "h100-pcie-80gb"),
+    ("NVIDIA H100 NVL", int(93.1 * GIB), "h100-nvl-94gb"),
+    ("NVIDIA H200", int(139.8 * GIB), "h200-sxm-141gb"),
+    ("NVIDIA A100-SXM4-80GB", None, "a100-sxm4-80gb"),
+    ("NVIDIA A100-PCIE-40GB", int(39.4 * GIB), "a100-pcie-40gb"),
+    ("Tesla V100-SXM2-16GB", None, "v100-sxm2-16gb"),
+    ("NVIDIA GeForce RTX 4090", int(23.6 * GIB), "rtx-4090-24gb"),
+    ("NVIDIA L4", int(22.5 * GIB), "l4-24gb"),
+    ("NVIDIA RTX A6000", int(47.5 * GIB), "rtx-a6000-48gb"),
+    ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", int(9.8 * GIB), "h100-sxm-mig-1g-10gb"),
+    ("Some Card", None, "some-card"),
+    ("Odd GPU", 28 * GIB, "odd-28gb"),
+])
+def test_gpu_tag(name: str, total: int | None, tag: str) -> None:
+    assert gpu_tag(name, total) == tag
+
+
+def test_gpu_tag_refuses_an_empty_name() -> None:
+    with pytest.raises(ValueError, match="no letters"):
+        gpu_tag(" - ")
+
+
+def test_packer_writes_one_small_archive(tmp_path: Path, monkeypatch: Any) -> None:
+    results = tmp_path / "h100-sxm-80gb"
+    (results / "matmul").mkdir(parents=True)
+    (results / "matmul" / "results.json").write_text('{"suite": "matmul"}')
+    (results / "summary.md").write_text("# GPU check\n")
+    (results / "big.bin").write_bytes(b"\0" * 2048)
+    monkeypatch.setattr(pack, "FILE_MAX_BYTES", 1024)
+    archive, skipped = pack.pack(results, tmp_path / "out", "gpu-h100-sxm-80gb-bench.tar.gz")
+    assert archive == tmp_path / "out" / "gpu-h100-sxm-80gb-bench.tar.gz"
+    assert [s.split(" ")[0] for s in skipped] == ["big.bin"]
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+        note = tar.extractfile("h100-sxm-80gb/kit/packing-gpu-h100-sxm-80gb-bench.txt")
+        assert note is not None and b"big.bin" in note.read()
+    assert {"h100-sxm-80gb/matmul/results.json", "h100-sxm-80gb/summary.md"} <= names
+    assert "h100-sxm-80gb/big.bin" not in names
+    assert pack.archive_name("x", ("tests",)) != pack.archive_name("x", ("bench",))
+
+
+# --- the summary, on fake results ---------------------------------------------------------
+
+
+def measurement(name: str, median: float, unit: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "median": median, "min": median * 0.9, "max": median * 1.1,
+            "unit": unit, "n": 3, "threads": 1, "samples": [median] * 3, "extra": extra}
+
+
+def ratio(num: str, den: str, median: float) -> dict[str, Any]:
+    return {"name": f"{num}/{den}", "numerator": num, "denominator": den, "median": median,
+            "min": median * 0.95, "max": median * 1.05, "samples": [median] * 3}
+
+
+def suite_doc(suite: str, measurements: list[Any], ratios: list[Any] = (),  # type: ignore[assignment]
+              verdicts: list[str] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+    return {"schema": "torchgpu.bench/2", "suite": suite, "quick": False,
+            "devices": [{"spec": "cpu", "name": "AMD EPYC"},
+                        {"spec": "cuda:0", "name": "NVIDIA H100 80GB HBM3"}],
+            "device_names": ["AMD EPYC", "NVIDIA H100 80GB HBM3"], "torch": "2.11.0",
+            "git": "abc123", "threads": 1, "measurements": list(measurements),
+            "ratios": list(ratios), "verdicts": list(verdicts), "notes": [], "plots": [],
+            "config": {}}
+
+
+def fake_results(root: Path) -> Path:
+    results = root / "h100-sxm-80gb"
+
+    def put(rel: str, data: Any) -> None:
+        path = results / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data))
+
+    put("transfer/results.json", suite_doc("transfer", [
+        measurement("H2D pageable cuda:0 256 MiB", 20.0, "GB/s", size_mib=256),
+        measurement("H2D pinned cuda:0 4 MiB", 30.0, "GB/s", size_mib=4),
+        measurement("H2D pinned cuda:0 256 MiB", 52.5, "GB/s", size_mib=256),
+        measurement("H2D pinned non_blocking cuda:0 256 MiB", 53.0, "GB/s", size_mib=256),
+        measurement("copy hidden by Prefetcher cuda:0", 0.93, "fraction")],
+        verdicts=["H2D pinned vs pageable: 2.6x the bandwidth: claim holds"]))
+    put("resnet50-step/results.json", suite_doc("resnet50-step", [], [
+        ratio("raw loop fp32", "raw loop bf16", 1.7),
+        ratio("torchgpu loop fp32", "raw loop fp32", 1.01),
+        ratio("torchgpu loop bf16", "raw loop bf16", 1.03)]))
+    put("memory/estimate.json", {"goal": 0.15, "rows": [
+        {"model": "resnet50", "precision": "fp32", "input": [64, 3, 128, 128],
+         "estimated_bytes": 110, "measured_bytes": 100, "error": 0.10, "within_goal": True},
+        {"model": "transformer", "precision": "bf16", "input": [16, 256],
+         "estimated_bytes": 80, "measured_bytes": 100, "error": -0.20, "within_goal": False},
+    ]})
+    for name, speed in (("train-fp32", 1000.0), ("train-bf16", 2200.0)):
+        put(f"train/{name}/summary.json", {
+            "strategy": "single", "precision": name[6:], "batch_size": 256, "world_size": 1,
+            "throughput_samples_per_s": speed, "devices": [
+                {"peak_memory_bytes": 9 * GIB, "estimated_peak_bytes": 8 * GIB}]})
+    put("kit/steps-bench.json", [
+        {"name": "bench-transfer", "part": "bench", "status": "pass", "rc": 0, "seconds": 9.5,
+         "budget_s": 20, "command": "python3 -m torchgpu bench transfer", "tail": "ok"},
+        {"name": "bench-overhead", "part": "bench", "status": "fail", "rc": 1,
+         "seconds": 3.0, "budget_s": 20, "command": "python3 -m torchgpu bench overhead",
+         "problem": "exit code 1", "tail": "Traceback: boom"}])
+    return results
+
+
+def test_summary_of_fake_results(tmp_path: Path) -> None:
+    results = fake_results(tmp_path)
+    multi = [("multi-dp-ddp", "python3 -m torchgpu bench dp-ddp --device cuda:0,cuda:1", "")]
+    doc = summary.write(results, multi=multi)
+    figures = {f["key"]: f for f in doc["figures"]}
+    assert figures["pinned_h2d_gbps"]["value"] == 52.5  # the largest size, blocking
+    assert figures["prefetch_hidden_share"]["met"] is True
+    assert figures["bf16_vs_fp32_resnet50"]["value"] == 1.7
+    assert figures["bf16_vs_fp32_resnet50"]["met"] is False
+    assert "2.20x the samples/s" in figures["bf16_vs_fp32_resnet50"]["detail"]
+    assert figures["loop_overhead_resnet50"]["met"] is True
+    assert figures["memory_estimate_error"]["value"] == -0.20  # the worst model
+    assert figures["memory_estimate_error"]["met"] is False
+    assert doc["counts"] == {"pass": 1, "fail": 1, "needs 2 GPUs": 1}
+    assert doc["claims"][0]["verdict"].endswith("claim holds")
+    assert doc["needs_2_gpus"][0]["command"].endswith("cuda:0,cuda:1")
+    assert doc["device_name"] == "NVIDIA H100 80GB HBM3"
+    assert json.loads((results / "summary.json").read_text())["schema"] == summary.SCHEMA
+    md = (results / "summary.md").read_text()
+    assert "| share of copy time the Prefetcher hides | 93% | >= 90% | met |" in md
+    assert "| estimate_memory vs max_memory_allocated (worst model) | -20.0% |" in md
+    assert "## bench-overhead: exit code 1" in md and "Traceback: boom" in md
+    assert "multi-dp-ddp: `python3 -m torchgpu bench dp-ddp" in md
+
+
+def test_summary_says_what_is_missing(tmp_path: Path) -> None:
+    doc = summary.build(tmp_path / "empty-gpu")
+    for figure in doc["figures"]:
+        assert figure["value"] is None and figure["missing"].startswith("run PART=")
+    assert "not measured (run PART=bench" in summary.render(doc)
+
+
+def test_readme_renderer_puts_the_gpu_check_beside_the_cpu_rows(tmp_path: Path) -> None:
+    results = fake_results(tmp_path)
+    summary.write(results)
+    cpu = tmp_path / "cpu-2c-test" / "overhead"
+    cpu.mkdir(parents=True)
+    (cpu / "results.json").write_text(json.dumps({**suite_doc("overhead", [
+        measurement("raw loop (tiny)", 0.5, "s")]), "devices": [{"spec": "cpu",
+                                                              "name": "AMD EPYC"}]}))
+    text = summarize.render(tmp_path)
+    assert "### GPU check: h100-sxm-80gb" in text
+    assert "| share of copy time the Prefetcher hides | 93% | >= 90% | met |" in text
+    assert "[summary.md](" in text
+    assert "cpu-2c-test" in text  # the CPU suite rows are still there
+    assert text.index("GPU check") < text.index("### overhead")
+
+
+def test_check_functions_read_the_runs_outputs(tmp_path: Path) -> None:
+    run = tmp_path / "train-oom-backoff"
+    run.mkdir()
+    log = tmp_path / "log"
+    (run / "summary.json").write_text(json.dumps({"steps": 3, "oom_backoffs": [],
+                                                  "throughput_samples_per_s": 5.0}))
+    assert "no OOM back-off" in (kit.check_oom_backoff(run, log, CTX) or "")
+    (run / "summary.json").write_text(json.dumps({"steps": 3, "oom_backoffs": [{"to": 4}],
+                                                  "throughput_samples_per_s": 5.0}))
+    assert kit.check_oom_backoff(run, log, CTX) is None
+    (run / "summary.json").write_text(json.dumps({"batch_size": 6000,
+                                                  "config": {"data_size": 9000}}))
+    assert "hit the data" in (kit.check_auto_batch(run, log, CTX) or "")
+    (run / "summary.json").write_text(json.dumps({"batch_size": 1400,
+                                                  "config": {"data_size": 9000}}))
+    assert kit.check_auto_batch(run, log, CTX) is None
+
+
+def test_a_step_past_its_budget_is_stopped_and_recorded(tmp_path: Path) -> None:
+    step = steps.Step("sleepy", "bench", 1, ("{py}", "-c", "import time; time.sleep(30)"))
+    ctx = steps.Ctx(device="cpu", py=sys.executable, repo=REPO, results=str(tmp_path),
+                    scratch=str(tmp_path / "scratch"))
+    record = kit.run_step(step, ctx, tmp_path, timeout_s=1)
+    assert record["status"] == "timeout" and record["rc"] is None
+    assert record["seconds"] < 15
+
+
+def test_the_deadline_stops_starting_steps(tmp_path: Path) -> None:
+    quick = steps.Step("quick", "bench", 5, ("{py}", "-c", "print('hi')"))
+    late = steps.Step("late", "bench", 5, ("{py}", "-c", "print('late')"))
+    ctx = steps.Ctx(device="cpu", py=sys.executable, repo=REPO, results=str(tmp_path),
+                    scratch=str(tmp_path / "scratch"))
+    ticks = iter([0.0, 0.0, 100.0])  # deadline set, first step starts, then time is up
+    plan = steps.Plan((quick, late), deadline_s=steps.RESERVE_S + 20)
+    records = kit.run_plan(plan, ctx, tmp_path, kit.Machine("GPU", None, 1),
+                           clock=lambda: next(ticks))
+    assert [r["status"] for r in records] == ["pass", "not run"]
+    assert "out of time" in records[1]["problem"]
+    saved = json.loads((tmp_path / "kit" / "steps-bench.json").read_text())
+    assert [r["name"] for r in saved] == ["quick", "late"]
+
+
+def test_kit_runs_cheap_steps_for_real_on_the_cpu(tmp_path: Path) -> None:
+    """The smoke test: the driver, a real step, the records, the summary and the archive."""
+    env = {**os.environ, "OUT": str(tmp_path / "out")}
+    done = subprocess.run(
+        [sys.executable, str(KIT / "kit.py"), "--device", "cpu", "--part", "train",
+         "--only", "env,devices", "--tag", "cpu-smoke", "--results", str(tmp_path / "res"),
+         "--scratch", str(tmp_path / "scratch")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = tmp_path / "res" / "cpu-smoke"
+    records = json.loads((results / "kit" / "steps-train.json").read_text())
+    assert [(r["name"], r["status"]) for r in records] == [("devices", "pass"),
+                                                            ("env", "pass")]
+    assert json.loads((results / "kit" / "logs" / "env.log").read_text())["versions"]["torch"]
+    doc = json.loads((results / "summary.json").read_text())
+    assert doc["counts"]["pass"] == 2 and doc["needs_2_gpus"]
+    with tarfile.open(tmp_path / "out" / "gpu-cpu-smoke-train.tar.gz") as tar:
+        assert "cpu-smoke/summary.md" in tar.getnames()
+
+
+def test_kit_refuses_a_machine_without_a_gpu(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setattr(kit, "detect", lambda py: kit.Machine(None, None, 0))
+    assert kit.main(["--part", "bench", "--results", str(tmp_path)]) == 2
+    assert not any(tmp_path.iterdir())
