@@ -245,8 +245,9 @@ def run_step(step: Step, ctx: Ctx, results: Path, timeout_s: float) -> dict[str,
     env = step.environment(ctx)
     log = results / "kit" / "logs" / f"{step.name}.log"
     record = base_record(step, ctx)
+    scratch = REPO / ctx.scratch  # commands run in the repository root: paths are from there
     if step.outputs == "train":
-        out = Path(ctx.scratch) / step.name
+        out = scratch / step.name
         if out.exists():
             shutil.rmtree(out)  # our own scratch: a re-run replaces the earlier run
         shutil.rmtree(results / "train" / step.name, ignore_errors=True)
@@ -255,7 +256,7 @@ def run_step(step: Step, ctx: Ctx, results: Path, timeout_s: float) -> dict[str,
     record.update(rc=rc, seconds=round(seconds, 1), timeout_s=round(timeout_s),
                   log=log.relative_to(results).as_posix())
     if step.outputs == "train":
-        record["left_in_scratch"] = collect_train(Path(ctx.scratch) / step.name,
+        record["left_in_scratch"] = collect_train(scratch / step.name,
                                                   results / "train" / step.name)
     if rc is None:
         record.update(status="timeout", problem=f"ran past its {timeout_s:.0f} s budget")

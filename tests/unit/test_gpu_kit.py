@@ -352,3 +352,40 @@ def test_kit_refuses_a_machine_without_a_gpu(tmp_path: Path, monkeypatch: Any) -
     monkeypatch.setattr(kit, "detect", lambda py: kit.Machine(None, None, 0))
     assert kit.main(["--part", "bench", "--results", str(tmp_path)]) == 2
     assert not any(tmp_path.iterdir())
+
+
+def test_device_marker_selects_the_run_device_tests_and_cuda_skips_without_a_gpu() -> None:
+    """`-m device` picks exactly the tests taking `run_device`; TORCHGPU_TEST_DEVICE=cuda
+    moves them to the GPU, and says so where there is none."""
+    import torch
+
+    target = "tests/gpu/test_on_device.py"
+    expected = (REPO / target).read_text().count("(run_device: torch.device")
+    env = {**os.environ, "TORCHGPU_TEST_DEVICE": "cuda"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                           "-p", "no:xdist", "-m", "device", target, "tests/unit/test_oom.py"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    if torch.cuda.is_available():
+        assert f"{expected} passed" in done.stdout
+    else:
+        assert f"{expected} skipped" in done.stdout
+        assert "TORCHGPU_TEST_DEVICE=cuda but no CUDA GPU is visible" in done.stdout
+    assert "deselected" in done.stdout  # test_oom.py takes no device: not selected
+
+
+def test_a_train_step_is_collected_and_checked(tmp_path: Path) -> None:
+    """A real (small) `torchgpu train` run through the kit: its small files are copied into
+    the results, and the train check reads the summary it wrote."""
+    step = steps.Step("train-housing", "train", 120, steps.torchgpu(
+        "train", "--example", "housing", "--device", "{dev}", "--epochs", "1",
+        "--data-size", "64", "--progress", "plain", "--out", "{scratch}/{name}"),
+        outputs="train", check="train")
+    ctx = steps.Ctx(device="cpu", py=sys.executable, repo=REPO, results=str(tmp_path / "res"),
+                    scratch=str(tmp_path / "scratch"))
+    record = kit.run_step(step, ctx, tmp_path / "res", timeout_s=120)
+    assert record["status"] == "pass", record
+    copied = tmp_path / "res" / "train" / "train-housing"
+    assert json.loads((copied / "summary.json").read_text())["steps"] > 0
+    assert (tmp_path / "scratch" / "train-housing" / "summary.json").exists()
