@@ -131,7 +131,7 @@ STEPS: tuple[Step, ...] = (
     Step("bench-checkpointing", "bench", 20, bench("checkpointing")),
     Step("bench-accumulation", "bench", 20, bench("accumulation")),
     Step("bench-parallel", "bench", 25, bench("parallel")),
-    Step("bench-split-sweep", "bench", 40, bench("split-sweep")),
+    Step("bench-split-sweep", "bench", 34, bench("split-sweep")),
     Step("bench-overhead", "bench", 20, bench("overhead")),
     Step("bench-resnet50-step", "bench", 30, script(
         "benchmarks/gpu/resnet_step.py", "--device", "{dev0}",
@@ -143,12 +143,20 @@ STEPS: tuple[Step, ...] = (
          "--batch-size", "256", "--estimate-memory"), outputs="train", check="train"),
     Step("train-bf16", "train", 20, train("--precision", "bf16", "--data-size", "3072",
          "--batch-size", "256", "--estimate-memory"), outputs="train", check="train"),
-    Step("train-auto-batch", "train", 35, train("--batch-size", "auto", "--data-size",
+    Step("train-auto-batch", "train", 33, train("--batch-size", "auto", "--data-size",
          "9000"), outputs="train", check="auto_batch", needs="cuda"),
     Step("train-oom-backoff", "train", 30, train("--batch-size", "8192", "--data-size",
          "12288"), outputs="train", check="oom_backoff", needs="cuda",
          note="8192 images of 128x128 need ~270 GB in fp32: the first step runs out of "
               "memory and the back-off halves the micro-batch until it fits"),
+    # A user's model through the same engine: the test suite's causal LM (dict batches,
+    # .loss, tied embeddings) from file specs, bf16, the batch size searched on the GPU.
+    Step("train-user-model", "train", 10, torchgpu(
+        "train", "--model", "tests/user_models.py:lm_factory", "--data",
+        "tests/user_models.py:lm_data", "--device", "{dev}", "--precision", "bf16",
+        "--batch-size", "auto", "--effective-batch-size", "64", "--epochs", "2",
+        "--progress", "plain", "--out", "{scratch}/{name}"), outputs="train", check="train",
+         needs="cuda"),
     Step("train-memory-snapshot", "train", 15, train("--data-size", "96", "--batch-size",
          "16", "--memory-snapshot"), outputs="train", check="memory_snapshot", needs="cuda"),
     Step("estimate-memory", "train", 30, script(
