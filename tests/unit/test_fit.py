@@ -222,3 +222,73 @@ def test_activation_checkpointing_finds_the_blocks_and_keeps_the_weights(
     for (name, a), b in zip(plain.model.state_dict().items(), ckpt.model.state_dict().values(),
                             strict=True):
         assert torch.equal(a, b), name  # dropout included: the recompute replays its RNG
+
+
+def _oom_above(limit: int, seen: list[int]) -> Any:
+    """A forward pre-hook: ``torch.OutOfMemoryError`` for a training batch of more than
+    ``limit`` rows, as a device of that size would raise."""
+    def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if not module.training:
+            return
+        rows = int(kwargs["input_ids"].shape[0])  # called as model(**batch)
+        seen.append(rows)
+        if rows > limit:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {rows} rows")
+
+    return hook
+
+
+def test_oom_backoff_on_dict_batches_equals_the_smaller_batch(tmp_path: Path) -> None:
+    def sgd(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        return torch.optim.SGD(params, lr=0.5)
+
+    seen: list[int] = []
+
+    def limited() -> TinyCausalLM:
+        model = TinyCausalLM(dropout=0.0)
+        model.register_forward_pre_hook(_oom_above(4, seen), with_kwargs=True)
+        return model
+
+    backed = fit(limited, TokenDataset(32), epochs=1, batch_size=16, optimizer=sgd,
+                 out=tmp_path / "a", **_quiet())
+    small = fit(lambda: TinyCausalLM(dropout=0.0), TokenDataset(32), epochs=1, batch_size=4,
+                accumulate=4, optimizer=sgd, out=tmp_path / "b", **_quiet())
+    assert seen[:2] == [16, 8] and max(seen[2:]) == 4  # halved until it fits
+    assert len(backed.summary["oom_backoffs"]) == 2
+    for (name, a), b in zip(small.model.state_dict().items(),
+                            backed.model.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_nan_loss_on_dict_batches_stops_or_is_skipped(tmp_path: Path) -> None:
+    from torchgpu.errors import NonFiniteLossError
+
+    def poisoned() -> TinyCausalLM:
+        model = TinyCausalLM()
+        calls = {"n": 0}
+
+        def hook(module: nn.Module, args: Any, kwargs: dict[str, Any], out: Any) -> Any:
+            if module.training:
+                calls["n"] += 1
+                if calls["n"] == 3:
+                    out.loss = out.loss * float("nan")
+            return out
+
+        model.register_forward_hook(hook, with_kwargs=True)
+        return model
+
+    with pytest.raises(NonFiniteLossError, match="step 3"):
+        fit(poisoned, TokenDataset(32), epochs=1, batch_size=8, out=tmp_path / "stop",
+            **_quiet())
+    skipped = fit(poisoned, TokenDataset(32), epochs=1, batch_size=8, on_nonfinite="skip",
+                  out=tmp_path / "skip", **_quiet())
+    assert skipped.summary["skipped_steps"] == 1 and skipped.summary["steps"] == 3
+    assert all(torch.isfinite(p).all() for p in skipped.model.parameters())
+
+
+def test_bf16_autocast_on_dict_batches(tmp_path: Path) -> None:
+    result = fit(lm_factory, TokenDataset(16), eval_data=TokenDataset(8, seed=1), epochs=1,
+                 batch_size=8, precision="bf16", out=tmp_path / "run", **_quiet())
+    assert result.summary["precision"] == "bf16"
+    assert result.summary["final"]["test_loss"] is not None
+    assert all(p.dtype == torch.float32 for p in result.model.parameters())  # weights stay fp32

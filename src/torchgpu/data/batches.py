@@ -123,7 +123,8 @@ def install_call_convention(model: nn.Module) -> RemovableHandle:
     canonical and DDP, DataParallel and FSDP (which call the inner module with the batch
     they scattered) need no change.
     """
-    return model.register_forward_pre_hook(_spread, with_kwargs=True)
+    # prepend: the user's own pre-hooks then see the call exactly as model(**batch) makes it
+    return model.register_forward_pre_hook(_spread, with_kwargs=True, prepend=True)
 
 
 def output_loss(output: Any, batch: Any) -> Tensor:
