@@ -310,8 +310,14 @@ def main(argv: list[str]) -> int:
                 print(auto_note, file=sys.stderr)
             return _relaunch(resolved, nproc)
     from torchgpu.train.runner import train
+    from torchgpu.train.state import StopFlag
 
-    result = train(config, task=task)
+    stop = StopFlag()
+    # SIGTERM/SIGINT from here on set the flag (a launcher forwards them to every
+    # worker): one that lands while data and model are built, or in a collective, is
+    # honoured at the first step boundary instead of killing the process unsaved.
+    with stop.installed():
+        result = train(config, task=task, stop=stop)
     if result.out_dir is None:  # not rank 0: rank 0 reports
         return 0
     if config.json:

@@ -23,9 +23,15 @@ This module keeps the promises with no extra communication in the hot path:
   each agreement replaces them with the mean over ranks.
 
 A stop flag set by a signal on one rank is therefore honoured at the first agreement
-after it (at most about ``period_s`` seconds plus one step later), on every rank at the
-same boundary. Code that runs at a boundary on every rank alike (a checkpoint save, a
-step limit) calls :func:`torchgpu.train.loop.sync_now` to agree *at that boundary*.
+after it (at most about ``period_s`` seconds plus one step later, or the epoch's end if
+that comes first), on every rank at the same boundary. A stop once agreed stays agreed
+for the agreement's life: the epoch-end agreement's answer is the loop's answer too
+(with epochs shorter than the period it is the only one), and a later :meth:`begin`
+does not forget it. When the ranks agree to stop, they also exchange why and at which
+step each one is (once, at the stop): every rank's :class:`StopFlag` then names the
+reason and holds ``steps_by_rank``. Code that runs at a boundary on every rank alike (a
+checkpoint save, a step limit) calls :func:`torchgpu.train.loop.sync_now` to agree *at
+that boundary*.
 """
 
 from __future__ import annotations
@@ -109,10 +115,12 @@ class RankAgreement:
 
     Call :meth:`begin` when an epoch (or the rest of one) starts, :meth:`boundary` at
     every optimizer-step boundary (every rank reaches the same boundaries), and
-    :meth:`agree` at the epoch end. ``every`` starts at ``first_every`` and then follows
+    :meth:`agree` at the epoch end; a True from either means "stop at this boundary",
+    on every rank alike. ``every`` starts at ``first_every`` and then follows
     the measured step time so agreements are about ``period_s`` apart (never more than
     ``max_every`` steps, growing at most 8x per agreement); it is computed from reduced
-    values, so every rank computes the same schedule.
+    values, so every rank computes the same schedule. ``stop_agreed`` is sticky: once
+    True it stays True (the run is stopping), across :meth:`begin` calls too.
     """
 
     def __init__(self, world_size: int, *, period_s: float = 0.5, first_every: int = 1,
@@ -133,13 +141,15 @@ class RankAgreement:
         self._synced_sum = 0.0
 
     def begin(self, state: TrainState, records: StepRecords, stop: StopFlag | None) -> None:
-        """Start tracking ``state``; its losses so far are taken as already global."""
+        """Start tracking ``state``; its losses so far are taken as already global.
+
+        A stop agreed earlier is kept (:meth:`boundary` answers True at once): forgetting
+        it here let a run whose stop was agreed at an epoch's end train on."""
         self._state, self._records, self._stop = state, records, stop
         self._synced_steps = len(state.step_losses)
         self._synced_sum = state.epoch_loss_sum
         self._since = 0
         self._last = time.perf_counter()
-        self.stop_agreed = False
 
     def boundary(self) -> bool:
         """At an optimizer-step boundary: True when the ranks agreed to stop here.
@@ -177,9 +187,27 @@ class RankAgreement:
         self._synced_sum = state.epoch_loss_sum
         self._since = 0
         self._last = time.perf_counter()
-        if got[0] > 0:
+        if got[0] > 0 and not self.stop_agreed:
             self.stop_agreed = True
+            self._share_stop(state.step)
         return self.stop_agreed
+
+    def _share_stop(self, step: int) -> None:
+        """Once, when the ranks agreed to stop (every rank, same boundary): gather why each
+        rank stopped and at which step, so the flag of a rank that got no signal names
+        the rank that did, and the run can show that every rank stopped at one step."""
+        import torch.distributed as dist
+
+        mine = self._stop.signal_name if self._stop is not None else None
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, (mine, step))
+        if self._stop is None:
+            return
+        if mine is None:  # the stop came from another rank's flag
+            reason = next(((r, name) for r, (name, _) in enumerate(gathered) if name), None)
+            self._stop.set(f"{reason[1]} on rank {reason[0]}" if reason
+                           else "a stop on another rank")
+        self._stop.steps_by_rank = [int(s) for _, s in gathered]
 
     def _patch_records(self, last_step: int, means: list[float]) -> None:
         # The records of the pending steps are the newest ones, if nobody took them yet.

@@ -5,20 +5,37 @@ port by default (c10d rendezvous), or the multi-node flags passed through
 (``--nnodes``, ``--node-rank``, ``--rdzv-endpoint``, rendezvous c10d). :func:`run`
 runs the elastic agent here and turns a worker failure into an exit code with a
 one-line reason instead of torchrun's traceback. No home-made transport.
+
+Signals: while :func:`run` runs, SIGTERM and SIGINT sent to the launcher (to it alone,
+or to its process group: torchrun starts each worker in a session of its own, so a
+group signal reaches the launcher only) are forwarded to the workers by
+:class:`StopForwarder`, and the launcher keeps watching them: workers that stop
+cleanly (``torchgpu train`` saves at its next step and exits 0) make it exit 0, and
+whatever still runs ``LaunchSpec.stop_timeout_s`` after the signal is SIGKILLed with its
+process group. Every exit of :func:`run` (a return, an exception) ends the workers.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import signal
+import subprocess
 import sys
+import threading
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
 
 from torchgpu.errors import UsageError
 
 LOOPBACK = "127.0.0.1"
+DEFAULT_STOP_TIMEOUT_S = 60.0  # seconds
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _ENDPOINT = re.compile(r"^(?P<host>[A-Za-z0-9_.\-]+|\[[^\]\s]+\]):(?P<port>\d{1,5})$")
 
 
@@ -50,6 +67,9 @@ class LaunchSpec:
     rdzv_id: str | None = None
     max_restarts: int = 0
     module: bool = False  # target is a module name (python -m), not a script path
+    # After a SIGTERM/SIGINT, how long the workers may take to stop (a save included)
+    # before they are killed. torchrun's own grace period is 30 s.
+    stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S
 
 
 def check_spec(spec: LaunchSpec) -> None:
@@ -75,6 +95,12 @@ def check_spec(spec: LaunchSpec) -> None:
         check_endpoint(spec.rdzv_endpoint)
     if spec.max_restarts < 0:
         raise UsageError(f"--max-restarts {spec.max_restarts} must be 0 or more.")
+    if not spec.stop_timeout_s > 0:
+        raise UsageError(
+            f"--stop-timeout {spec.stop_timeout_s} is out of range: give the seconds workers "
+            f"may take to stop after SIGTERM/SIGINT, more than 0 (default "
+            f"{DEFAULT_STOP_TIMEOUT_S:.0f})."
+        )
 
 
 def torchrun_args(spec: LaunchSpec, target: str, target_args: Sequence[str]) -> list[str]:
@@ -104,7 +130,13 @@ def torchrun_args(spec: LaunchSpec, target: str, target_args: Sequence[str]) -> 
 
 
 def run(spec: LaunchSpec, target: str, target_args: Sequence[str]) -> int:
-    """Run ``target`` under torchrun; returns 0, or the first failed worker's exit code."""
+    """Run ``target`` under torchrun; returns 0, or the first failed worker's exit code.
+
+    SIGTERM/SIGINT during the run are forwarded to the workers (see the module
+    docstring); SIGHUP/SIGQUIT stay torchrun's (it ends the workers) and give exit code
+    128 + the signal's number, with a one-line message instead of a traceback.
+    """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser
     from torch.distributed.run import run as torchrun
@@ -115,14 +147,21 @@ def run(spec: LaunchSpec, target: str, target_args: Sequence[str]) -> int:
     # arguments are handed over as they are.
     args = get_args_parser().parse_args(torchrun_args(spec, target, []))
     args.training_script_args = list(target_args)
+    if hasattr(args, "signals_to_handle"):
+        # torchrun's agent turns these signals into an exception that tears it down
+        # (workers SIGKILLed after its grace period, their exit status lost, a traceback):
+        # the StopForwarder handles them instead.
+        args.signals_to_handle = agent_signals(args.signals_to_handle)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default, without its warning
     if spec.max_restarts > 0:
         # With the agent's TCP store shared across rounds (torch >= 2.4 default), restarted
         # workers read the dead workers' gloo addresses left in it and fail with
         # "Connection refused"; a fresh store per round (rank 0 hosts it) avoids that.
         os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    forwarder = StopForwarder(spec.stop_timeout_s)
     try:
-        torchrun(args)  # type: ignore[no-untyped-call]
+        with forwarder.installed():
+            torchrun(args)  # type: ignore[no-untyped-call]
     except ChildFailedError as error:
         _, first = error.get_first_failure()
         code = first.exitcode if first.exitcode and first.exitcode > 0 else 1
@@ -134,8 +173,166 @@ def run(spec: LaunchSpec, target: str, target_args: Sequence[str]) -> int:
             for rank, failure in sorted(error.failures.items())
         )
         print(f"torchgpu: {failed}; see their output above.", file=sys.stderr)
+        if forwarder.received is not None and code == 1:
+            code = 128 + int(forwarder.received)
         return int(code)
+    except SignalException as error:
+        sig = signal.Signals(error.sigval)
+        print(f"torchgpu: stopped by {sig.name}: torchrun ended the workers (SIGTERM, then "
+              "SIGKILL after its grace period) without waiting for a checkpoint; send "
+              "SIGTERM or SIGINT for a saved stop.", file=sys.stderr)
+        return 128 + int(sig)
     return 0
+
+
+def agent_signals(names: str) -> str:
+    """torchrun's ``--signals-to-handle`` list without SIGTERM and SIGINT (they are
+    forwarded by :class:`StopForwarder`); never empty (torchrun warns on an empty name)."""
+    kept = [n.strip() for n in names.split(",")
+            if n.strip() and n.strip() not in {s.name for s in STOP_SIGNALS}]
+    return ",".join(kept) or "SIGHUP"
+
+
+def child_pids(pid: int | None = None) -> list[int]:
+    """The direct children of ``pid`` (default: this process): from
+    ``/proc/PID/task/*/children`` on Linux, else from every process's parent in
+    ``/proc/*/stat``, else from ``ps``. Empty when none can be read."""
+    pid = os.getpid() if pid is None else pid
+    found: set[int] = set()
+    tasks = Path(f"/proc/{pid}/task")
+    listed = False
+    try:
+        for task in tasks.iterdir():
+            children = task / "children"
+            if children.exists():
+                listed = True
+                found.update(int(x) for x in children.read_text().split())
+    except OSError:
+        pass
+    if listed:
+        return sorted(found)
+    if Path("/proc/self/stat").exists():
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(fields[1]) == pid:
+                found.add(int(entry.name))
+        return sorted(found)
+    try:
+        listing = subprocess.run(["ps", "-A", "-o", "pid=,ppid="], capture_output=True,
+                                 text=True, timeout=5, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    for line in listing.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1] == str(pid):
+            found.add(int(parts[0]))
+    return sorted(found)
+
+
+def _kill_group(pid: int, sig: signal.Signals) -> None:
+    """``sig`` to ``pid``'s process group when ``pid`` leads one (torchrun starts each
+    worker in a session of its own, with whatever it started), else to ``pid``."""
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class StopForwarder:
+    """Passes SIGTERM/SIGINT received by a launcher on to its workers, within a bound.
+
+    While :meth:`installed`: the first SIGTERM or SIGINT is sent to every child process
+    (each worker itself, not its group: a worker ends its own DataLoader workers), and a
+    watcher thread sends it to children that appear later (a group torchrun restarts)
+    until :meth:`installed` exits. A second SIGINT is sent again (a worker then raises
+    KeyboardInterrupt); a repeated SIGTERM is not (a worker finishing its save must not
+    be killed by a scheduler's repeated signal). ``timeout_s`` after the first signal,
+    every child still running is SIGKILLed with its process group (``killed`` lists
+    them). ``received`` is the first signal, or None.
+
+    ``children`` lists the processes to signal (default :func:`child_pids`: this
+    process's children, which under torchrun are the workers).
+    """
+
+    def __init__(self, timeout_s: float,
+                 children: Callable[[], list[int]] = child_pids) -> None:
+        self.timeout_s = timeout_s
+        self.received: signal.Signals | None = None
+        self.killed: list[int] = []
+        self._children = children
+        self._sent: set[int] = set()
+        self._lock = threading.RLock()  # the handler may interrupt the main thread anywhere
+        self._done = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    @contextmanager
+    def installed(self) -> Iterator[StopForwarder]:
+        """Handle SIGTERM/SIGINT while the block runs (main thread only; elsewhere the
+        block runs with the handlers as they are)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+        try:
+            for sig in STOP_SIGNALS:
+                signal.signal(sig, self._handle)
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self._done.set()
+            if self._watcher is not None:
+                self._watcher.join(timeout=5)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        sig = signal.Signals(signum)
+        if self.received is None:
+            self.received = sig
+            print(f"torchgpu: {sig.name} received: passed on to the workers, which stop at "
+                  f"their next step boundary (killed if still running after "
+                  f"{self.timeout_s:g} s).", file=sys.stderr, flush=True)
+            self.forward(sig)
+            self._watcher = threading.Thread(target=self._watch, name="torchgpu-stop",
+                                             daemon=True)
+            self._watcher.start()
+        elif sig == signal.SIGINT:
+            self.forward(sig, again=True)
+
+    def forward(self, sig: signal.Signals, again: bool = False) -> None:
+        """Send ``sig`` to every child not sent one yet (``again``: to every child)."""
+        with self._lock:
+            for pid in self._children():
+                if pid in self._sent and not again:
+                    continue
+                self._sent.add(pid)
+                with suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+
+    def _watch(self) -> None:
+        assert self.received is not None
+        deadline = time.monotonic() + self.timeout_s
+        while not self._done.wait(0.1):
+            if time.monotonic() < deadline:
+                self.forward(self.received)  # workers started since the signal
+                continue
+            with self._lock:
+                self.killed = self._children()
+                for pid in self.killed:
+                    _kill_group(pid, signal.SIGKILL)
+            if self.killed:
+                print(f"torchgpu: workers still running {self.timeout_s:g} s after "
+                      f"{self.received.name} were killed (pids "
+                      f"{', '.join(map(str, self.killed))}).", file=sys.stderr, flush=True)
+            return
 
 
 def _how(exitcode: int) -> str:

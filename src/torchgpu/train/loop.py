@@ -133,7 +133,9 @@ class EpochTotals:
     micro_batches: int
     samples: int
     seconds: float
-    stopped: bool  # left early at a step boundary because the stop flag was set
+    # Stopped at a step boundary because the stop flag was set (under DDP: agreed), the
+    # epoch's last boundary included: the caller saves and ends the run, no evaluation.
+    stopped: bool
 
 
 @dataclass(frozen=True)
@@ -221,7 +223,9 @@ def run_epoch(
     a DDP rank's short or empty share of the last batch, weights each micro-batch by
     its samples, see :mod:`torchgpu.train.tail`).
     ``records`` receives ``(step, epoch, loss)`` per optimizer step (in memory).
-    Returns at the epoch end, or at the first step boundary where :func:`should_stop`.
+    Returns at the epoch end, or at the first step boundary where :func:`should_stop`;
+    ``stopped`` is True when the stop flag ended it (also when the stop was agreed at the
+    epoch's end, after its last step).
     Non-finite loss: one process raises :class:`NonFiniteLossError`
     (on_nonfinite="stop") before that loss's gradients are computed; under DDP every
     rank raises (or skips) at the window's boundary, before the optimizer step, from
@@ -392,10 +396,13 @@ def run_epoch(
                 records.append((state.step, state.epoch, mean))
                 if on_step is not None:
                     on_step(state)
-        if agreement is not None:
-            agreement.agree()  # the epoch's losses become the global means
+        # The epoch's losses become the global means, and the ranks agree on the stop flag
+        # here too: with epochs shorter than the agreement period this is the only
+        # agreement, so its answer must stop the run (the epoch's last boundary).
+        stopped = (agreement.agree() if agreement is not None
+                   else stop is not None and stop.is_set())
         _restore_window(acc, window)
-        return EpochTotals(micro, samples, time.perf_counter() - started, False)
+        return EpochTotals(micro, samples, time.perf_counter() - started, stopped)
     finally:
         if guard is not None:
             guard.remove()

@@ -294,6 +294,7 @@ def _run(
     watch = Observers.start(config, model, device, rank, out_dir, state, steps_left)
     on_step = watch.wrap(on_step)
     train_seconds = 0.0
+    stopped_at: int | None = None  # the step the loop stopped at on a stop flag
     started = time.perf_counter()
     progress.start(config.epochs, batches_per_epoch, state.epoch)
     try:
@@ -310,6 +311,7 @@ def _run(
                                    records=buffer.steps)
                 train_seconds += totals.seconds
                 if totals.stopped:
+                    stopped_at = state.step
                     watch.steps(buffer.steps)
                     ckpt.stopped(state, buffer, batches_per_epoch)  # save, say how to resume
                     break
@@ -330,7 +332,7 @@ def _run(
     final_state = _final_state(model, mode)
     peaks = _gather((str(device), build.device_name(device), _peak_memory(device)), agree)
     summary = _summary(config, data, mode, world, state, records, peaks, train_seconds,
-                       time.perf_counter() - started, stop, precision.mode)
+                       time.perf_counter() - started, stop, precision.mode, stopped_at)
     summary.update(ckpt.summary())
     if parts.backoff is not None:
         summary["oom_backoffs"] = [event.as_dict() for event in parts.backoff.events]
@@ -374,7 +376,12 @@ def _epoch_record(state: TrainState, result: EvalResult, samples: int, seconds: 
 
 def _summary(config: TrainConfig, data: Any, mode: str, world: int, state: TrainState,
              records: list[EpochRecord], peaks: list[Any], train_seconds: float,
-             wall_seconds: float, stop: StopFlag, precision_mode: str) -> dict[str, Any]:
+             wall_seconds: float, stop: StopFlag, precision_mode: str,
+             stopped_at: int | None = -1) -> dict[str, Any]:
+    """The run's summary.json. ``stopped_at``: the step the loop stopped at on the stop
+    flag, None when it ran to the end (a signal after the last step stops nothing);
+    -1 (the default): judge by the flag alone."""
+    stopped = stop.is_set() if stopped_at == -1 else stopped_at is not None
     final = records[-1] if records else None
     assert config.batch_size is not None
     final_metrics: dict[str, Any] = {
@@ -407,8 +414,11 @@ def _summary(config: TrainConfig, data: Any, mode: str, world: int, state: Train
         "throughput_samples_per_s": samples_all / train_seconds if train_seconds else None,
         "train_seconds": train_seconds,
         "wall_seconds": wall_seconds,
-        "stopped_early": stop.is_set(),
-        "stop_reason": stop.signal_name,
+        "stopped_early": stopped,
+        "stop_reason": stop.signal_name if stopped else None,
+        "stopped_at_step": state.step if stopped else None,
+        # Under DDP, every rank's step at the agreed stop (all equal: one boundary).
+        "stop_steps_by_rank": (stop.steps_by_rank or [state.step]) if stopped else None,
         "devices": [{"rank": r, "device": d, "name": n, "peak_memory_bytes": b}
                     for r, (d, n, b) in enumerate(peaks)],
         "versions": metrics.versions(),

@@ -82,12 +82,18 @@ class StopFlag:
 
     The handler only sets the flag: the loop saves (when checkpointing) and returns at
     the next optimizer-step boundary. A second SIGINT while the flag is already set
-    raises KeyboardInterrupt as usual, so a stuck run can still be interrupted.
+    raises KeyboardInterrupt as usual, so a stuck run can still be interrupted; a
+    second SIGTERM changes nothing (a launcher or scheduler may repeat it).
+
+    ``signal_name``: why the run stops (``"SIGTERM"``, ``"step limit"``; under DDP
+    ``"SIGTERM on rank 1"`` on the ranks that got no signal). ``steps_by_rank``: set
+    under DDP when the ranks agreed to stop, the optimizer step each rank stopped at.
     """
 
     def __init__(self) -> None:
         self._event = threading.Event()
         self.signal_name: str | None = None
+        self.steps_by_rank: list[int] | None = None
 
     def set(self, reason: str = "request") -> None:
         self.signal_name = self.signal_name or reason
