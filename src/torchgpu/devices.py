@@ -50,6 +50,7 @@ __all__ = [
     "list_devices",
     "parse_size",
     "parse_visible_devices",
+    "placement_device",
     "select_devices",
     "set_visible_devices",
 ]
@@ -472,6 +473,39 @@ def set_visible_devices(ids: str | list[int] | list[str] | tuple[int | str, ...]
 
 
 # ---------------------------------------------------------------- default_device
+def placement_device(spec: str | int | torch.device) -> torch.device:
+    """The torch.device to move or allocate on: any device ``torch.device(spec)`` accepts.
+
+    Unlike :func:`get_device` (which *selects* a training device and accepts only the
+    kinds torchgpu trains on), placement takes every device torch knows, ``meta``
+    included (deferred initialisation). The strings ``auto``, ``N`` and the ``cuda`` and
+    ``mps`` forms still go through :func:`get_device`, so a GPU index torch does not
+    have fails here, clearly, rather than at the first copy. A ``torch.device`` and
+    other kinds (``xpu``, ``hpu``...) are checked by torch itself when something is
+    moved there.
+    Raises DeviceSpecError for a string torch cannot parse.
+    """
+    if isinstance(spec, torch.device):
+        return spec  # already explicit: torch checks it when something moves there
+    if isinstance(spec, bool) or not isinstance(spec, (int, str)):
+        raise DeviceSpecError(
+            f"device {spec!r} is not a device: pass a torch.device or a string such as "
+            "'cpu', 'cuda:0' or 'meta'"
+        )
+    if isinstance(spec, int) or _SPEC.match(spec):
+        return get_device(spec)
+    try:
+        parsed = torch.device(spec)
+    except (RuntimeError, ValueError, TypeError) as error:
+        raise DeviceSpecError(
+            f"device {spec!r} is not a device torch knows ({error}): use e.g. 'cpu', "
+            "'cuda', 'cuda:0', 'mps' or 'meta'"
+        ) from None
+    if parsed.type in ("cuda", "mps"):
+        return get_device(parsed)
+    return parsed
+
+
 @contextlib.contextmanager
 def default_device(device: str | int | torch.device) -> Iterator[torch.device]:
     """Within the block, factory calls (``torch.zeros``, ``nn.Linear``...) allocate on
@@ -479,8 +513,10 @@ def default_device(device: str | int | torch.device) -> Iterator[torch.device]:
 
     Today's replacement for ``torch.set_default_tensor_type('torch.cuda.FloatTensor')``
     (deprecated), built on ``torch.device`` as a context manager. It affects the current
-    thread only; explicit ``device=`` arguments still win.
+    thread only; explicit ``device=`` arguments still win. ``device`` is any device
+    torch accepts (:func:`placement_device`): ``default_device("meta")`` builds a model
+    without allocating its weights (deferred initialisation).
     """
-    resolved = get_device(device)
+    resolved = placement_device(device)
     with resolved:
         yield resolved

@@ -2,7 +2,9 @@
 
 - :func:`to_device` moves tensors and modules inside any nesting of dict, list, tuple,
   namedtuple, dataclass and set, keeping the container types (a ``PackedSequence`` is
-  moved as ``PackedSequence.to`` does: ``batch_sizes`` stays on the CPU).
+  moved as ``PackedSequence.to`` does: ``batch_sizes`` stays on the CPU); any other
+  object with a ``.to()`` method (a custom batch class, a graph ``Data`` object) is
+  moved by its own ``.to()``, as Accelerate's ``send_to_device`` does.
 - :func:`pin` puts nested CPU tensors in page-locked memory (needed for truly async
   host-to-GPU copies).
 - :class:`Prefetcher` copies the next batch to the GPU on a side stream while the current
@@ -24,7 +26,7 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
 from torchgpu.cudastatus import cuda_device_count
-from torchgpu.devices import get_device
+from torchgpu.devices import get_device, placement_device
 from torchgpu.errors import DeviceMismatchError
 
 T = TypeVar("T")
@@ -32,15 +34,30 @@ DeviceLike = str | int | torch.device
 NonBlocking = bool | Literal["auto"]
 
 
-def _map(obj: Any, fn: Callable[[torch.Tensor], Any], on_module: Callable[[nn.Module], Any]) -> Any:
+def _movable(obj: Any) -> bool:
+    """True for an object that moves itself: it has a callable ``.to`` (and is not a
+    container or a type; ``nn.Module`` and tensors are handled before)."""
+    return not isinstance(obj, type) and callable(getattr(obj, "to", None))
+
+
+def _map(
+    obj: Any,
+    fn: Callable[[torch.Tensor], Any],
+    on_module: Callable[[nn.Module], Any],
+    on_movable: Callable[[Any], Any] | None = None,
+) -> Any:
     """Apply ``fn`` to every tensor (and ``on_module`` to every module) in ``obj``,
-    rebuilding containers with their own types; other objects pass through."""
+    rebuilding containers with their own types. ``on_movable`` (when given) takes any
+    other object with a ``.to()`` method, containers with one included; other objects
+    pass through."""
     if isinstance(obj, torch.Tensor):
         return fn(obj)
     if isinstance(obj, nn.Module):
         return on_module(obj)
     if isinstance(obj, (str, bytes)):
         return obj
+    if on_movable is not None and not isinstance(obj, PackedSequence) and _movable(obj):
+        return on_movable(obj)
     if isinstance(obj, PackedSequence):
         # A namedtuple whose constructor refuses batch_sizes off the CPU: it stays where
         # it is, as PackedSequence.to leaves it; the indices follow the data.
@@ -56,23 +73,23 @@ def _map(obj: Any, fn: Callable[[torch.Tensor], Any], on_module: Callable[[nn.Mo
         for f in dataclasses.fields(obj):
             # object.__setattr__ also works on frozen dataclasses; fields with init=False
             # are kept too, which dataclasses.replace would drop.
-            object.__setattr__(new, f.name, _map(getattr(obj, f.name), fn, on_module))
+            object.__setattr__(new, f.name, _map(getattr(obj, f.name), fn, on_module, on_movable))
         return new
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
-        return type(obj)(*(_map(v, fn, on_module) for v in obj))
+        return type(obj)(*(_map(v, fn, on_module, on_movable) for v in obj))
     if isinstance(obj, defaultdict):
         out: defaultdict[Any, Any] = type(obj)(obj.default_factory)
-        out.update((k, _map(v, fn, on_module)) for k, v in obj.items())
+        out.update((k, _map(v, fn, on_module, on_movable)) for k, v in obj.items())
         return out
     if isinstance(obj, Mapping):
-        items = [(k, _map(v, fn, on_module)) for k, v in obj.items()]
+        items = [(k, _map(v, fn, on_module, on_movable)) for k, v in obj.items()]
         mapping_type: Any = type(obj)
         try:
             return mapping_type(items)
         except TypeError:
             return dict(items)
     if isinstance(obj, (list, tuple, set, frozenset)):
-        values = [_map(v, fn, on_module) for v in obj]
+        values = [_map(v, fn, on_module, on_movable) for v in obj]
         try:
             return type(obj)(values)
         except TypeError:
@@ -83,10 +100,18 @@ def _map(obj: Any, fn: Callable[[torch.Tensor], Any], on_module: Callable[[nn.Mo
 def to_device(obj: T, device: DeviceLike, non_blocking: NonBlocking = "auto") -> T:
     """``obj`` with every tensor moved to ``device`` and every module moved in place.
 
-    Containers are rebuilt with their own type; one whose constructor does not take an
-    iterable of items (a dict or list subclass with extra ``__init__`` arguments) comes
-    back as its builtin base (``dict``, ``list``...). Other objects pass through as they
-    are. Device strings follow :func:`torchgpu.get_device`.
+    Containers are rebuilt with their own type (a ``Mapping`` such as ``UserDict`` or
+    ``OrderedDict`` stays one); one whose constructor does not take an iterable of items
+    (a dict or list subclass with extra ``__init__`` arguments) comes back as its builtin
+    base (``dict``, ``list``...). Any other object with a ``.to()`` method (a custom
+    batch class, torch_geometric's ``Data``, transformers' ``BatchEncoding``) is moved
+    by ``obj.to(device, non_blocking=...)``, or ``obj.to(device)`` when its ``.to`` does
+    not take ``non_blocking``. Everything else (numbers, strings, None) passes through.
+
+    ``device`` is anything ``torch.device`` accepts, ``meta`` included, or ``auto`` /
+    ``N`` (a GPU index) as :func:`torchgpu.get_device` reads them
+    (:func:`torchgpu.devices.placement_device`); a CUDA index torch does not have is
+    refused before anything moves (DeviceSpecError, or NoDeviceError without CUDA).
 
     ``non_blocking="auto"`` copies asynchronously only where it is safe and useful: a
     pinned CPU tensor going to CUDA. The copy may still be running when this returns,
@@ -95,10 +120,12 @@ def to_device(obj: T, device: DeviceLike, non_blocking: NonBlocking = "auto") ->
     CPU from a CUDA or MPS device are then synchronised before returning, so a returned
     CPU tensor is never read before its data has arrived. ``False`` always blocks.
     """
-    target = device if isinstance(device, torch.device) else get_device(device)
+    target = placement_device(device)
     if target.type == "cuda" and target.index is None:
         target = get_device("cuda")
     pending_d2h: set[torch.device] = set()
+    # An object's own .to() gets a plain bool: "auto" cannot see inside it, so it blocks.
+    object_nb = non_blocking is True
 
     def move(t: torch.Tensor) -> torch.Tensor:
         if t.device == target:
@@ -114,7 +141,17 @@ def to_device(obj: T, device: DeviceLike, non_blocking: NonBlocking = "auto") ->
     def move_module(m: nn.Module) -> nn.Module:
         return m.to(target)
 
-    result: T = _map(obj, move, move_module)
+    def move_object(o: Any) -> Any:
+        try:
+            moved = o.to(target, non_blocking=object_nb)
+        except TypeError:  # a .to() without the non_blocking keyword
+            return o.to(target)
+        if object_nb and target.type == "cpu":
+            # Its tensors' sources are unknown: wait for every queued CUDA copy.
+            pending_d2h.update(_current_cuda_device())
+        return moved
+
+    result: T = _map(obj, move, move_module, move_object)
     for source in pending_d2h:
         # The async device-to-host copies were queued on the source's current stream.
         if source.type == "mps":
@@ -122,6 +159,13 @@ def to_device(obj: T, device: DeviceLike, non_blocking: NonBlocking = "auto") ->
         else:
             torch.cuda.current_stream(source).synchronize()
     return result
+
+
+def _current_cuda_device() -> set[torch.device]:
+    """The current CUDA device, if CUDA is running in this process (else nothing)."""
+    if torch.version.cuda is None or not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        return set()
+    return {torch.device("cuda", torch.cuda.current_device())}
 
 
 def pin(obj: T) -> T:
@@ -157,7 +201,7 @@ class Prefetcher(Generic[T]):
 
     def __init__(self, loader: Iterable[T], device: DeviceLike | None = None) -> None:
         self.loader = loader
-        self.device = get_device("auto" if device is None else device)
+        self.device = placement_device("auto" if device is None else device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = get_device("cuda")
 
@@ -288,10 +332,7 @@ def check_devices(model: nn.Module, *inputs: Any, device: DeviceLike | None = No
     given: list[tuple[str, torch.Tensor]] = []
     for i, value in enumerate(inputs):
         _input_tensors(value, f"input[{i}]", given)
-    if device is not None:
-        expected = device if isinstance(device, torch.device) else get_device(device)
-    else:
-        expected = _expected_device(named, given)
+    expected = _expected_device(named, given) if device is None else placement_device(device)
     wrong = [(n, t.device) for n, t in named + given if not _same(t.device, expected)]
     if not wrong:
         return expected
