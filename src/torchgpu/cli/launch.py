@@ -6,6 +6,10 @@
 One node: a c10d rendezvous on a free 127.0.0.1 port. Several nodes: run the same
 command on every node with the same ``--rdzv-endpoint`` (torchrun's c10d rendezvous).
 Inside the script, ``torchgpu.init_distributed()`` forms the group.
+
+SIGTERM or SIGINT (Ctrl-C) to the launcher is passed on to every worker; the launcher
+exits with the workers' status once they end, and kills those still running
+``--stop-timeout`` seconds later. No worker outlives the launcher's exit.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from pathlib import Path
 
 from torchgpu.cli.common import ArgumentParser
 from torchgpu.errors import UsageError
+from torchgpu.train.launch import DEFAULT_STOP_TIMEOUT_S
 
 
 def _parser() -> ArgumentParser:
@@ -33,6 +38,9 @@ def _parser() -> ArgumentParser:
                    help="job id, the same on every node (default: fixed for multi-node)")
     p.add_argument("--max-restarts", type=int, default=0, metavar="R",
                    help="restart failed workers up to R times (default 0)")
+    p.add_argument("--stop-timeout", type=float, default=DEFAULT_STOP_TIMEOUT_S, metavar="S",
+                   help="after SIGTERM/SIGINT (passed on to the workers), kill workers still "
+                   f"running S seconds later (default {DEFAULT_STOP_TIMEOUT_S:g})")
     p.add_argument("-m", "--module", action="store_true",
                    help="SCRIPT is a module name, run as python -m SCRIPT")
     p.add_argument("script", metavar="SCRIPT", help="the Python script to run")
@@ -50,7 +58,7 @@ def main(argv: list[str]) -> int:
     spec = LaunchSpec(
         nproc=ns.nproc, nnodes=ns.nnodes, node_rank=ns.node_rank,
         rdzv_endpoint=ns.rdzv_endpoint, rdzv_id=ns.rdzv_id,
-        max_restarts=ns.max_restarts, module=ns.module,
+        max_restarts=ns.max_restarts, module=ns.module, stop_timeout_s=ns.stop_timeout,
     )
     check_spec(spec)
     if not ns.module and not Path(ns.script).is_file():

@@ -1,0 +1,88 @@
+"""Real signals to `torchgpu launch`: SIGTERM/SIGINT reach every worker (torchrun starts
+them in sessions of their own, so a signal to the launcher's group would not), the
+launcher exits with their status, workers that ignore the signal are killed after
+--stop-timeout, and no process is left either way."""
+
+from __future__ import annotations
+
+import os
+import signal
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.distributed.proctree import Session
+
+pytestmark = pytest.mark.slow
+
+# A worker that says when it is ready, then sleeps; on SIGTERM/SIGINT it writes which
+# signal it got and exits 0, or (IGNORE set) carries on sleeping.
+SCRIPT = textwrap.dedent("""
+    import os, signal, sys, time
+    from pathlib import Path
+
+    where = Path(sys.argv[1])
+    rank = os.environ["RANK"]
+
+    def stop(signum, frame):
+        (where / f"got-{rank}").write_text(signal.Signals(signum).name)
+        sys.exit(0)
+
+    handler = signal.SIG_IGN if os.environ.get("IGNORE") else stop
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    (where / f"ready-{rank}").write_text("")
+    time.sleep(120)
+""")
+
+
+def _start(tmp_path: Path, *flags: str, **env: str) -> Session:
+    script = tmp_path / "worker.py"
+    script.write_text(SCRIPT)
+    return Session(["launch", "--nproc", "2", *flags, str(script), str(tmp_path)], tmp_path,
+                   **env)
+
+
+def _ready(run: Session, tmp_path: Path) -> None:
+    for rank in (0, 1):
+        run.wait_for(tmp_path / f"ready-{rank}", timeout_s=60)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_group_reaches_every_worker_and_exits_0(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    with _start(tmp_path) as run:
+        _ready(run, tmp_path)
+        os.killpg(run.pid, sig)
+        code = run.wait(30)
+    assert not run.leftovers, f"processes left running: {run.leftovers}"
+    assert code == 0, run.stderr()[-3000:]
+    assert "Traceback" not in run.stderr()
+    for rank in (0, 1):
+        assert (tmp_path / f"got-{rank}").read_text() == sig.name
+
+
+def test_workers_ignoring_sigterm_are_killed_after_the_stop_timeout(tmp_path: Path) -> None:
+    with _start(tmp_path, "--stop-timeout", "2", IGNORE="1") as run:
+        _ready(run, tmp_path)
+        sent = time.monotonic()
+        run.proc.send_signal(signal.SIGTERM)
+        code = run.wait(30)
+        took_s = time.monotonic() - sent
+    err = run.stderr()
+    assert not run.leftovers, f"processes left running: {run.leftovers}"
+    assert code == 128 + signal.SIGTERM, err[-3000:]
+    assert 2 <= took_s < 20
+    assert "still running 2 s after SIGTERM were killed" in err
+    assert "worker rank 0 of" in err and "(signal 9)" in err
+    assert "Traceback" not in err
+
+
+def test_stop_timeout_must_be_positive(tmp_path: Path) -> None:
+    with _start(tmp_path, "--stop-timeout", "0") as run:
+        code = run.wait(30)
+    assert code == 2
+    assert "--stop-timeout 0.0 is out of range" in run.stderr()
