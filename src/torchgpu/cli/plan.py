@@ -103,6 +103,13 @@ def main(argv: list[str]) -> int:
         )
     if args.batch_size is not None and args.batch_size < 1:
         raise UsageError(f"--batch-size {args.batch_size} must be at least 1, e.g. --batch-size 32")
+    from torchgpu.train.config import MAX_COUNT
+
+    if args.batch_size is not None and args.batch_size > MAX_COUNT:
+        raise UsageError(
+            f"--batch-size {args.batch_size} is out of range: it must be <= {MAX_COUNT} "
+            "(samples per optimizer step). Pass a smaller value, e.g. --batch-size 32."
+        )
     targets = parse_devices(args.devices)  # before the model: bad devices fail fast
     example = args.example if args.model is None else None
     if example is None and args.model is None:

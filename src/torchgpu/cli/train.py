@@ -201,6 +201,25 @@ def _check_gpus(config: TrainConfig) -> None:
         )
 
 
+#: Gloo processes per CPU core at most: more only time-slice the cores (each process
+#: already runs its own intra-op threads) while every one holds the model and the data.
+CPU_PROCESSES_PER_CORE = 4
+
+
+def _check_cpu_nproc(nproc: int) -> None:
+    """Refuse more CPU (gloo) processes than CPU_PROCESSES_PER_CORE per core."""
+    cores = os.cpu_count() or 1
+    limit = CPU_PROCESSES_PER_CORE * cores
+    if nproc > limit:
+        from torchgpu.errors import UsageError
+
+        raise UsageError(
+            f"--nproc {nproc} would start {nproc} CPU processes on {cores} cores; at most "
+            f"{limit} ({CPU_PROCESSES_PER_CORE} per core) are allowed, and more than "
+            f"{cores} rarely trains faster: use --nproc {min(cores, limit)} (or fewer)."
+        )
+
+
 def _preflight(config: TrainConfig, nproc: int) -> TrainConfig:
     """Everything the workers would reject, checked once here: device, precision,
     strategy, data (the CSV against the batch size), resume and out."""
@@ -227,6 +246,8 @@ def _preflight(config: TrainConfig, nproc: int) -> TrainConfig:
                 f"--nproc {nproc} needs {nproc} GPUs on this node but {count} are visible: "
                 f"use --nproc {count} or fewer, or --device cpu for {nproc} CPU processes."
             )
+    else:
+        _check_cpu_nproc(nproc)
     build.choose_strategy(config, env, device)
     assert config.out is not None
     from torchgpu.train.checkpointing import plan_resume
@@ -287,10 +308,20 @@ def main(argv: list[str]) -> int:
     """``torchgpu train [flags]``; returns the exit code (2 for bad input)."""
     config = config_from_argv(argv)
     validate(config)
+    if not _under_torchrun():  # before any data is loaded: the launcher checked for workers
+        from torchgpu.train.out_dir import check_creatable
+
+        check_creatable(str(resolve(config).out))
     if config.gpus is not None and not _under_torchrun():
         from torchgpu.devices import set_visible_devices
+        from torchgpu.errors import VisibleDevicesError
 
-        set_visible_devices(config.gpus)
+        try:
+            set_visible_devices(config.gpus)
+        except VisibleDevicesError as error:  # name the flag the user typed
+            raise VisibleDevicesError(
+                f"--gpus {config.gpus} (set as CUDA_VISIBLE_DEVICES): {error}"
+            ) from None
         _check_gpus(config)
     task: Task | None = None
     if not _under_torchrun():
@@ -308,7 +339,12 @@ def main(argv: list[str]) -> int:
             resolved = _preflight(resolve(config), nproc)
             if auto_note:
                 print(auto_note, file=sys.stderr)
-            return _relaunch(resolved, nproc)
+            from torchgpu.train.build import data_handoff
+
+            # The workers load the data parsed here instead of parsing the CSV again.
+            with data_handoff(resolved, task.example):
+                task = None  # the workers hold the data now; free it in the launcher
+                return _relaunch(resolved, nproc)
     from torchgpu.train.runner import train
     from torchgpu.train.state import StopFlag
 

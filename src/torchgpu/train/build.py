@@ -7,8 +7,11 @@ Strategies ``model`` and ``pipeline`` plug in through :data:`EXTRA_STRATEGIES`.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +20,7 @@ from torch import Tensor, nn
 
 from torchgpu.data import ExampleData
 from torchgpu.distributed import DistEnv
-from torchgpu.errors import UsageError
+from torchgpu.errors import DataError, UsageError
 from torchgpu.train.config import TrainConfig
 
 
@@ -147,9 +150,73 @@ def load_data(config: TrainConfig) -> ExampleData:
 
     if config.data is not None:
         assert config.target is not None
+        handed = _handed_off(config)
+        if handed is not None:
+            return handed
         return csv_data(config.data, config.target, seed=config.seed,
                         batch_size=config.batch_size)
-    return example_data(config.example or "housing", seed=config.seed, size=config.data_size)
+    name = config.example or "housing"
+    data = example_data(name, seed=config.seed, size=config.data_size)
+    n_train, n_test = len(data.train), len(data.test)
+    if config.batch_size is not None and n_train < config.batch_size:
+        # The loader would silently make one smaller batch: refuse, as for a CSV table.
+        more = " or a larger --data-size" if config.data_size is not None else ""
+        raise DataError(
+            f"example {name} has {n_train + n_test} samples, so the train split holds "
+            f"{n_train} (test {n_test}), fewer than one batch of {config.batch_size}: use "
+            f"--batch-size {n_train} or less{more}"
+        )
+    return data
+
+
+#: The launcher's hand-off to its workers: a file holding the data it already loaded.
+HANDOFF_ENV = "TORCHGPU_DATA_HANDOFF"
+
+
+def _source_key(config: TrainConfig) -> dict[str, Any]:
+    """What the handed-off data was made from: the CSV file as it was, target, seed."""
+    assert config.data is not None
+    stat = os.stat(config.data)
+    return {"path": os.path.abspath(config.data), "size": stat.st_size,
+            "mtime_ns": stat.st_mtime_ns, "target": config.target, "seed": config.seed}
+
+
+def _handed_off(config: TrainConfig) -> ExampleData | None:
+    """The data the launcher wrote for this run (see :func:`data_handoff`), or None when
+    there is none, or it was made from another file, version, target or seed."""
+    from torchgpu.data.handoff import load_example
+
+    path = os.environ.get(HANDOFF_ENV)
+    if not path or config.data is None or not os.path.isfile(config.data):
+        return None
+    return load_example(path, expected_key=_source_key(config))
+
+
+@contextlib.contextmanager
+def data_handoff(config: TrainConfig, data: ExampleData | None) -> Iterator[None]:
+    """While relaunching under torchrun: the launcher's CSV data, already parsed, split
+    and standardised, written once to a temporary file that every worker on this node
+    loads instead of parsing the CSV again (``HANDOFF_ENV`` names it; the workers
+    inherit the variable). Removed, and the variable restored, on exit. Built-in
+    examples are generated in milliseconds and need none."""
+    if config.data is None or config.target is None or data is None:
+        yield
+        return
+    from torchgpu.data.handoff import save_example
+
+    previous = os.environ.get(HANDOFF_ENV)
+    with tempfile.TemporaryDirectory(prefix="torchgpu-data-") as tmp:
+        path = os.path.join(tmp, "data.npz")
+        save_example(data, path, key=_source_key(config))
+        del data  # the caller drops its copy too while the workers run
+        os.environ[HANDOFF_ENV] = path
+        try:
+            yield
+        finally:
+            if previous is None:
+                os.environ.pop(HANDOFF_ENV, None)
+            else:
+                os.environ[HANDOFF_ENV] = previous
 
 
 def build_model(config: TrainConfig, data: ExampleData) -> nn.Module:

@@ -24,6 +24,12 @@ ON_NONFINITE: tuple[str, ...] = ("stop", "skip")
 PROGRESS_MODES: tuple[str, ...] = ("auto", "rich", "plain", "off")
 LOG_FORMATS: tuple[str, ...] = ("jsonl", "tensorboard")  # tensorboard: jsonl + event files
 DEFAULT_PROFILE_STEPS = 5  # --profile without N
+#: Largest --seed: torch.manual_seed takes up to 2**64-1 and numpy's generators any
+#: non-negative integer; the loader seeds epoch e with seed + e, so stay below 2**63.
+MAX_SEED = 2**63 - 1
+#: Upper bound of counts such as --batch-size and --data-size (samples, steps): far above
+#: any real run, and small enough that no size computed from it overflows int64.
+MAX_COUNT = 2**31
 
 
 @dataclass(frozen=True)
@@ -155,6 +161,52 @@ def _at_least(name: str, value: int | float | None, low: int, why: str = "") -> 
         )
 
 
+def _at_most(name: str, value: int | None, high: int, why: str) -> None:
+    if value is not None and value > high:
+        raise ConfigError(
+            f"--{name.replace('_', '-')} {value} is out of range: it must be <= {high}{why}. "
+            f"Pass a smaller value."
+        )
+
+
+#: Flags counted in samples, steps or items, with what they count (for the message).
+_COUNTS: tuple[tuple[str, str], ...] = (
+    ("batch_size", " (samples per process and micro-batch)"),
+    ("effective_batch_size", " (samples per optimizer step)"),
+    ("data_size", " (samples)"),
+    ("epochs", ""),
+    ("accumulate", " (micro-batches per optimizer step)"),
+    ("save_every", " (optimizer steps)"),
+    ("keep_last", " (checkpoints)"),
+    ("profile", " (optimizer steps)"),
+    ("num_workers", " (DataLoader processes)"),
+    ("max_restarts", ""),
+    ("nnodes", ""),
+)
+
+
+def _check_seed(seed: int) -> None:
+    if not 0 <= seed <= MAX_SEED:
+        raise ConfigError(
+            f"--seed {seed} is out of range: a seed must be between 0 and {MAX_SEED} "
+            "(2**63-1), the range every random generator of a run accepts. Pass e.g. "
+            "--seed 0 or --seed 1234."
+        )
+
+
+def _check_gpus(gpus: str) -> None:
+    """``--gpus`` must be a list CUDA reads as written (it becomes CUDA_VISIBLE_DEVICES)."""
+    from torchgpu.visible import validate_visible_devices
+
+    try:
+        validate_visible_devices(gpus)
+    except ValueError as error:
+        raise UsageError(
+            f"--gpus {gpus!r} is not a GPU list: {error}. Pass comma-separated GPU ids as "
+            "`torchgpu devices` lists them, each once, e.g. --gpus 0,1 (or GPU-/MIG- UUIDs)."
+        ) from None
+
+
 def _check_model_flags(config: TrainConfig) -> None:
     """``--model SPEC`` needs ``--data SPEC`` (or a CSV with ``--target``) and excludes
     ``--example``; ``--loss`` applies to ``--model`` only."""
@@ -247,6 +299,13 @@ def validate(config: TrainConfig) -> None:
     _at_least("num_workers", config.num_workers, 0)
     _at_least("save_every", config.save_every, 1, " (optimizer steps between checkpoints)")
     _at_least("keep_last", config.keep_last, 1)
+    for name, what in _COUNTS:
+        _at_most(name, getattr(config, name), MAX_COUNT, what)
+    if isinstance(config.chunks, int):
+        _at_most("chunks", config.chunks, MAX_COUNT, " (micro-batches per batch)")
+    _check_seed(config.seed)
+    if config.gpus is not None:
+        _check_gpus(config.gpus)
     if config.lr is not None and not (math.isfinite(config.lr) and config.lr > 0):
         raise ConfigError(
             f"--lr {config.lr} must be a positive finite number, e.g. --lr 0.001."

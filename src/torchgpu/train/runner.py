@@ -153,6 +153,10 @@ def train(config: TrainConfig, *, stop: StopFlag | None = None,
     """
     validate(config)
     config = resolve(config)
+    from torchgpu.train.out_dir import check_creatable
+
+    assert config.out is not None
+    check_creatable(config.out)  # before the data is loaded: a bad --out fails at once
     if task is None:
         task = task_for_config(config)
     from torchgpu.distributed import DistEnv, init_distributed
