@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -29,34 +30,167 @@ def column_letter(index: int) -> str:
     return letters
 
 
-def _parse_cell(text: str, path: Path, row: int, name: str, col: int) -> float:
-    where = f"{path}: row {row}, column {name!r} ({column_letter(col)})"
+_SEPARATORS = {";": "semicolon", "\t": "tab", "|": "pipe"}
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _where(path: Path, row: int, names: tuple[str, ...], col: int) -> str:
+    return f"{path}: row {row}, column {names[col]!r} ({column_letter(col)})"
+
+
+def _parse_cell(text: str, path: Path, row: int, names: tuple[str, ...], col: int) -> float:
     cell = text.strip()
     if not cell:
         raise DataError(
-            f"{where} is empty: every cell must hold a number; fill it in or delete the row"
+            f"{_where(path, row, names, col)} is empty: every cell must hold a number; fill "
+            "it in or delete the row"
         )
     try:
         value = float(cell)
     except ValueError:
         raise DataError(
-            f"{where} holds {cell!r}, which is not a number: only numeric tables are "
-            "supported; encode categories as numbers or drop the column"
+            f"{_where(path, row, names, col)} holds {cell!r}, which is not a number: only "
+            "numeric tables are supported; encode categories as numbers or drop the column"
         ) from None
     if not math.isfinite(value):
         raise DataError(
-            f"{where} holds {cell!r} (not a finite number): NaN and infinite values cannot "
-            "be trained on; fill the cell with a real value or delete the row"
+            f"{_where(path, row, names, col)} holds {cell!r} (not a finite number): NaN and "
+            "infinite values cannot be trained on; fill the cell with a real value or delete "
+            "the row"
+        )
+    if abs(value) > _FLOAT32_MAX:
+        raise DataError(
+            f"{_where(path, row, names, col)} holds {cell!r}, beyond float32's range "
+            f"(+-{_FLOAT32_MAX:.3g}) that training uses: rescale the column (e.g. its "
+            "logarithm) or drop it"
         )
     return value
 
 
-def read_numeric_csv(path: str | Path) -> tuple[tuple[str, ...], np.ndarray]:
-    """``(column names, values (rows, columns) float64)`` of a CSV with a header row.
+def likely_separator(lines: list[str]) -> str | None:
+    """The separator ``lines`` (a header and the first rows) use if it is not a comma:
+    one of ``;``, tab and ``|`` that occurs the same number of times (at least once) in
+    every line. None when there is no such separator."""
+    lines = [line for line in lines if line.strip()]
+    if not lines:
+        return None
+    for sep in _SEPARATORS:
+        counts = {line.count(sep) for line in lines}
+        if len(counts) == 1 and counts.pop() > 0:
+            return sep
+    return None
 
-    Blank lines are skipped. Raises :class:`DataError` for a missing or unreadable file,
-    no header or no data rows, a row with the wrong number of cells, and any empty,
-    non-numeric, NaN or infinite cell.
+
+def _check_header(file: Path, names: tuple[str, ...], first_lines: list[str]) -> None:
+    """Refuse a table read with the wrong separator, and duplicated column names."""
+    sep = likely_separator(first_lines) if len(names) == 1 else None
+    if sep is not None:
+        label = _SEPARATORS[sep]
+        shown = "\\t" if sep == "\t" else sep
+        decimal = ", decimal=','" if sep == ";" and any("," in x for x in first_lines[1:]) else ""
+        raise DataError(
+            f"{file} looks {label}-separated: its header splits into "
+            f"{first_lines[0].count(sep) + 1} columns on '{shown}' but is one column when "
+            "read as comma-separated CSV, the only kind torchgpu reads. Save it with commas, "
+            f"e.g. pandas.read_csv({str(file)!r}, sep='{shown}'{decimal}).to_csv("
+            "'table.csv', index=False), and pass that file"
+        )
+    seen: dict[str, int] = {}
+    for col, name in enumerate(names):
+        if name in seen:
+            first = seen[name]
+            raise DataError(
+                f"{file}: column {name!r} appears twice ({column_letter(first)} and "
+                f"{column_letter(col)}): every column needs its own name, or the same data "
+                "could be both a feature and the target; rename or drop one of them"
+            )
+        seen[name] = col
+
+
+def _fast_values(f: Any, n_columns: int) -> np.ndarray | None:
+    """The rest of ``f`` as float32 rows through numpy's C reader, or None for anything
+    it does not read exactly as :func:`_slow_values` would (the slow reader then finds
+    and reports the problem, or reads the unusual-but-valid table)."""
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "input contained no data": handled below
+            values = np.loadtxt(f, delimiter=",", dtype=np.float32, comments=None,
+                                quotechar='"', ndmin=2)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if values.shape[0] == 0 or values.shape[1] != n_columns or not np.isfinite(values).all():
+        return None
+    return values
+
+
+def _slow_values(file: Path, names: tuple[str, ...]) -> np.ndarray:
+    """Every data row of ``file`` as float32, streamed cell by cell with exact errors.
+
+    Rows are numbered where they start (a quote left open makes one record of many
+    lines: the error names the row where it opened)."""
+    from array import array
+
+    cells_read = array("d")
+    n_rows = 0
+    with file.open(newline="", encoding="utf-8-sig") as f:
+        reader = csv.reader(f)
+        next((r for r in reader if any(c.strip() for c in r)), None)  # the header
+        while True:
+            start = reader.line_num + 1
+            try:
+                cells = next(reader)
+            except StopIteration:
+                break
+            except csv.Error as error:
+                raise DataError(
+                    f"{file}: row {start} is not readable CSV ({error}): check its quoting"
+                ) from None
+            if not any(c.strip() for c in cells):
+                continue
+            if reader.line_num > start:
+                _check_open_quote(file, start, reader.line_num, cells, names)
+            if len(cells) != len(names):
+                raise DataError(
+                    f"{file}: row {start} has {len(cells)} cells but the header has "
+                    f"{len(names)} columns ({', '.join(names)}): every row needs one "
+                    "cell per column"
+                )
+            cells_read.extend(_parse_cell(c, file, start, names, i) for i, c in enumerate(cells))
+            n_rows += 1
+    if not n_rows:
+        raise DataError(f"{file} has a header but no data rows: add rows to the table")
+    return np.frombuffer(cells_read, dtype=np.float64).reshape(n_rows, len(names)).astype(
+        np.float32
+    )
+
+
+def _check_open_quote(file: Path, start: int, end: int, cells: list[str],
+                      names: tuple[str, ...]) -> None:
+    """A record over several lines holds a quoted line break: in a numeric table that
+    is a quote left open. Name the row and column where it opened."""
+    col = next((i for i, c in enumerate(cells) if "\n" in c or "\r" in c), None)
+    if col is None:
+        return
+    column = f"column {names[col]!r} ({column_letter(col)})" if col < len(names) else (
+        f"cell {col + 1}")
+    raise DataError(
+        f"{file}: row {start}, {column}: a quote (\") opens there and is not closed on "
+        f"that row, so rows {start}..{end} were read as one cell: close the quote or "
+        "remove it"
+    )
+
+
+def read_numeric_csv(path: str | Path) -> tuple[tuple[str, ...], np.ndarray]:
+    """``(column names, values (rows, columns) float32)`` of a CSV with a header row.
+
+    Blank lines are skipped. Numbers are read by numpy's C reader; a table it does not
+    take is read again cell by cell to report the first problem exactly. Raises
+    :class:`DataError` for a missing or unreadable file, no header or no data rows, a
+    table separated by ``;``, tab or ``|`` (named, with the fix), duplicated column
+    names, a row with the wrong number of cells, a quote left open (at the row where
+    it opens), and any empty, non-numeric, NaN, infinite or beyond-float32 cell.
     """
     file = Path(path)
     if not file.is_file():
@@ -64,7 +198,6 @@ def read_numeric_csv(path: str | Path) -> tuple[tuple[str, ...], np.ndarray]:
             f"data file {str(file)!r} does not exist (or is not a file): pass the path of a "
             "CSV table with a header row, e.g. --data data/houses.csv"
         )
-    rows: list[list[float]] = []
     try:
         with file.open(newline="", encoding="utf-8-sig") as f:
             reader = csv.reader(f)
@@ -75,18 +208,15 @@ def read_numeric_csv(path: str | Path) -> tuple[tuple[str, ...], np.ndarray]:
                     "and at least one data row"
                 )
             names = tuple(c.strip() for c in header)
-            for cells in reader:
-                if not any(c.strip() for c in cells):
-                    continue
-                row = reader.line_num
-                if len(cells) != len(names):
-                    raise DataError(
-                        f"{file}: row {row} has {len(cells)} cells but the header has "
-                        f"{len(names)} columns ({', '.join(names)}): every row needs one "
-                        "cell per column"
-                    )
-                pairs = enumerate(zip(cells, names, strict=True))
-                rows.append([_parse_cell(c, file, row, n, i) for i, (c, n) in pairs])
+            values = _fast_values(f, len(names))
+        if len(names) == 1 or values is None:
+            with file.open(newline="", encoding="utf-8-sig") as f:
+                first_lines = [line for _, line in zip(range(6), f, strict=False)]
+            _check_header(file, names, [x for x in first_lines if x.strip()])
+        else:
+            _check_header(file, names, [])
+        if values is None:
+            values = _slow_values(file, names)
     except UnicodeDecodeError as error:
         raise DataError(
             f"{file} is not UTF-8 text ({error.reason} at byte {error.start}): save it as "
@@ -94,9 +224,7 @@ def read_numeric_csv(path: str | Path) -> tuple[tuple[str, ...], np.ndarray]:
         ) from None
     except csv.Error as error:
         raise DataError(f"{file} is not a readable CSV ({error}): check its quoting") from None
-    if not rows:
-        raise DataError(f"{file} has a header but no data rows: add rows to the table")
-    return names, np.asarray(rows, dtype=np.float64)
+    return names, values
 
 
 def csv_data(

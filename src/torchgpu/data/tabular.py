@@ -39,9 +39,13 @@ def split_indices(n_rows: int, test_fraction: float, seed: int) -> tuple[np.ndar
 def standardise(
     train: np.ndarray, *others: np.ndarray
 ) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
-    """Scale columns to mean 0, std 1 using ``train``'s statistics; constant columns get std 1."""
-    mean = train.mean(axis=0)
-    std = train.std(axis=0)
+    """Scale columns to mean 0, std 1 using ``train``'s statistics; constant columns get std 1.
+
+    Statistics are float64 whatever the input's dtype (float32 sums drift on long
+    columns); the scaled arrays are float32.
+    """
+    mean = train.mean(axis=0, dtype=np.float64)
+    std = train.std(axis=0, dtype=np.float64)
     std = np.where(std > 0, std, 1.0)
     scaled = [((a - mean) / std).astype(np.float32) for a in (train, *others)]
     return scaled, mean, std
