@@ -13,6 +13,12 @@ variants (:func:`~torchgpu.bench.timer.measure_interleaved` accepts the returned
 The work is named by ``"module:function"``; the function is called in each worker as
 ``function(rank, world_size, device, spec) -> (step, stats)`` where ``step()`` runs one
 sample's work and ``stats()`` returns a JSON-safe dict (e.g. peak memory) on request.
+
+No worker outlives the parent: :meth:`WorkerGroup.close` (on leaving the ``with``, also
+on an exception, KeyboardInterrupt or the SIGTERM ``torchgpu bench`` turns into one)
+stops them, terminating at once when leaving on an exception; and a worker waiting for
+its next command exits by itself when the parent is gone (killed with SIGKILL, say),
+which also lets the fork server, kept alive by its children, exit.
 """
 
 from __future__ import annotations
@@ -22,13 +28,15 @@ import gc
 import importlib
 import os
 import queue
+import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any
 
 import torch
 import torch.multiprocessing as mp
+from torch.multiprocessing import parent_process
 
 Step = Callable[[], None]
 Stats = Callable[[], dict[str, Any]]
@@ -51,6 +59,22 @@ def _context() -> Any:
     return mp.get_context("spawn")
 
 
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM (delivered on leaving) while workers start: raised between a
+    worker's fork and its record in the group, they would leave a worker that
+    :meth:`WorkerGroup.close` does not know. (Workers unblock them first thing.)"""
+    held = {signal.SIGINT, signal.SIGTERM}
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _resolve(factory: str) -> Callable[..., tuple[Step, Stats]]:
     module_name, _, function = factory.partition(":")
     fn: Callable[..., tuple[Step, Stats]] = getattr(importlib.import_module(module_name),
@@ -63,6 +87,8 @@ def _worker(
     threads: int, commands: Any, results: Any,
 ) -> None:
     """Body of one worker process (module level so the start method can pickle it)."""
+    if hasattr(signal, "pthread_sigmask"):  # a spawned child inherits the launch's mask
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
         WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
@@ -78,8 +104,14 @@ def _worker(
         with init_distributed(backend=backend, device=target):
             step, stats = _resolve(factory)(rank, world_size, target, spec)
             results.put(("ready", rank, None))
+            parent = parent_process()  # None only when run in the parent itself
             while True:
-                command = commands.get()
+                try:
+                    command = commands.get(timeout=_POLL_S)
+                except queue.Empty:
+                    if parent is not None and not parent.is_alive():
+                        break  # the parent died without closing the group: do not linger
+                    continue
                 if command == "run":
                     dist.barrier()
                     start = time.perf_counter()
@@ -132,7 +164,9 @@ class WorkerGroup:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self.close()
+        # Leaving on an exception (a failure, Ctrl-C, SIGTERM): no polite "stop" through
+        # the queues, whose locks the interrupted code may hold; terminate at once.
+        self.close(force=exc_type is not None)
 
     def start(self) -> None:
         """Start the processes and wait until every rank has built its work."""
@@ -145,16 +179,22 @@ class WorkerGroup:
 
         self._ready = False
         port = free_port()
-        for rank, device in enumerate(self.devices):
-            commands = self._ctx.Queue()
-            proc = self._ctx.Process(
-                target=_worker, daemon=True,
-                args=(rank, self.world_size, port, self.factory, device, self.spec,
-                      self.threads, commands, self._results),
-            )
-            proc.start()
-            self._commands.append(commands)
-            self._procs.append(proc)
+        if self._ctx.get_start_method() == "forkserver":
+            from multiprocessing import forkserver
+
+            # Started now, not inside _signals_held: a process inherits the signal mask.
+            forkserver.ensure_running()
+        with _signals_held():
+            for rank, device in enumerate(self.devices):
+                commands = self._ctx.Queue()
+                proc = self._ctx.Process(
+                    target=_worker, daemon=True,
+                    args=(rank, self.world_size, port, self.factory, device, self.spec,
+                          self.threads, commands, self._results),
+                )
+                proc.start()
+                self._commands.append(commands)
+                self._procs.append(proc)
 
     def wait_ready(self) -> None:
         """Block until every rank reported ready (once; later calls return at once)."""
@@ -205,15 +245,23 @@ class WorkerGroup:
                 got.append((rank, value))
         return got
 
-    def close(self) -> None:
-        """Ask every worker to stop; terminate any still running after a grace period."""
-        for commands in self._commands:
-            with contextlib.suppress(OSError, ValueError):
-                commands.put("stop")
+    def close(self, force: bool = False) -> None:
+        """Ask every worker to stop; terminate any still running after a grace period,
+        then kill any still running after another (``force``: terminate at once). Every
+        wait is bounded: no worker is left running when this returns."""
+        if not force:
+            for commands in self._commands:
+                with contextlib.suppress(OSError, ValueError):
+                    commands.put("stop")
         for proc in self._procs:
-            proc.join(timeout=10)
+            if not force:
+                proc.join(timeout=10)
             if proc.is_alive():
                 proc.terminate()
+        for proc in self._procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
                 proc.join(timeout=5)
         self._procs.clear()
         self._commands.clear()
