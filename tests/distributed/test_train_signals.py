@@ -28,20 +28,26 @@ pytestmark = pytest.mark.slow
 # 100 samples -> 80 train rows -> 5 micro-batches of 8 per rank per epoch (10 ms or so):
 # many epochs per agreement period, and far more epochs than a test waits for.
 COMMON = ["--example", "housing", "--data-size", "100", "--batch-size", "8",
-          "--epochs", "100000", "--progress", "off", "--device", "cpu",
-          "--save-every", "20", "--keep-last", "2"]
+          "--epochs", "100000", "--progress", "off", "--device", "cpu"]
+SAVES = ["--save-every", "20", "--keep-last", "2"]
 DDP = ["--nproc", "2", "--strategy", "ddp"]
 STOP_BOUND_S = 5.0  # signal -> the stop's checkpoint on disk
 EXIT_BOUND_S = 30.0  # signal -> the launcher has exited (startup of nothing, teardown)
 
 
-def _stop(tmp_path: Path, extra: list[str], sig: signal.Signals, where: str) -> dict[str, Any]:
-    """Start a run, wait for its first checkpoint, send ``sig`` to ``where`` (the
-    launcher, its process group, or rank 0), and check the clean, saved, bounded stop.
-    Returns the summary (with the stop checkpoint's path under ``"checkpoint"``)."""
+def _stop(tmp_path: Path, extra: list[str], sig: signal.Signals, where: str,
+          saves: bool = True) -> dict[str, Any]:
+    """Start a run (``saves``: with --save-every), wait until it trains, send ``sig`` to
+    ``where`` (the launcher, its process group, or rank 0), and check the clean, saved,
+    bounded stop. Returns the summary, with the stop checkpoint's path and position."""
     out = tmp_path / "run"
-    with Session(["train", *COMMON, *extra, "--out", str(out)], tmp_path) as run:
-        run.wait_for(out / "checkpoints" / "latest")  # training is under way
+    flags = [*COMMON, *extra, *(SAVES if saves else [])]
+    with Session(["train", *flags, "--out", str(out)], tmp_path) as run:
+        # Training is under way: a checkpoint, or the metrics of a few epochs.
+        run.wait_for(out / "checkpoints" / "latest" if saves else out / "metrics.jsonl")
+        if not saves:
+            while run.proc.poll() is None and (out / "metrics.jsonl").stat().st_size < 2000:
+                time.sleep(0.02)
         target = run.worker(0) if where == "rank 0" else run.pid
         run.look()
         sent = time.time()
@@ -59,11 +65,13 @@ def _stop(tmp_path: Path, extra: list[str], sig: signal.Signals, where: str) -> 
     summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
     step = summary["stopped_at_step"]
     assert summary["stopped_early"] and sig.name in summary["stop_reason"]
-    assert step == summary["steps"] and step >= 20
+    assert step == summary["steps"] and step >= (20 if saves else 1)
     world = 2 if extra == DDP else 1
     assert summary["stop_steps_by_rank"] == [step] * world  # one boundary on every rank
     checkpoint = out / "checkpoints" / f"step-{step:08d}"
     assert (out / "checkpoints" / "latest").read_text().strip() == checkpoint.name
+    if not saves:  # the stop's checkpoint is the only one
+        assert [p.name for p in (out / "checkpoints").glob("step-*")] == [checkpoint.name]
     verify_checkpoint(checkpoint)
     meta = json.loads((checkpoint / "meta.json").read_text())
     assert meta["step"] == step
@@ -81,7 +89,7 @@ def test_sigterm_to_the_launcher_stops_both_ranks_saved_and_resumable(tmp_path: 
     # --epochs is not part of the saved position: the resumed run ends one epoch later.
     epochs = summary["position"]["epoch"] + 2
     out = tmp_path / "run"
-    done = run_cli(["train", *COMMON, *DDP, "--out", str(out), "--resume",
+    done = run_cli(["train", *COMMON, *DDP, *SAVES, "--out", str(out), "--resume",
                     "--epochs", str(epochs)], timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"resuming from {summary['checkpoint']}" in done.stderr
@@ -99,10 +107,17 @@ def test_sigterm_to_rank_0_alone_stops_both_ranks_saved(tmp_path: Path) -> None:
 
 
 def test_sigint_to_the_process_group_stops_both_ranks_saved(tmp_path: Path) -> None:
-    """Ctrl-C in a terminal: SIGINT to the foreground process group."""
-    _stop(tmp_path, DDP, signal.SIGINT, "group")
+    """Ctrl-C in a terminal: SIGINT to the foreground process group. Without
+    --save-every: the stop writes its checkpoint all the same."""
+    _stop(tmp_path, DDP, signal.SIGINT, "group", saves=False)
 
 
 def test_sigint_to_one_process_stops_saved(tmp_path: Path) -> None:
     summary = _stop(tmp_path, ["--strategy", "single"], signal.SIGINT, "group")
+    assert summary["world_size"] == 1
+
+
+def test_sigterm_to_one_process_without_save_every_stops_saved(tmp_path: Path) -> None:
+    summary = _stop(tmp_path, ["--strategy", "single"], signal.SIGTERM, "launcher",
+                    saves=False)
     assert summary["world_size"] == 1
