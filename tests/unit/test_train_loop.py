@@ -224,3 +224,34 @@ def test_rank_other_than_zero_writes_nothing(tmp_path: Path, monkeypatch: pytest
     assert result.out_dir is None and result.state.step > 0
     assert not (tmp_path / "r1").exists()
     assert capsys.readouterr().out == ""
+
+
+def test_a_stop_after_the_last_step_stops_nothing(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A signal landing during the last evaluation: the run has finished, so the summary
+    must not claim an early stop (nor name a stop step)."""
+    from torchgpu.train import runner
+
+    stop = StopFlag()
+    real = runner.evaluate
+
+    def evaluate_then_signal(*args: object, **kwargs: object) -> object:
+        result = real(*args, **kwargs)  # type: ignore[arg-type]
+        stop.set("SIGTERM")
+        return result
+
+    monkeypatch.setattr(runner, "evaluate", evaluate_then_signal)
+    config = TrainConfig(out=str(tmp_path / "run"), data_size=60, epochs=1, progress="off")
+    result = train(config, stop=stop)
+    assert result.summary["epochs"] == 1 and stop.is_set()
+    assert not result.summary["stopped_early"] and result.summary["stop_reason"] is None
+    assert result.summary["stopped_at_step"] is None
+
+
+def test_a_stop_reports_its_step(tmp_path: Path) -> None:
+    config = TrainConfig(out=str(tmp_path / "run"), data_size=60, epochs=3, progress="off")
+    result = train(config, stop_at_step=2)
+    summary = result.summary
+    assert summary["stopped_early"] and summary["stop_reason"] == "step limit"
+    assert summary["stopped_at_step"] == 2 == summary["steps"]
+    assert summary["stop_steps_by_rank"] == [2]
