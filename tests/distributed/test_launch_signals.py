@@ -86,3 +86,17 @@ def test_stop_timeout_must_be_positive(tmp_path: Path) -> None:
         code = run.wait(30)
     assert code == 2
     assert "--stop-timeout 0.0 is out of range" in run.stderr()
+
+
+def test_torchrun_leaves_sigterm_and_sigint_to_the_launcher() -> None:
+    """The forwarding needs torchrun's --signals-to-handle (without it, torchrun's agent
+    tears the workers down on SIGTERM); the agent keeps the other signals."""
+    from torch.distributed.run import get_args_parser
+
+    from torchgpu.train.launch import LaunchSpec, agent_signals, torchrun_args
+
+    args = get_args_parser().parse_args(torchrun_args(LaunchSpec(nproc=2), "x.py", []))
+    assert hasattr(args, "signals_to_handle")
+    assert agent_signals(args.signals_to_handle) == "SIGHUP,SIGQUIT"
+    assert agent_signals("SIGTERM, SIGINT") == "SIGHUP"
+    assert agent_signals("SIGUSR1,SIGTERM") == "SIGUSR1"
