@@ -56,4 +56,4 @@ def test_ddp_two_processes_match_one_process_with_the_global_batch(
         else:  # each global batch's loss counted once, as one process counts it
             assert x["train_loss"] == pytest.approx(y["train_loss"], rel=1e-4)
     assert sorted(p.name for p in ddp_out.iterdir()) == [
-        "loss.png", "metrics.jsonl", "model.safetensors", "summary.json"]
+        "config.toml", "loss.png", "metrics.jsonl", "model.safetensors", "summary.json"]
