@@ -6,6 +6,7 @@ See :mod:`torchgpu.checkpoint.layout` for the directory format and
 
 from __future__ import annotations
 
+import shutil
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,8 +16,14 @@ import torch
 from torch import nn
 
 from torchgpu.checkpoint import atomic
-from torchgpu.checkpoint.discover import LATEST, find_checkpoint, locate, prune
-from torchgpu.checkpoint.files import show
+from torchgpu.checkpoint.discover import (
+    LATEST,
+    find_checkpoint,
+    is_checkpoint_dir,
+    locate,
+    prune,
+)
+from torchgpu.checkpoint.files import exists, kind_of, list_dir, show
 from torchgpu.checkpoint.keys import load_state_dict, normalize
 from torchgpu.checkpoint.layout import (
     FORMAT,
@@ -157,9 +164,7 @@ def save_checkpoint(
 def _write(final: Path, model: nn.Module, optimizer: Any, scheduler: Any, scaler: Any,
            step: int, epoch: int, extra: dict[str, Any] | None, meta: dict[str, Any] | None,
            keep_last: int | None, world_size: int) -> None:
-    if atomic.is_temporary(final.name) or final.name == LATEST:
-        raise CheckpointError(f"{final.name!r} is a reserved name; name checkpoints like "
-                              "'step-00000100'")
+    _check_destination(final)
     model_data, model_extra = model_bytes(canonical_state(model))
     state = {
         "format": FORMAT, "step": int(step), "epoch": int(epoch),
@@ -177,10 +182,58 @@ def _write(final: Path, model: nn.Module, optimizer: Any, scheduler: Any, scaler
     }
     files[MANIFEST_FILE] = manifest_bytes(files)
     atomic.clean_orphans(final.parent)
+    replacing = exists(final)
     atomic.commit_directory(final, files)
-    atomic.write_pointer(final.parent, final.name, LATEST)
+    try:
+        atomic.write_pointer(final.parent, final.name, LATEST)
+    except (CheckpointError, OSError) as error:
+        raise _pointer_failed(final, replacing, error) from None
     if keep_last is not None:
         prune(final.parent, keep_last, protect=final)
+
+
+def _check_destination(final: Path) -> None:
+    """Refuse, before anything is written, a checkpoint path ``latest`` could not name
+    (see :func:`~torchgpu.checkpoint.atomic.name_problem`) and an existing path that is
+    not a torchgpu checkpoint directory: saving replaces what is there, and a user's
+    file or directory (``OUT/checkpoints`` itself, say ``save_checkpoint("run/.")``) must
+    never be replaced and deleted."""
+    name = final.name if str(final) not in ("", ".") else ""
+    problem = atomic.name_problem(name)
+    if problem is None and (atomic.is_temporary(name) or name == LATEST):
+        problem = "it is a name torchgpu reserves for its own files"
+    if problem is None and len(f".{name}.old-{atomic.token()}".encode()) > 255:
+        problem = "it leaves no room for the temporary name saving needs (keep it under ~200 bytes)"
+    if problem is not None:
+        raise CheckpointError(
+            f"cannot save a checkpoint as {show(final)}: {problem}. Name checkpoint "
+            "directories like 'step-00000100' inside the directory that holds them")
+    kind = kind_of(final)
+    if kind == "missing" or (kind == "dir" and is_checkpoint_dir(final)):
+        return
+    if kind == "dir" and not list_dir(final):
+        return
+    what = "a file" if kind == "file" else "not a directory" if kind == "other" else (
+        "a directory that is not a torchgpu checkpoint (no manifest.json, state.pt or "
+        "meta.json in it)")
+    raise CheckpointError(
+        f"cannot save a checkpoint as {show(final)}: it exists and is {what}, and saving "
+        "would replace it. Nothing was written; save to a new checkpoint path inside it "
+        f"(e.g. {show(final / 'step-00000100')}) or move it away first")
+
+
+def _pointer_failed(final: Path, replaced: bool, error: BaseException) -> CheckpointError:
+    """The error for a commit whose ``latest`` could not be updated. A new checkpoint is
+    removed again, so that ``latest`` and the directory agree (nothing was committed); a
+    replaced one cannot be un-replaced and is said to be there."""
+    if not replaced:
+        shutil.rmtree(final, ignore_errors=True)
+        return CheckpointError(
+            f"{error}. The new checkpoint {show(final)} was removed again, so nothing was "
+            "committed and any earlier checkpoint is untouched; free space or fix the "
+            "directory and save again")
+    return CheckpointError(
+        f"{error}. {show(final)} itself was rewritten; fix the directory and save again")
 
 
 def load_checkpoint(

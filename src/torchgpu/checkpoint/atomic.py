@@ -30,6 +30,7 @@ import re
 import secrets
 import shutil
 import socket
+import unicodedata
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -43,7 +44,8 @@ _ORPHAN = re.compile(
     r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{8}$")
 
 
-def _token() -> str:
+def token() -> str:
+    """The unique part of a temporary's name: host, process id, random hex."""
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
@@ -71,6 +73,20 @@ def write_file(path: Path, data: bytes | bytearray | memoryview) -> None:
         os.close(fd)
 
 
+def make_parent(parent: Path) -> None:
+    """Create directory ``parent`` (and its parents) if needed; a file or other non-directory
+    in the way is a :class:`CheckpointError` naming it."""
+    for ancestor in (parent, *parent.parents):
+        kind = files.kind_of(ancestor)
+        if kind == "dir":
+            break
+        if kind != "missing":
+            raise CheckpointError(
+                f"cannot save a checkpoint in {files.show(parent)}: {files.show(ancestor)} is "
+                "a file, not a directory. Choose another directory, or move that file away")
+    parent.mkdir(parents=True, exist_ok=True)
+
+
 def _disk_error(path: Path, error: OSError) -> CheckpointError:
     reason = "the disk is full" if error.errno == errno.ENOSPC else str(error)
     return CheckpointError(
@@ -87,17 +103,17 @@ def commit_directory(final: Path, files: dict[str, bytes | bytearray | memoryvie
     ``OSError`` such as ENOSPC included); ``final`` then holds what it held before.
     """
     parent = final.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    temp = parent / f".{final.name}.tmp-{_token()}"
+    temp = parent / f".{final.name}.tmp-{token()}"
     aside: Path | None = None
     renamed_in = False
     try:
+        make_parent(parent)
         temp.mkdir()
         for name, data in files.items():
             write_file(temp / name, data)
         fsync_dir(temp)
         if final.exists():
-            aside = parent / f".{final.name}.old-{_token()}"
+            aside = parent / f".{final.name}.old-{token()}"
             os.rename(final, aside)
         os.rename(temp, final)
         renamed_in = True
@@ -127,60 +143,97 @@ def _undo(temp: Path, aside: Path | None, final: Path, renamed_in: bool) -> None
 
 def write_file_atomic(final: Path, data: bytes | bytearray | memoryview) -> Path:
     """Replace file ``final`` with ``data`` atomically (temporary sibling, fsync, rename)."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    temp = final.parent / f".{final.name}.tmp-{_token()}"
     try:
+        _replace(final, data)
+    except OSError as error:
+        raise _disk_error(final, error) from None
+    return final
+
+
+def _replace(final: Path, data: bytes | bytearray | memoryview) -> None:
+    """:func:`write_file_atomic` raising the ``OSError`` as is (the temporary removed)."""
+    temp = final.parent / f".{final.name}.tmp-{token()}"
+    try:
+        make_parent(final.parent)
         write_file(temp, data)
         os.replace(temp, final)
         fsync_dir(final.parent)
-    except OSError as error:
-        with contextlib.suppress(OSError):
-            temp.unlink()
-        raise _disk_error(final, error) from None
     except BaseException:
         with contextlib.suppress(OSError):
             temp.unlink()
         raise
-    return final
 
 
 def write_pointer(parent: Path, target_name: str, pointer: str = "latest") -> None:
-    """Point ``parent/pointer`` at ``target_name`` (one line of text), atomically."""
-    write_file_atomic(parent / pointer, (target_name + "\n").encode())
+    """Point ``parent/pointer`` at ``target_name`` (one line of text), atomically. On
+    failure (disk full...) the pointer keeps naming what it named, and the
+    :class:`CheckpointError` says so."""
+    path = parent / pointer
+    try:
+        _replace(path, (target_name + "\n").encode())
+    except OSError as error:
+        reason = "the disk is full" if error.errno == errno.ENOSPC else str(error)
+        raise CheckpointError(
+            f"could not update {files.show(path)} to name {files.show(target_name)!r} "
+            f"({reason}); it still names what it named before") from None
 
 
 #: The longest name ``latest`` may hold (NAME_MAX on Linux and macOS).
 MAX_POINTER_NAME = 255
 
 
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a checkpoint directory named by ``latest`` (``None`` when it
+    can): it must be one plain entry (not empty, ``.`` or ``..``, no ``/`` or ``\\``), hold
+    no control characters (``latest`` is one line of text), no leading or trailing
+    whitespace (which the line loses), be valid UTF-8 (what ``latest`` is written in)
+    and at most :data:`MAX_POINTER_NAME` bytes encoded."""
+    if name in ("", ".", ".."):
+        return f"{name!r} is not a directory name"
+    if "/" in name or "\\" in name:
+        return "it contains a path separator"
+    if any(unicodedata.category(char) == "Cc" for char in name):
+        return "it contains a control character (a newline, a tab, NUL...)"
+    if name != name.strip():
+        return "it starts or ends with whitespace"
+    try:
+        encoded = name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "it is not valid UTF-8 (bytes the file system gave back undecoded)"
+    if len(encoded) > MAX_POINTER_NAME:
+        return f"it is {len(encoded)} bytes long (at most {MAX_POINTER_NAME})"
+    return None
+
+
 def read_pointer(parent: Path, pointer: str = "latest") -> str | None:
     """The directory name ``parent/pointer`` holds, or ``None`` when the file is absent or
     empty.
 
-    The name must be one plain entry of ``parent``: at most :data:`MAX_POINTER_NAME`
-    characters, no ``/``, no control characters (NUL, newline), not ``.`` or ``..``.
-    Anything else -- or a pointer that is not a readable regular file (a directory, a
-    FIFO, a link loop, no permission) -- is a :class:`CheckpointFormatError` naming the
-    file, never a path outside ``parent`` and never a blocking read.
+    The name must be one plain entry of ``parent`` that :func:`name_problem` accepts
+    (what :func:`~torchgpu.checkpoint.save_checkpoint` accepts as a name). Anything else
+    -- or a pointer that is not a readable regular file (a directory, a FIFO, a link
+    loop, no permission) -- is a :class:`CheckpointFormatError` naming the file, never a
+    path outside ``parent`` and never a blocking read.
     """
     path = parent / pointer
     if files.kind_of(path) == "missing":
         return None
     raw = files.read_bytes(path, limit=4 * MAX_POINTER_NAME)
     try:
-        text = raw.decode("utf-8").strip()
+        text: str | None = raw.decode("utf-8").strip()
     except UnicodeDecodeError:
         text = None
     if text == "":
         return None
-    if (text is None or len(raw) > 4 * MAX_POINTER_NAME or len(text) > MAX_POINTER_NAME
-            or not text.isprintable() or "/" in text or "\\" in text
-            or text in (".", "..")):
+    problem = ("it is not UTF-8 text" if text is None else
+               f"it is longer than {4 * MAX_POINTER_NAME} bytes"
+               if len(raw) > 4 * MAX_POINTER_NAME else name_problem(text))
+    if problem is not None:
         shown = files.show(raw[:80].decode("utf-8", "replace"))
         raise CheckpointFormatError(
             f"{files.show(path)} does not hold a checkpoint directory name: it holds "
-            f"{shown!r} ({len(raw)}{'+' if len(raw) > 4 * MAX_POINTER_NAME else ''} bytes); "
-            f"it must be one name of at most {MAX_POINTER_NAME} characters inside "
+            f"{shown!r} ({len(raw)}{'+' if len(raw) > 4 * MAX_POINTER_NAME else ''} bytes) and "
+            f"{problem}; it must be one name of at most {MAX_POINTER_NAME} bytes inside "
             f"{files.show(parent)}, without '/', control characters or '..'. Write the name "
             f"of a checkpoint there (e.g. `echo step-00000100 > {files.show(path)}`) or "
             "delete it to use the newest complete checkpoint")

@@ -29,9 +29,9 @@ from torchgpu.checkpoint.layout import (
     is_complete,
     read_manifest,
     read_meta,
-    verify_checkpoint,
+    verify_directory,
 )
-from torchgpu.errors import CheckpointCorruptError, CheckpointError
+from torchgpu.errors import CheckpointCorruptError, CheckpointError, CheckpointFormatError
 
 LATEST = "latest"
 RUN_CHECKPOINTS = "checkpoints"
@@ -178,6 +178,41 @@ def find_checkpoint(path: str | Path) -> Path | None:
     return _newest(parent)
 
 
+def designated_for_verify(path: Path) -> Path:
+    """The checkpoint directory :func:`~torchgpu.checkpoint.verify_checkpoint` checks for
+    ``path``: ``path`` itself when it is one; for a directory of checkpoints or a run
+    directory, the one ``latest`` names -- a ``latest`` naming nothing is a
+    :class:`CheckpointCorruptError`, not a fallback, since that is the checkpoint a
+    resume would want -- else the newest complete one. A path with no torchgpu
+    checkpoint is a :class:`CheckpointFormatError`."""
+    located = locate(path)
+    if located.kind == "checkpoint":
+        return located.path
+    if located.kind == "missing":
+        raise CheckpointFormatError(f"{files.show(path)}: no such file or directory. Check "
+                                    "the path")
+    parent = located.parent
+    if parent is not None and files.exists(parent / LATEST):
+        name = atomic.read_pointer(parent, LATEST)
+        target = parent / name if name is not None else None
+        if target is not None and is_checkpoint_dir(target):
+            return target
+        what = f"names {name!r}, which is not a checkpoint directory" if name else "is empty"
+        good = newest_verified(parent)
+        raise CheckpointCorruptError(
+            f"{files.show(parent / LATEST)} {what}: the latest checkpoint is missing. "
+            + (f"The newest checkpoint that verifies is {files.show(good)}; use it (e.g. "
+               f"--resume {files.show(good)})" if good is not None
+               else "No checkpoint there verifies"))
+    newest = _newest(parent) if parent is not None else None
+    if newest is None:
+        raise CheckpointFormatError(
+            f"{files.show(path)} holds no torchgpu checkpoint (no manifest.json, no 'latest', "
+            "no complete checkpoint directory inside); verify checks torchgpu checkpoint "
+            "directories. Inspect other files with `torchgpu ckpt inspect`")
+    return newest
+
+
 def _newest(parent: Path) -> Path | None:
     found = list_checkpoints(parent)
     return found[-1] if found else None
@@ -218,7 +253,7 @@ def newest_verified(parent: Path, exclude: Path | None = None) -> Path | None:
         if exclude is not None and directory.resolve() == exclude.resolve():
             continue
         try:
-            verify_checkpoint(directory)
+            verify_directory(directory)
         except CheckpointError:  # damaged, or unreadable: either way not one to offer
             continue
         return directory

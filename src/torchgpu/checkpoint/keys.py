@@ -284,25 +284,51 @@ def load_state_dict(
         from torchgpu.checkpoint.files import show
         from torchgpu.checkpoint.sources import read_weights
 
+        if str(state_or_path) == "":
+            raise CheckpointError("the checkpoint path is empty; pass a checkpoint file or "
+                                  "directory (an empty path would mean the current directory)")
         obj: Any = read_weights(Path(state_or_path), trust=trust, verify=verify)
         origin = show(state_or_path)
-    else:
+    elif isinstance(state_or_path, Mapping):
         obj = state_or_path
         origin = "the given state dict"
+    else:
+        raise CheckpointError(
+            f"load_state_dict got a {type(state_or_path).__name__} to load; pass a state dict "
+            "(a mapping of names to tensors) or the path of a checkpoint")
     target = model.state_dict()
-    report, pairs, source = match_keys(candidate_states(obj), target)
+    candidates = candidate_states(obj)
+    if not candidates and not target and isinstance(obj, Mapping) and not obj:
+        candidates = [("", {})]  # nothing to load into a model with no state: torch agrees
+    report, pairs, source = match_keys(candidates, target)
     saved = metadata_of(source)
     modules = {normalize(name): name for name, _ in model.named_modules()}
     metadata = (remap_metadata(saved, report.strip, report.add, modules)
                 if saved is not None else None)
     legacy = _legacy_keys(model, report.missing, metadata or {})
     expected = replace(report, missing=tuple(k for k in report.missing if k not in legacy))
-    if (strict and not expected.exact) or report.matched == 0:
+    if (strict and not expected.exact) or (report.matched == 0 and not expected.exact):
         raise mapping_error(expected if strict else report, source, target, origin)
+    not_tensors = [f"{k} ({type(source[k]).__name__})" for k in source
+                   if k in pairs and isinstance(target[pairs[k]], torch.Tensor)
+                   and not isinstance(source[k], torch.Tensor)]
+    if not_tensors:
+        raise CheckpointError(
+            f"the weights in {origin} hold values that are not tensors where the model has "
+            f"tensors: {', '.join(not_tensors[:_SHOW])}"
+            f"{f' and {len(not_tensors) - _SHOW} more' if len(not_tensors) > _SHOW else ''}; "
+            "nothing was loaded. Convert them with torch.as_tensor(...) or use a state dict "
+            "saved by model.state_dict()")
     remapped = with_metadata({pairs[k]: source[k] for k in source if k in pairs}, metadata)
     # strict=False here: the strict check was done above, before any weight was copied,
     # and torch's own check would fail on the keys its version-aware loading supplies.
-    result = model.load_state_dict(remapped, strict=False)
+    try:
+        result = model.load_state_dict(remapped, strict=False)
+    except RuntimeError as error:  # a module's own loading hook refused a value
+        reason = " ".join(str(error).split())
+        raise CheckpointError(
+            f"the weights in {origin} could not be copied into the model ({reason[:400]}); "
+            "check that the checkpoint was saved from the same architecture") from None
     report = replace(report, missing=tuple(result.missing_keys))
     if strict and (result.missing_keys or result.unexpected_keys):
         raise mapping_error(replace(report, unexpected=tuple(result.unexpected_keys)), source,

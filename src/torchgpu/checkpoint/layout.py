@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from torchgpu.checkpoint import files
-from torchgpu.errors import CheckpointCorruptError, CheckpointError
+from torchgpu.errors import CheckpointCorruptError, CheckpointError, CheckpointFormatError
 
 FORMAT = "torchgpu-checkpoint"
 FORMAT_VERSION = 1
@@ -123,8 +123,13 @@ def apply_aliases(tensors: dict[str, torch.Tensor], metadata: Mapping[str, str])
         return
     try:
         aliases = json.loads(raw)
-    except json.JSONDecodeError:
-        raise CheckpointError(f"the {ALIASES_KEY} metadata is not valid JSON") from None
+    except (ValueError, RecursionError):
+        aliases = None
+    if not isinstance(aliases, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in aliases.items()):
+        raise CheckpointFormatError(
+            f"the {ALIASES_KEY} metadata of the weights file is not a JSON object of tensor "
+            "names; the file is damaged. Use an earlier checkpoint")
     for alias, stored in aliases.items():
         if stored in tensors:
             tensors[alias] = tensors[stored]
@@ -214,6 +219,25 @@ _MAX_MANIFEST_BYTES = 1 << 20
 _HEX = frozenset("0123456789abcdef")
 
 
+class _DuplicateKeyError(ValueError):
+    pass
+
+
+def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object that names each key once: with a key twice, which entry a reader
+    takes is up to the reader, so a manifest holding one verifies nothing for certain."""
+    record: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in record:
+            raise _DuplicateKeyError(f"the key {key!r} appears twice in one object")
+        record[key] = value
+    return record
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def _bad_manifest(path: Path, problem: str) -> CheckpointCorruptError:
     return CheckpointCorruptError(
         f"{files.show(path)} is malformed ({problem}), so the checkpoint cannot be verified. "
@@ -247,16 +271,22 @@ def read_manifest(directory: Path) -> dict[str, dict[str, Any]]:
     (permissions, not a regular file).
     """
     path = directory / MANIFEST_FILE
-    if files.kind_of(path) == "missing":
+    kind = files.kind_of(path)
+    if kind == "missing":
         raise CheckpointCorruptError(
             f"{files.show(path)} is missing, so {files.show(directory)} is not a complete "
             "checkpoint (the save was interrupted before it committed, or the manifest was "
             "deleted) and its files cannot be verified; use an earlier checkpoint")
+    if kind == "dir":
+        raise _bad_manifest(path, "a directory, not a file")
     raw = files.read_bytes(path, limit=_MAX_MANIFEST_BYTES)
     if len(raw) > _MAX_MANIFEST_BYTES:
         raise _bad_manifest(path, f"larger than {_MAX_MANIFEST_BYTES} bytes")
     try:
-        record = json.loads(raw.decode("utf-8"))
+        record = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_object,
+                            parse_constant=_no_constant)
+    except _DuplicateKeyError as error:
+        raise _bad_manifest(path, str(error)) from None
     except (UnicodeDecodeError, ValueError, RecursionError) as error:
         raise _bad_manifest(path, f"not JSON: {error}") from None
     if not isinstance(record, dict):
@@ -301,20 +331,39 @@ def _sha256(file: Path) -> tuple[int, str]:
 
 
 def verify_checkpoint(path: str | Path) -> dict[str, int]:
-    """Check every file of checkpoint directory ``path`` against its manifest (size and
-    sha256). Returns ``{file name: size_bytes}``; a missing, truncated or altered file,
-    or a missing or malformed manifest, raises :class:`CheckpointCorruptError` naming
-    it; a file that cannot be read (permissions, not a regular file) raises
+    """Check every file of the checkpoint ``path`` designates against its manifest (size
+    and sha256); returns ``{file name: size_bytes}``.
+
+    ``path`` is a checkpoint directory, or -- resolved like every loader does
+    (:func:`~torchgpu.checkpoint.discover.designated_for_verify`) -- a directory of
+    checkpoints or a ``torchgpu train`` run directory: the checkpoint its ``latest``
+    names is checked (a ``latest`` naming a missing one is damage, never a fallback),
+    else the newest complete one. A missing, truncated or altered file, a directory where
+    a file is listed, a missing or malformed manifest, or a ``latest`` naming nothing
+    raises :class:`CheckpointCorruptError` naming it; a path holding no torchgpu
+    checkpoint, or a file that cannot be read (permissions, a FIFO or device) raises
     :class:`CheckpointFormatError` naming it."""
-    directory = Path(path)
+    from torchgpu.checkpoint.discover import designated_for_verify
+
+    return verify_directory(designated_for_verify(Path(path)))
+
+
+def verify_directory(directory: Path) -> dict[str, int]:
+    """:func:`verify_checkpoint` of checkpoint directory ``directory`` itself."""
     table = read_manifest(directory)
     checked: dict[str, int] = {}
     for name, info in sorted(table.items()):
         file = directory / name
-        if files.kind_of(file) == "missing":
+        kind = files.kind_of(file)
+        if kind == "missing":
             raise CheckpointCorruptError(
-                f"{file} is listed in the manifest but missing; the checkpoint is damaged. Use "
-                "an earlier checkpoint")
+                f"{files.show(file)} is listed in the manifest but missing; the checkpoint is "
+                "damaged. Use an earlier checkpoint")
+        if kind == "dir":
+            raise CheckpointCorruptError(
+                f"{files.show(file)} is a directory, but the manifest lists a file of "
+                f"{info['size_bytes']} bytes there; the checkpoint is damaged. Use an earlier "
+                "checkpoint")
         size, digest = _sha256(file)
         expected = info["size_bytes"]
         if size != expected:
@@ -346,10 +395,21 @@ def commit_order(directory: Path) -> tuple[float, int, float]:
     the step. Commit time, not the step, because a run resumed from an earlier step saves
     lower steps after higher ones."""
     meta = read_meta(directory)
-    created, step = meta.get("created_unix_s"), meta.get("step")
     try:
         mtime_ns = directory.stat().st_mtime_ns
     except OSError:
         mtime_ns = 0
-    return (float(created) if isinstance(created, (int, float)) else -math.inf, mtime_ns,
-            float(step) if isinstance(step, (int, float)) else -math.inf)
+    return (_sort_number(meta.get("created_unix_s")), mtime_ns, _sort_number(meta.get("step")))
+
+
+def _sort_number(value: Any) -> float:
+    """``value`` as a float sort key; anything that is not a finite number (a string, an
+    integer too large for a float, NaN -- which would make the order arbitrary) sorts
+    first, as if absent."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return -math.inf
+    try:
+        number = float(value)
+    except OverflowError:
+        return -math.inf
+    return number if math.isfinite(number) else -math.inf

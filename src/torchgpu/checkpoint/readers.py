@@ -124,17 +124,31 @@ def safetensors_header(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
         raise _format_error(path, "safetensors header is not a JSON object",
                             "The file is corrupt; use an earlier checkpoint")
     metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise _format_error(path, "safetensors __metadata__ is not a JSON object",
+                            "The file is corrupt; use an earlier checkpoint")
     data_bytes = size - 8 - header_len
     for name, info in header.items():
         offsets = info.get("data_offsets") if isinstance(info, dict) else None
-        if not (isinstance(offsets, list) and len(offsets) == 2):
+        shape = info.get("shape") if isinstance(info, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2
+                and all(_count(x) for x in offsets) and offsets[0] <= offsets[1]):
             raise _format_error(path, f"tensor {name!r} has no valid data_offsets",
+                                "The file is corrupt; use an earlier checkpoint")
+        if not (isinstance(shape, list) and all(_count(x) for x in shape)
+                and isinstance(info.get("dtype"), str)):
+            raise _format_error(path, f"tensor {name!r} has no valid dtype and shape",
                                 "The file is corrupt; use an earlier checkpoint")
         if offsets[1] > data_bytes:
             raise _format_error(
                 path, f"tensor {name!r} ends at byte {offsets[1]} of the data but the file holds "
                 f"only {data_bytes} data bytes (truncated)", "Use an earlier checkpoint")
     return header, {str(k): str(v) for k, v in metadata.items()}
+
+
+def _count(value: Any) -> bool:
+    """A JSON value usable as a size or offset: a non-negative int (not a bool, NaN...)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def read_safetensors(
@@ -146,11 +160,24 @@ def read_safetensors(
 
     _, metadata = safetensors_header(path)
     try:
-        tensors = load_file(str(path), device=device)
+        if _utf8(str(path)):
+            tensors = load_file(str(path), device=device)
+        else:  # the library takes only UTF-8 paths; read the bytes ourselves
+            from safetensors.torch import load
+
+            tensors = {k: v.to(device) for k, v in load(files.read_bytes(path)).items()}
     except (SafetensorError, OSError, ValueError, RuntimeError) as error:
         raise _format_error(path, f"cannot read safetensors data ({error})",
                             "The file is corrupt or truncated; use an earlier checkpoint") from None
     return tensors, metadata
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def unsafe_globals(path: Path) -> list[str]:

@@ -23,7 +23,7 @@ from torchgpu.checkpoint.layout import (
     MODEL_FILE,
     STATE_FILE,
     apply_aliases,
-    verify_checkpoint,
+    verify_directory,
 )
 from torchgpu.checkpoint.readers import read_pickle, read_safetensors, sniff
 from torchgpu.errors import CheckpointCorruptError, CheckpointFormatError
@@ -43,7 +43,7 @@ def read_file(path: Path, *, trust: bool = False, map_location: Any = "cpu") -> 
 
 
 def verify_before_loading(directory: Path) -> dict[str, int]:
-    """:func:`~torchgpu.checkpoint.layout.verify_checkpoint` for a loader: a missing
+    """:func:`~torchgpu.checkpoint.layout.verify_directory` for a loader: a missing
     manifest is a :class:`CheckpointCorruptError` that also names the opt-out."""
     if not files.exists(directory / MANIFEST_FILE):
         raise CheckpointCorruptError(
@@ -52,7 +52,7 @@ def verify_before_loading(directory: Path) -> dict[str, int]:
             "manifest was deleted) and nothing was loaded. Use an earlier checkpoint, or, if "
             "you trust these files, load them unverified from Python with verify=False "
             "(load_state_dict / load_checkpoint)")
-    return verify_checkpoint(directory)
+    return verify_directory(directory)
 
 
 def read_our_model(directory: Path, *, map_location: Any = "cpu",

@@ -138,9 +138,9 @@ def _verify_targets(path: Path) -> list[Path] | str:
 
 
 def _verify(path: Path) -> int:
-    from torchgpu.checkpoint import verify_checkpoint
     from torchgpu.checkpoint.discover import newest_verified
     from torchgpu.checkpoint.files import exists, show
+    from torchgpu.checkpoint.layout import verify_directory
 
     if not exists(path):
         return fail(f"{show(path)}: no such file or directory. Check the path", EXIT_USAGE)
@@ -155,7 +155,7 @@ def _verify(path: Path) -> int:
     problems = []
     for directory in targets:
         try:
-            checked = verify_checkpoint(directory)
+            checked = verify_directory(directory)
         except CheckpointCorruptError as error:
             problems.append(str(error))
             continue
