@@ -8,6 +8,7 @@ from torchgpu.errors import UsageError
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp](?:ib|i|b)?|b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1}
+_LARGEST = 2**63 - 1  # bytes: anything larger overflows the int64 sizes torch and NVML use
 for _power, _letter in enumerate("kmgtp", start=1):
     _UNITS[_letter] = _UNITS[_letter + "ib"] = _UNITS[_letter + "i"] = 1024**_power
     _UNITS[_letter + "b"] = 1000**_power
@@ -16,9 +17,14 @@ for _power, _letter in enumerate("kmgtp", start=1):
 def parse_size(text: str) -> int:
     """Bytes in ``text``: ``1024``, ``500MB`` (10^6), ``8GiB`` / ``8G`` (2^30), ``1.5TB``.
 
-    Case does not matter. Raises UsageError for anything else.
+    Case does not matter. Raises UsageError for anything else, naming a negative size
+    as such.
     """
     match = _SIZE.match(text)
+    if match is None and text.strip().startswith("-") and _SIZE.match(text.strip()[1:]):
+        raise UsageError(
+            f"size {text!r} is negative: a size must be >= 0, e.g. 0, 500MB or 8GiB"
+        )
     if match is None:
         raise UsageError(
             f"size {text!r} is not understood: use a number of bytes with an optional unit, "
@@ -26,6 +32,11 @@ def parse_size(text: str) -> int:
             "K/M/G/T = powers of 1024)"
         )
     value = float(match.group(1)) * _UNITS[(match.group(2) or "").lower()]
+    if value > _LARGEST:
+        raise UsageError(
+            f"size {text!r} is out of range: sizes up to {_LARGEST} bytes (8 EiB) are "
+            "accepted, e.g. 500MB or 8GiB"
+        )
     return int(value)
 
 

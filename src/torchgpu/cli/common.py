@@ -26,6 +26,30 @@ class ArgumentParser(argparse.ArgumentParser):
         )
 
 
+def attach_values(argv: Sequence[str], flags: Sequence[str]) -> list[str]:
+    """``argv`` with ``FLAG VALUE`` written ``FLAG=VALUE`` for each of ``flags`` whose
+    value starts with ``-`` (``--min-free -1GiB``): argparse would take such a value for
+    an option and answer "expected one argument"; attached, it reaches the flag's own
+    check, which can say what is wrong with it."""
+    out: list[str] = []
+    items = list(argv)
+    i = 0
+    while i < len(items):
+        item = items[i]
+        if item == "--":
+            out += items[i:]
+            break
+        if item in flags and i + 1 < len(items) and items[i + 1].startswith("-") and (
+            items[i + 1][1:2].isdigit() or items[i + 1][1:2] == "."
+        ):
+            out.append(f"{item}={items[i + 1]}")
+            i += 2
+            continue
+        out.append(item)
+        i += 1
+    return out
+
+
 def fail(message: str, code: int = EXIT_USAGE) -> int:
     """Print ``message`` to stderr as ``torchgpu: ...`` and return ``code``."""
     print(f"torchgpu: {message}", file=sys.stderr)

@@ -9,7 +9,7 @@ for each GPU on stderr, when fewer than ``N`` qualify; exit 2 for bad flags.
 
 from __future__ import annotations
 
-from torchgpu.cli.common import ArgumentParser, fail
+from torchgpu.cli.common import ArgumentParser, attach_values, fail
 from torchgpu.devices import parse_size, select_devices
 from torchgpu.errors import UsageError
 
@@ -27,7 +27,9 @@ def _parser() -> ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+    # Negative-looking values reach the flags' checks instead of argparse's "expected
+    # one argument" (-n -1 and --max-util -5 are plain numbers argparse already takes).
+    args = _parser().parse_args(attach_values(argv, ("--min-free", "-n", "--max-util")))
     if args.n < 1:
         return fail(f"-n {args.n} must be at least 1, e.g. -n 2")
     try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -185,6 +186,22 @@ _COUNTS: tuple[tuple[str, str], ...] = (
 )
 
 
+#: DataLoader worker processes per CPU core at most (each holds a copy of the dataset).
+WORKERS_PER_CORE = 4
+
+
+def _check_num_workers(num_workers: int) -> None:
+    cores = os.cpu_count() or 1
+    limit = WORKERS_PER_CORE * cores
+    if num_workers > limit:
+        raise ConfigError(
+            f"--num-workers {num_workers} would start {num_workers} DataLoader processes "
+            f"per training process on {cores} CPU cores; at most {limit} "
+            f"({WORKERS_PER_CORE} per core) are allowed: use --num-workers {min(cores, limit)} "
+            "or fewer (0 loads in the training process)."
+        )
+
+
 def _check_seed(seed: int) -> None:
     if not 0 <= seed <= MAX_SEED:
         raise ConfigError(
@@ -304,6 +321,7 @@ def validate(config: TrainConfig) -> None:
     if isinstance(config.chunks, int):
         _at_most("chunks", config.chunks, MAX_COUNT, " (micro-batches per batch)")
     _check_seed(config.seed)
+    _check_num_workers(config.num_workers)
     if config.gpus is not None:
         _check_gpus(config.gpus)
     if config.lr is not None and not (math.isfinite(config.lr) and config.lr > 0):
