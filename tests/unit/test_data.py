@@ -177,6 +177,90 @@ def test_csv_fewer_rows_than_one_batch(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("a;b;y\n1;2;3\n4;5;6\n", r"semicolon-separated.*3 columns on ';'.*sep=';'\)"),
+        ("a;b;y\n1,5;2,0;3,1\n4,5;5,1;6,2\n", r"semicolon-separated.*sep=';', decimal=','"),
+        ("a\tb\ty\n1\t2\t3\n4\t5\t6\n", r"tab-separated.*3 columns"),
+        ("a|b|y\n1|2|3\n4|5|6\n", r"pipe-separated"),
+    ],
+)
+def test_csv_other_separators_are_named_with_the_fix(
+    tmp_path: Path, text: str, named: str
+) -> None:
+    with pytest.raises(DataError, match=named) as error:
+        csv_data(write(tmp_path, text), "y")
+    assert "encode categories" not in str(error.value)
+    assert "read_csv" in str(error.value)
+
+
+@pytest.mark.parametrize("header", ["a,y,y", "y,a,y", "a,a,y"])
+def test_csv_duplicated_column_names_are_refused(tmp_path: Path, header: str) -> None:
+    rows = "".join(f"{i},{i + 1},{i + 2}\n" for i in range(20))
+    with pytest.raises(DataError, match=r"appears twice \([A-C] and [A-C]\)"):
+        csv_data(write(tmp_path, header + "\n" + rows), "y")
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ('a,b,y\n1,2,3\n"4,5,6\n7,8,9\n10,11,12\n', r"row 3, column 'a' \(A\): a quote"),
+        ('a,b,y\n1,2,3\n4,5,6\n7,"8,9\n10,11,12\n', r"row 4, column 'b' \(B\): a quote"),
+        ('a,b,y\n1,2,3\n4,5,"6\n7,8,9\n', r"row 3, column 'y' \(C\): a quote"),
+    ],
+)
+def test_csv_open_quote_is_reported_where_it_opens(tmp_path: Path, text: str, where: str) -> None:
+    with pytest.raises(DataError, match=where):
+        csv_data(write(tmp_path, text), "y")
+
+
+def test_csv_values_are_float32_and_match_the_cell_by_cell_reader(tmp_path: Path) -> None:
+    from torchgpu.data.csv import _slow_values, read_numeric_csv
+
+    rng = np.random.default_rng(0)
+    table = rng.normal(size=(300, 4)) * 1e3
+    text = "a,b,c,y\n" + "".join(",".join(f"{v:.6g}" for v in row) + "\n" for row in table)
+    path = write(tmp_path, text.replace("\n", "\n\n", 3) + '"1",2, 3 ,4\n')
+    names, values = read_numeric_csv(path)
+    assert names == ("a", "b", "c", "y") and values.dtype == np.float32
+    assert values.shape == (301, 4)
+    np.testing.assert_array_equal(values, _slow_values(path, names))
+    np.testing.assert_array_equal(values[-1], [1, 2, 3, 4])
+
+
+def test_csv_unusual_but_valid_cells_still_read(tmp_path: Path) -> None:
+    from torchgpu.data.csv import read_numeric_csv
+
+    # Whitespace-only lines and underscores in numbers: not for numpy's reader, fine for
+    # Python's float(); the cell-by-cell reader takes them.
+    _, values = read_numeric_csv(write(tmp_path, "a,y\n1_000,2\n   \n3,4\n"))
+    np.testing.assert_array_equal(values, [[1000, 2], [3, 4]])
+
+
+def test_csv_beyond_float32_is_named(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"row 3, column 'a' \(A\) holds '1e39', beyond float32"):
+        csv_data(write(tmp_path, "a,y\n1,2\n1e39,3\n4,5\n"), "y")
+
+
+def test_handoff_round_trip_is_exact(tmp_path: Path) -> None:
+    from torchgpu.data.handoff import load_example, save_example
+
+    rows = "".join(f"{i},{i * 0.5},{i % 7}\n" for i in range(50))
+    data = csv_data(write(tmp_path, "a,b,y\n" + rows), "y", seed=3)
+    key = {"path": "table.csv", "size": 1, "seed": 3}
+    save_example(data, tmp_path / "d.npz", key=key)
+    back = load_example(tmp_path / "d.npz", expected_key=key)
+    assert back is not None
+    for mine, theirs in zip((*data.train.tensors, *data.test.tensors),
+                            (*back.train.tensors, *back.test.tensors), strict=True):
+        assert torch.equal(mine, theirs)
+    assert (back.feature_names, back.feature_mean, back.feature_std, back.description) == (
+        data.feature_names, data.feature_mean, data.feature_std, data.description)
+    assert load_example(tmp_path / "d.npz", expected_key={**key, "seed": 4}) is None
+    assert load_example(tmp_path / "missing.npz", expected_key=key) is None
+
+
+@pytest.mark.parametrize(
     ("index", "letter"),
     [(0, "A"), (1, "B"), (25, "Z"), (26, "AA"), (27, "AB"), (701, "ZZ"), (702, "AAA")],
 )
