@@ -94,3 +94,34 @@ def test_worker_argv_round_trips_without_launcher_flags() -> None:
     back = config_from_argv(argv)
     expected = dataclasses.replace(config, nproc=None, gpus=None, max_restarts=0)
     assert back == expected
+
+
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [
+        ({"seed": -1}, "--seed -1 is out of range"),
+        ({"seed": 2**63}, "between 0 and 9223372036854775807"),
+        ({"seed": 2**70}, "--seed 1180591620717411303424"),
+        ({"batch_size": 2**63}, "--batch-size 9223372036854775808 is out of range"),
+        ({"batch_size": 2**31 + 1}, "must be <= 2147483648"),
+        ({"data_size": 10**20}, "--data-size"),
+        ({"epochs": 2**40}, "--epochs"),
+        ({"accumulate": 2**40}, "--accumulate"),
+        ({"strategy": "pipeline", "chunks": 2**40}, "--chunks"),
+        ({"num_workers": 100_000}, "--num-workers 100000 would start"),
+        ({"gpus": "0,,1"}, "--gpus '0,,1' is not a GPU list"),
+        ({"gpus": "0,0"}, "--gpus '0,0'"),
+        ({"gpus": "1,-1"}, "--gpus '1,-1'"),
+    ],
+)
+def test_out_of_range_values_are_refused(changes: dict[str, object], needle: str) -> None:
+    with pytest.raises(TorchGpuError) as error:
+        validate(TrainConfig(**changes))  # type: ignore[arg-type]
+    assert needle in str(error.value)
+    assert error.value.exit_code == 2
+    assert "CUDA_VISIBLE_DEVICES" not in str(error.value)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2**63 - 1])
+def test_seeds_in_range_pass(seed: int) -> None:
+    validate(TrainConfig(seed=seed, batch_size=2**31, gpus="0,1"))
