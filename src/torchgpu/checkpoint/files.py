@@ -22,18 +22,22 @@ from torchgpu.errors import CheckpointFormatError
 
 Kind = Literal["missing", "file", "dir", "other"]
 
-_SHOW_CHARS = 120  # longer names are shortened in messages (a 5000-character name is noise)
+_SHOW_CHARS = 160  # longer names are shortened in messages (a 5000-character name is noise)
+_SHOW_HEAD = 100  # characters kept from the start of a shortened name; the rest from its end
 _MISSING = (errno.ENOENT, errno.ENOTDIR)
 
 
 def show(path: str | Path) -> str:
-    """``path`` for a message: as is, or shortened with its length when very long, and
-    with control characters (newline, NUL) escaped so the message stays one paragraph."""
+    """``path`` for a message: as is, or -- when very long -- its start and its end (the
+    file name, which says what is wrong) around ``...`` with its length, and with control
+    characters (newline, NUL) escaped so the message stays one paragraph."""
     text = str(path)
     if text.isprintable() and len(text) <= _SHOW_CHARS:
         return text
-    shown = repr(text[:_SHOW_CHARS])[1:-1]
-    return shown + (f"... ({len(text)} characters)" if len(text) > _SHOW_CHARS else "")
+    if len(text) <= _SHOW_CHARS:
+        return repr(text)[1:-1]
+    head, tail = text[:_SHOW_HEAD], text[-(_SHOW_CHARS - _SHOW_HEAD):]
+    return f"{repr(head)[1:-1]}...{repr(tail)[1:-1]} ({len(text)} characters)"
 
 
 def os_error(path: str | Path, error: OSError, doing: str = "read") -> CheckpointFormatError:
