@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import math
+import operator
 import statistics
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -103,7 +104,7 @@ def validate_balance(
     """Return ``balance`` as a list if it partitions ``n_layers`` layers over
     ``n_devices`` stages; otherwise raise BalanceError naming the numbers and a fix
     (a suggested balance: cost-balanced if ``costs`` are given, else even)."""
-    values = list(balance)
+    values = [_as_count(b) for b in balance]
     parts = n_devices if n_devices is not None else len(values)
 
     def suggestion() -> str:
@@ -139,6 +140,18 @@ def validate_balance(
             f"must add up to {n_layers}; {suggestion()}"
         )
     return values
+
+
+def _as_count(value: Any) -> Any:
+    """``value`` as a Python int when it is an integer of any kind (numpy and 0-d torch
+    integers included); anything else (a float, a bool, a string) unchanged, for the
+    caller to refuse."""
+    if isinstance(value, bool):
+        return value
+    try:
+        return operator.index(value)
+    except TypeError:
+        return value
 
 
 # --------------------------------------------------------------------------- profiling

@@ -30,12 +30,17 @@ class DeferredBatchNorm(_BatchNorm):
     """A BatchNorm whose running statistics are updated once per mini-batch.
 
     Accumulation happens only while ``tracking`` is True (the pipeline turns it on
-    around its forward pass); :meth:`commit` folds what was accumulated into
-    ``running_mean`` / ``running_var`` with the layer's momentum. The state_dict
-    keys are those of ``nn.BatchNorm*`` (the accumulators are not saved).
+    around its forward pass and sets ``micro_batch`` before each stage runs);
+    :meth:`commit` folds what was accumulated into ``running_mean`` / ``running_var``
+    with the layer's momentum. A layer called ``k`` times per micro-batch (one object
+    at several positions of the model) keeps ``k`` accumulators, its ``j``-th call on
+    every micro-batch going to the ``j``-th, and commits them in order: ``k`` updates
+    of the full batch's statistics, as the plain model makes. The state_dict keys are
+    those of ``nn.BatchNorm*`` (the accumulators are not saved).
     """
 
     tracking: bool
+    micro_batch: int
 
     def __init__(
         self,
@@ -48,49 +53,64 @@ class DeferredBatchNorm(_BatchNorm):
     ) -> None:
         super().__init__(num_features, eps, momentum, affine, True, device=device, dtype=dtype)
         self.tracking = False
-        self._count = 0
-        self._mean: torch.Tensor | None = None
-        self._m2: torch.Tensor | None = None  # sum of squared deviations from the mean
+        self.micro_batch = 0
+        self._calls: dict[int, int] = {}  # micro-batch -> calls tracked on it so far
+        # Per call index: [rows, mean, sum of squared deviations from the mean].
+        self._acc: list[tuple[int, torch.Tensor, torch.Tensor]] = []
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() < 2:
             raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
 
     def track(self, input: torch.Tensor) -> None:
-        """Fold one micro-batch into the accumulators (Chan's parallel mean/variance)."""
+        """Fold one call on micro-batch ``self.micro_batch`` into the accumulator of its
+        call index (Chan's parallel mean/variance)."""
+        call = self._calls.get(self.micro_batch, 0)
+        self._calls[self.micro_batch] = call + 1
         dims = [0, *range(2, input.dim())]
         n_b = input.numel() // input.shape[1]
         with torch.no_grad():
             x = input.detach()
             mean_b = x.mean(dims)
             m2_b = x.var(dims, unbiased=False) * n_b
-            if self._mean is None or self._m2 is None or self._count == 0:
-                self._mean, self._m2 = mean_b, m2_b
-            else:
-                total = self._count + n_b
-                delta = mean_b - self._mean
-                self._mean = self._mean + delta * (n_b / total)
-                self._m2 = self._m2 + m2_b + delta * delta * (self._count * n_b / total)
-        self._count += n_b
+            if call == len(self._acc):
+                self._acc.append((n_b, mean_b, m2_b))
+                return
+            count, mean, m2 = self._acc[call]
+            total = count + n_b
+            delta = mean_b - mean
+            self._acc[call] = (
+                total,
+                mean + delta * (n_b / total),
+                m2 + m2_b + delta * delta * (count * n_b / total),
+            )
+
+    def discard(self) -> None:
+        """Forget what was tracked and not committed (a forward that failed midway)."""
+        self._calls, self._acc = {}, []
 
     def commit(self) -> bool:
-        """Update the running statistics with what was tracked; False if nothing was."""
-        if self._count == 0 or self._mean is None or self._m2 is None:
+        """Update the running statistics with what was tracked, one update per call
+        index; False if nothing was tracked."""
+        acc, (self._calls, self._acc) = self._acc, ({}, [])
+        if not acc:
             return False
         assert self.running_mean is not None and self.running_var is not None
         assert self.num_batches_tracked is not None
         with torch.no_grad():
-            self.num_batches_tracked.add_(1)
-            if self.momentum is None:  # cumulative moving average, as nn.BatchNorm
-                factor = 1.0 / float(self.num_batches_tracked.item())
-            else:
-                factor = float(self.momentum)
-            var = self._m2 / max(self._count - 1, 1)
-            self.running_mean.mul_(1 - factor).add_(
-                self._mean.to(self.running_mean.dtype), alpha=factor
-            )
-            self.running_var.mul_(1 - factor).add_(var.to(self.running_var.dtype), alpha=factor)
-        self._count, self._mean, self._m2 = 0, None, None
+            for count, mean, m2 in acc:
+                self.num_batches_tracked.add_(1)
+                if self.momentum is None:  # cumulative moving average, as nn.BatchNorm
+                    factor = 1.0 / float(self.num_batches_tracked.item())
+                else:
+                    factor = float(self.momentum)
+                var = m2 / max(count - 1, 1)
+                self.running_mean.mul_(1 - factor).add_(
+                    mean.to(self.running_mean.dtype), alpha=factor
+                )
+                self.running_var.mul_(1 - factor).add_(
+                    var.to(self.running_var.dtype), alpha=factor
+                )
         return True
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
@@ -151,7 +171,9 @@ def tracking(layers: list[DeferredBatchNorm]) -> Iterator[None]:
     """Accumulate micro-batch statistics in ``layers`` inside the block (the pipeline's
     forward), not outside it (recomputation during backward)."""
     for layer in layers:
+        layer.discard()  # what a failed forward left behind is not this batch's
         layer.tracking = True
+        layer.micro_batch = 0
     try:
         yield
     finally:

@@ -11,7 +11,9 @@ than ``chunks`` gives one row per micro-batch, never an empty one.
 ``gather(outputs)`` concatenates along dim 0 and restores the structure. It refuses,
 with :class:`MicroBatchTypeError`, what it cannot join without changing the result: a
 value holding no tensor, a 0-dimensional tensor (a loss, a sum over the batch), a
-type it does not know, or a non-tensor value that differs between micro-batches.
+type it does not know, or a non-tensor value that differs between micro-batches;
+given the micro-batches' row counts (the pipeline's output) also a tensor whose dim 0
+is not the rows (or one multiple of them) and any number (see :func:`gather`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ _PLAIN = (str, bytes, int, float, complex, bool, torch.dtype, torch.device)
 _JOIN_RULE = (
     "the pipeline concatenates its micro-batches' outputs along dim 0, so the last layer "
     "must return tensors with a batch dimension (alone or in tuples, lists or dicts); "
-    "non-tensor values pass through only when every micro-batch gives the same one"
+    "other values (None, strings, flags; not numbers) pass through only when every "
+    "micro-batch gives the same one"
 )
 
 
@@ -146,7 +149,9 @@ def _rebuild_mapping(like: Mapping[Any, Any], values: dict[Any, Any]) -> Any:
     )
 
 
-def gather(outputs: Sequence[Any], source: str = "the last layer") -> Any:
+def gather(
+    outputs: Sequence[Any], source: str = "the last layer", rows: Sequence[int] | None = None
+) -> Any:
     """Concatenate micro-batch outputs along dim 0 (the inverse of ``scatter``).
 
     Tensors are concatenated, tuples/lists/dicts joined item by item (any depth), and
@@ -154,9 +159,21 @@ def gather(outputs: Sequence[Any], source: str = "the last layer") -> Any:
     names who made the outputs in the error (e.g. "layer '3' (Tanh) of stage 1").
     Raises MicroBatchTypeError for what cannot be joined (see the module docstring),
     also for a single micro-batch, so a model that fails with M > 1 fails for M = 1.
+
+    ``rows`` (the row count of each micro-batch, as the pipeline passes it) adds the
+    checks that the joined value is the one the whole batch would give: every tensor's
+    dim 0 must be the same multiple of its micro-batch's rows (``(rows, ...)`` or
+    flattened ``(rows * L, ...)``; not ``x.mean(0, keepdim=True)`` nor a sequence-first
+    ``(L, rows, ...)``), and numbers (int, float, complex) are refused, since a count or
+    a mean taken on a micro-batch is not the batch's even when all micro-batches agree.
     """
     if not outputs:
         raise ConfigError("gather needs at least one micro-batch output, got none")
+    if rows is not None and len(rows) != len(outputs):
+        raise ConfigError(
+            f"gather got {len(outputs)} micro-batch outputs but {len(rows)} row counts: give one "
+            "row count per output"
+        )
     first = outputs[0]
     if not tensors_in(first):
         hint = (
@@ -168,7 +185,7 @@ def gather(outputs: Sequence[Any], source: str = "the last layer") -> Any:
         raise MicroBatchTypeError(
             f"{source} returned {_describe(first)}, which holds no tensor: {_JOIN_RULE}; {hint}"
         )
-    return _join(list(outputs), "the output", source)
+    return _join(list(outputs), "the output", source, rows)
 
 
 def _describe(value: Any) -> str:
@@ -179,7 +196,25 @@ def _describe(value: Any) -> str:
     return f"a {type(value).__name__} ({text})"
 
 
-def _join(parts: list[Any], path: str, source: str) -> Any:
+def _check_rows(parts: list[torch.Tensor], rows: Sequence[int], path: str, source: str) -> None:
+    """Refuse tensors whose dim 0 is not one multiple of the micro-batch rows."""
+    pairs = list(zip(parts, rows, strict=True))
+    factors = {p.shape[0] // n if p.shape[0] % n == 0 else -1 for p, n in pairs if n}
+    if factors and (len(factors) > 1 or -1 in factors or 0 in factors):
+        shapes = ", ".join(
+            f"{tuple(p.shape)} for {n} rows" for p, n in pairs[:4]
+        )
+        raise MicroBatchTypeError(
+            f"{source} returned tensors at {path} whose dim 0 is not the batch ({shapes}): the "
+            "pipeline joins micro-batch outputs along dim 0, which gives the plain model's "
+            "output only when dim 0 holds the rows (or a fixed multiple of them, e.g. "
+            "flattened tokens); put the batch first (e.g. batch_first=True, .transpose(0, 1)), "
+            "reduce over the batch outside the pipeline, or use split_model, which returns any "
+            "output unchanged"
+        )
+
+
+def _join(parts: list[Any], path: str, source: str, rows: Sequence[int] | None = None) -> Any:
     first = parts[0]
     if any(type(p) is not type(first) for p in parts):
         kinds = sorted({type(p).__name__ for p in parts})
@@ -194,6 +229,8 @@ def _join(parts: list[Any], path: str, source: str) -> Any:
                 f"the batch), which has no batch dimension: {_JOIN_RULE}; return per-sample values "
                 "and reduce them outside the pipeline, e.g. loss_fn(pipe(x), y)"
             )
+        if rows is not None:
+            _check_rows(parts, rows, path, source)
         return torch.cat(parts, dim=0)
     if isinstance(first, (tuple, list)):
         if len({len(p) for p in parts}) != 1:
@@ -201,7 +238,9 @@ def _join(parts: list[Any], path: str, source: str) -> Any:
                 f"{source} returned {type(first).__name__}s of different lengths at {path}: "
                 f"{_JOIN_RULE}; return the same structure for every input"
             )
-        items = [_join([p[k] for p in parts], f"{path}[{k}]", source) for k in range(len(first))]
+        items = [
+            _join([p[k] for p in parts], f"{path}[{k}]", source, rows) for k in range(len(first))
+        ]
         return _rebuild_sequence(first, items)
     if isinstance(first, Mapping):
         keys = list(first)
@@ -210,8 +249,16 @@ def _join(parts: list[Any], path: str, source: str) -> Any:
                 f"{source} returned dicts with different keys at {path}: {_JOIN_RULE}; return "
                 "the same keys for every input"
             )
-        joined = {k: _join([p[k] for p in parts], f"{path}[{k!r}]", source) for k in keys}
+        joined = {k: _join([p[k] for p in parts], f"{path}[{k!r}]", source, rows) for k in keys}
         return _rebuild_mapping(first, joined)
+    number = isinstance(first, (int, float, complex)) and not isinstance(first, bool)
+    if rows is not None and number:
+        raise MicroBatchTypeError(
+            f"{source} returned {_describe(first)} at {path}: a number may depend on the rows "
+            "it was computed from (a count, a mean), and the pipeline only sees each "
+            f"micro-batch's, not the batch's: {_JOIN_RULE}; return it as a tensor with one row "
+            "per sample, compute it outside the pipeline, or use split_model"
+        )
     if first is None or isinstance(first, _PLAIN):
         if all(p == first for p in parts[1:]):
             return first

@@ -168,13 +168,19 @@ def resolve_balance(
 ) -> list[int]:
     """The layer counts per stage for ``balance`` (None: even by layer count)."""
     n, k = len(layers), len(devices)
+    if n == 0:
+        raise BalanceError(
+            "the model has no layers (an empty nn.Sequential), so there is nothing to place on "
+            f"{k} device(s): give a model with at least one layer per device"
+        )
     if k > n:
         validate_balance([1] * k, n, k)  # raises with the numbers
     if balance is None:
         return even_balance(n, k)
-    if balance == "size":
+    # ``isinstance`` first: ``array == "size"`` on a numpy array of counts is elementwise.
+    if isinstance(balance, str) and balance == "size":
         return balance_by_size(layers, k, sample)
-    if balance == "time":
+    if isinstance(balance, str) and balance == "time":
         if sample is None:
             raise BalanceError(
                 "balance='time' needs sample=<an input batch> to profile each layer: pass a sample "
@@ -186,7 +192,7 @@ def resolve_balance(
             f"balance {balance!r} is not known: use None (even), 'size', 'time' or a list of "
             "layer counts"
         )
-    return validate_balance(list(balance), n, k)
+    return validate_balance(list(balance), n, k)  # a list, tuple or numpy array of counts
 
 
 def move(obj: Any, device: torch.device) -> Any:
@@ -196,9 +202,14 @@ def move(obj: Any, device: torch.device) -> Any:
     return map_tensors(lambda t: t.to(device, non_blocking=device.type == "cuda"), obj)
 
 
-def _refuse_move(model: nn.Module, what: str) -> ConfigError:
+class PlacementError(ConfigError, TypeError):
+    """A call that would move a split model's stages to one device (``.to(device)``,
+    ``.cuda()``, ``.cpu()``); also a ``TypeError``, as for a method the object lacks."""
+
+
+def _refuse_move(model: nn.Module, what: str) -> PlacementError:
     placed = ", ".join(f"stage {i} on {d}" for i, d in enumerate(getattr(model, "devices", ())))
-    return ConfigError(
+    return PlacementError(
         f"{type(model).__name__} places its stages itself ({placed}); {what} would move them all "
         "to one device. Build a new split with split_model(module, devices=[...]) to change "
         "devices; .to(dtype) alone is allowed"
@@ -243,6 +254,28 @@ class SplitModel(nn.Module):
         # A plain list: the layers are registered once, under ``module``.
         self.partitions: list[nn.Sequential] = stages
 
+    # -- sequence of layers, as the nn.Sequential it was built from ------------------
+    def __len__(self) -> int:
+        """The number of layer positions (a layer used twice counts twice)."""
+        return sum(self.balance)
+
+    def __iter__(self) -> Iterator[nn.Module]:
+        """The layers in order, one per position."""
+        for stage in self.partitions:
+            yield from stage
+
+    def __getitem__(self, index: int) -> nn.Module:
+        """The layer at position ``index`` (negative counts from the end)."""
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise TypeError(
+                f"{type(self).__name__} indices are layer positions (int), got "
+                f"{type(index).__name__}: use model[0], model[-1], or list(model)[a:b]"
+            )
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"layer index {index} is out of range for {n} layers")
+        return list(self)[index]
+
     @property
     def input_device(self) -> torch.device:
         """Where the first stage runs; inputs are moved here."""
@@ -271,7 +304,12 @@ class SplitModel(nn.Module):
 
     # -- placement is ours -----------------------------------------------------------
     def to(self, *args: Any, **kwargs: Any) -> SplitModel:
-        device, dtype, non_blocking, _fmt = torch._C._nn._parse_to(*args, **kwargs)
+        try:
+            device, dtype, non_blocking, _fmt = torch._C._nn._parse_to(*args, **kwargs)
+        except RuntimeError as exc:
+            # ``.to(0)`` names a GPU; parsing it fails where there is none.
+            shown = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
+            raise _refuse_move(self, f".to({shown})") from exc
         if device is not None:
             raise _refuse_move(self, f".to({device})")
         if dtype is not None:

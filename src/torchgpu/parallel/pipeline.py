@@ -28,14 +28,17 @@ on a copy of its input, so the recomputation in backward reads the original).
 
 Values between stages are whatever the layers pass (tensors, tuples, dicts, None...),
 as in the plain model. The last layer's outputs are concatenated along dim 0
-(:func:`torchgpu.parallel.microbatch.gather`): tensors with a batch dimension, alone
-or in tuples, named tuples, lists and dicts; anything else (None, a string, a
-0-dimensional loss) is refused with a ``MicroBatchTypeError`` (a ``TypeError``) naming
-the layer and the type, for every M.
+(:func:`torchgpu.parallel.microbatch.gather`): tensors with the batch along dim 0
+(``(rows, ...)``, or a fixed multiple such as flattened tokens), alone or in tuples,
+named tuples, lists and dicts, next to values every micro-batch gives alike (None,
+strings, flags). Anything else (no tensor at all, a 0-dimensional loss, a tensor
+whose dim 0 is not the batch, a number such as a row count) is refused with a
+``MicroBatchTypeError`` (a ``TypeError``) naming the layer and the value, for every M.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Literal
@@ -51,7 +54,7 @@ from torchgpu.parallel.batchnorm import (
     deferred_layers,
     tracking,
 )
-from torchgpu.parallel.microbatch import gather, map_tensors, scatter, tensors_in
+from torchgpu.parallel.microbatch import batch_size, gather, map_tensors, scatter, tensors_in
 from torchgpu.parallel.model import (
     BalanceSpec,
     DeviceLike,
@@ -110,12 +113,23 @@ def _device_of(obj: Any) -> torch.device | None:
 
 
 def _check_chunks(chunks: object) -> int:
-    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+    """``chunks`` as a positive Python int: integers of any kind (numpy's too) and
+    whole floats (``4.0``) are taken; anything else is refused."""
+    value: int | None = None
+    if not isinstance(chunks, bool):
+        if isinstance(chunks, float) and chunks.is_integer():
+            value = int(chunks)
+        else:
+            try:
+                value = operator.index(chunks)  # type: ignore[arg-type]
+            except TypeError:
+                value = None
+    if value is None or value < 1:
         raise ConfigError(
             f"chunks={chunks!r} is not a micro-batch count: use a positive integer (1 = no "
             "pipelining) or 'auto' with a sample batch to measure the fastest"
         )
-    return chunks
+    return value
 
 
 class Pipeline(SplitModel):
@@ -217,11 +231,11 @@ class Pipeline(SplitModel):
         micro = scatter(x, self._chunks)
         m, n = len(micro), len(self.partitions)
         if m > 1 and torch.is_grad_enabled():
-            # Sibling views of one tensor share its version counter, so an in-place first
-            # layer on one micro-batch would invalidate what autograd saved for another
-            # (the plain model modifies one tensor once). Only inputs requiring grad
-            # need their own copy.
-            micro = [map_tensors(_own_copy_if_grad, b) for b in micro]
+            # Sibling views of one tensor share its version counter, so a layer changing
+            # its input in place (``x.relu_()``, ``mask.add_(1)``) on one micro-batch would
+            # invalidate what autograd saved for another (the plain model modifies one
+            # tensor once): every micro-batch gets its own copy of the input.
+            micro = [map_tensors(torch.clone, b) for b in micro]
         stop = self._checkpoint_stop(m)
         in_device = _device_of(x) or self.devices[0]
         source_streams = [current_stream(in_device)] * m  # where each micro-batch was made
@@ -232,6 +246,8 @@ class Pipeline(SplitModel):
         with track:
             for tasks in clock_cycles(m, n):
                 for i, j in tasks:
+                    for layer in self._deferred:
+                        layer.micro_batch = i  # which accumulator a repeated layer's call feeds
                     batches[i] = self._run_task(j, batches[i], source_streams[i], i < stop)
                     source_streams[i] = self._streams[j]
         if self.training:
@@ -242,7 +258,10 @@ class Pipeline(SplitModel):
         for batch in batches:
             record_stream(batch, out_stream)
         last = type(self.partitions[-1][-1]).__name__
-        return gather(batches, f"the pipeline's last layer {self.layer_names[-1]!r} ({last})")
+        rows = [batch_size(b) for b in micro]
+        return gather(
+            batches, f"the pipeline's last layer {self.layer_names[-1]!r} ({last})", rows
+        )
 
     def _run_task(self, j: int, x: Any, source: Stream, use_checkpoint: bool) -> Any:
         """Stage ``j`` on one micro-batch ``x`` that was produced on stream ``source``."""
@@ -257,23 +276,69 @@ class Pipeline(SplitModel):
             stage = self.partitions[j]
             if use_checkpoint:
                 return torch_checkpoint(
-                    _run_on_copy, stage, x, use_reentrant=False, preserve_rng_state=True
+                    _CheckpointedStage(stage), x, use_reentrant=False, preserve_rng_state=True
                 )
             return stage(x)
 
 
-def _run_on_copy(stage: nn.Module, x: Any) -> Any:
-    """``stage`` on a copy of ``x``: what a checkpointed stage runs, forward and recompute.
+class _CheckpointedStage:
+    """What a checkpointed stage runs: its first call is the forward, any later call a
+    recomputation in backward (one per micro-batch and checkpoint).
 
-    The recomputation in backward re-reads the stage's input, so the stage must not
-    change it: an in-place first layer (``ReLU(inplace=True)``, ``x.mul_(2)``) would
-    otherwise feed the recomputation a modified input (wrong gradients) or modify a
-    tensor autograd saved ("modified by an inplace operation"). The copy lives only
-    while the stage runs (checkpointing keeps none of its intermediates), and gradients
-    flow through it to ``x`` unchanged.
+    - Every call runs ``stage`` on a copy of ``x``. The recomputation re-reads the
+      stage's input, so the stage must not change it: an in-place first layer
+      (``ReLU(inplace=True)``, ``x.mul_(2)``) would otherwise feed the recomputation a
+      modified input (wrong gradients) or modify a tensor autograd saved ("modified by
+      an inplace operation"). The copy lives only while the stage runs (checkpointing
+      keeps none of its intermediates), and gradients flow through it to ``x`` unchanged.
+    - A recomputation leaves running statistics alone (:func:`_running_stats_frozen`):
+      the plain model runs each layer once per batch, so BatchNorm's running mean,
+      variance and ``num_batches_tracked`` must move once, not again in backward.
     """
-    return stage(map_tensors(torch.clone, x))
+
+    def __init__(self, stage: nn.Module) -> None:
+        self.stage = stage
+        self.calls = 0
+
+    def __call__(self, x: Any) -> Any:
+        self.calls += 1
+        copy = map_tensors(torch.clone, x)
+        if self.calls == 1:
+            return self.stage(copy)
+        with _running_stats_frozen(self.stage):
+            return self.stage(copy)
 
 
-def _own_copy_if_grad(t: torch.Tensor) -> torch.Tensor:
-    return t.clone() if t.requires_grad else t
+_NORMS = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm)
+
+
+@contextmanager
+def _running_stats_frozen(module: nn.Module) -> Iterator[None]:
+    """Inside the block, normalisation layers in training mode inside ``module`` leave
+    their running statistics as they are, and normalise exactly as before.
+
+    The kernels still receive the running buffers (the recomputation must save the
+    same tensors for backward as the forward did, or checkpointing refuses), so the
+    update is made a no-op instead: momentum 0 (``running = 1 * running + 0 * batch``)
+    and, for BatchNorm, no ``num_batches_tracked`` to count up. DeferredBatchNorm
+    needs none of this (it accumulates only while the pipeline's forward tracks).
+    """
+    changed: list[tuple[nn.Module, str, Any]] = []
+    try:
+        for m in module.modules():
+            if not (
+                isinstance(m, _NORMS)
+                and m.training
+                and m.track_running_stats
+                and not isinstance(m, DeferredBatchNorm)
+            ):
+                continue
+            changed.append((m, "momentum", m.momentum))
+            m.momentum = 0.0
+            if getattr(m, "num_batches_tracked", None) is not None:
+                changed.append((m, "num_batches_tracked", m.num_batches_tracked))
+                m.num_batches_tracked = None
+        yield
+    finally:
+        for m, name, value in reversed(changed):
+            setattr(m, name, value)
