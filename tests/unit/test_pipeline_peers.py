@@ -1064,3 +1064,41 @@ def test_every_tensor_of_a_tuple_waits_for_its_stream() -> None:
     pipe((a, b)).norm().backward()
     torch.cuda.synchronize()
     assert torch.isclose(b.grad.norm().cpu(), torch.tensor(5.0))
+
+
+# ======================================================================= aliasing
+class Fan(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = x * 1
+        return h, h  # one tensor at two places
+
+
+class DoubleFirst(nn.Module):
+    def forward(self, ab: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        a, b = ab
+        a.mul_(2)  # b is a, so b doubles too
+        return a + b
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
+@pytest.mark.parametrize("mode", MODES)
+def test_a_tensor_held_twice_stays_one_tensor(chunks: int, mode: str) -> None:
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(2, 2), Fan(), DoubleFirst())
+    pipe = Pipeline(copy.deepcopy(ref), CPU2, balance=[2, 1], chunks=chunks, checkpoint=mode)
+    assert_transparent(ref, pipe, torch.randn(6, 2))
+    x = torch.randn(6, 2)
+    plain = nn.Sequential(DoubleFirst())(tuple([x.clone()] * 2))
+    y = x.clone()
+    torch.testing.assert_close(Pipeline(nn.Sequential(DoubleFirst()), CPU1, chunks=chunks,
+                                        checkpoint=mode)((y, y)), plain)
+
+
+def test_choosing_chunks_leaves_the_random_state() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Linear(8, 2))
+    sample, target = torch.randn(4, 4), torch.randn(4, 2)
+    state = torch.get_rng_state()
+    Pipeline(model, CPU2, chunks="auto", sample=sample, sample_target=target,
+             loss_fn=F.mse_loss)
+    assert torch.equal(torch.get_rng_state(), state)

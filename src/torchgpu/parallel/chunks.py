@@ -186,8 +186,8 @@ def choose_chunks(
 
     ``module_or_pipeline`` is a Pipeline, or a model to wrap in one over ``devices``
     (then its layers are moved there). ``sample_input``/``sample_target`` are one real
-    mini-batch. Gradients and buffers (BatchNorm statistics) are restored afterwards;
-    the weights are never stepped.
+    mini-batch. Gradients, buffers (BatchNorm statistics) and the random number
+    generators are restored afterwards; the weights are never stepped.
     """
     from torchgpu.parallel.pipeline import Pipeline
 
@@ -219,8 +219,12 @@ def choose_chunks(
 
         return step
 
+    # The sweep's Dropout draws must not shift the training run's (fork_rng puts the
+    # CPU and these devices' generators back).
+    cuda = sorted({d.index or 0 for d in pipe.devices if d.type == "cuda"})
     try:
-        return sweep_chunks(make_step, cands, rows, steps, warmup, _cuda_sync(pipe.devices))
+        with torch.random.fork_rng(devices=cuda):
+            return sweep_chunks(make_step, cands, rows, steps, warmup, _cuda_sync(pipe.devices))
     finally:
         pipe.chunks = original
         for p, g in zip(params, saved_grads, strict=True):

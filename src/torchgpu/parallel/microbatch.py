@@ -56,14 +56,26 @@ def tensors_in(obj: Any) -> list[torch.Tensor]:
 
 
 def map_tensors(fn: Callable[[torch.Tensor], Any], obj: Any) -> Any:
-    """``obj`` with every tensor ``t`` inside it replaced by ``fn(t)``; same structure."""
-    if isinstance(obj, torch.Tensor):
-        return fn(obj)
-    if isinstance(obj, (tuple, list)):
-        return _rebuild_sequence(obj, [map_tensors(fn, x) for x in obj])
-    if isinstance(obj, Mapping):
-        return _rebuild_mapping(obj, {k: map_tensors(fn, v) for k, v in obj.items()})
-    return obj
+    """``obj`` with every tensor ``t`` inside it replaced by ``fn(t)``; same structure.
+
+    A tensor object held at several places (``(h, h)``, one tensor under two keys) is
+    mapped once and the result placed at each: a copy or a move keeps the aliasing, so
+    a layer changing one in place changes "both", as in the plain model.
+    """
+    memo: dict[int, Any] = {}  # id(tensor) -> fn(tensor); obj keeps the tensors alive
+
+    def walk(item: Any) -> Any:
+        if isinstance(item, torch.Tensor):
+            if id(item) not in memo:
+                memo[id(item)] = fn(item)
+            return memo[id(item)]
+        if isinstance(item, (tuple, list)):
+            return _rebuild_sequence(item, [walk(x) for x in item])
+        if isinstance(item, Mapping):
+            return _rebuild_mapping(item, {k: walk(v) for k, v in item.items()})
+        return item
+
+    return walk(obj)
 
 
 def batch_size(batch: Batch) -> int:
