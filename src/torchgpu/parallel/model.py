@@ -221,8 +221,10 @@ class SplitModel(nn.Module):
 
     Attributes: ``devices`` (one per stage), ``balance`` (layers per stage),
     ``partitions`` (the stage ``nn.Sequential``s, a plain list), ``input_device`` and
-    ``output_device``. The original model is the registered child ``module``, so
-    ``parameters()``, ``train()``, ``state_dict()`` see exactly its modules.
+    ``output_device``. Like the sequential model, ``len(model)``, ``list(model)`` and
+    ``model[i]`` give its layers by position. The original model is the registered
+    child ``module``, so ``parameters()``, ``train()``, ``state_dict()`` see exactly its
+    modules.
     """
 
     def __init__(
