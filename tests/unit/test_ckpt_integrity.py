@@ -441,3 +441,30 @@ def test_chmod_000_is_a_permission_error(
     finally:
         directory.chmod(0o755)
         (directory / "model.safetensors").chmod(0o644)
+
+
+def test_model_bytes_metadata_order_does_not_depend_on_the_process() -> None:
+    """safetensors writes metadata from a hash map; the same weights give the same bytes."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch, hashlib; from torchgpu.checkpoint.layout import model_bytes;"
+            "w = torch.arange(12.).reshape(3, 4);"
+            "b, _ = model_bytes({'a.weight': w, 'b.weight': w, 'c': torch.ones(2)});"
+            "sys.stdout.write(hashlib.sha256(b).hexdigest())")
+    digests = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              check=True, timeout=120).stdout for _ in range(4)}
+    assert len(digests) == 1
+
+
+def test_sorted_metadata_keeps_a_loadable_file() -> None:
+    from safetensors.torch import load, save
+
+    from torchgpu.checkpoint.layout import _sorted_metadata
+
+    raw = save({"x": torch.ones(3)}, metadata={"z": "1", "a": "2", "m": "3"})
+    fixed = _sorted_metadata(raw)
+    assert len(fixed) == len(raw)
+    assert b'{"__metadata__":{"a":"2","m":"3","z":"1"}' in fixed
+    assert torch.equal(load(fixed)["x"], torch.ones(3))
+    assert _sorted_metadata(b"junk") == b"junk"

@@ -141,7 +141,33 @@ def model_bytes(state: Mapping[str, Any]) -> tuple[bytes, dict[str, Any]]:
 
     tensors, aliases, others = split_shared(state)
     metadata = {"format": "pt", ALIASES_KEY: json.dumps(aliases, sort_keys=True)}
-    return save(tensors, metadata=metadata), others
+    return _sorted_metadata(save(tensors, metadata=metadata)), others
+
+
+def _sorted_metadata(data: bytes) -> bytes:
+    """``data`` with its safetensors ``__metadata__`` entries in sorted order.
+
+    safetensors writes metadata from a hash map whose order changes from process to
+    process; sorting makes the same weights give the same bytes (bitwise-reproducible
+    runs, stable sha256). The header keeps its length, so offsets stay valid; anything
+    unexpected leaves the bytes as they are.
+    """
+    if len(data) < 8:
+        return data
+    size = int.from_bytes(data[:8], "little")
+    raw = data[8:8 + size]
+    try:
+        header = json.loads(raw, object_pairs_hook=OrderedDict)
+    except ValueError:
+        return data
+    meta = header.get("__metadata__")
+    if not isinstance(meta, dict):
+        return data
+    header["__metadata__"] = OrderedDict(sorted(meta.items()))
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    if len(text) > size or raw[len(text):].strip(b" "):
+        return data
+    return data[:8] + text + b" " * (size - len(text)) + data[8 + size:]
 
 
 def torch_bytes(obj: Any) -> bytes:
