@@ -169,3 +169,24 @@ def test_select_size_beyond_int64(capsys: pytest.CaptureFixture[str]) -> None:
 def test_plan_bad_numbers(args: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, err = run(["plan", *args], capsys)
     assert code == 2 and needle in err, err
+
+
+def test_launch_nproc_is_capped_by_the_cores(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = tmp_path / "s.py"
+    script.write_text("open(__file__ + '.ran', 'w').close()\n")
+    code, err = run(["launch", "--nproc", "1000", str(script)], capsys)
+    assert code == 2
+    assert f"--nproc 1000 would start 1000 processes on {os.cpu_count()} cores" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "s.py.ran").exists()
+
+
+@pytest.mark.timeout(30)
+def test_plan_with_a_huge_device_count_is_refused_at_once(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, err = run(["plan", "--example", "resnet50", "--devices", "99999999999x80GiB"], capsys)
+    assert code == 2
+    assert "99999999999x80GiB" in err and "at most 1024" in err

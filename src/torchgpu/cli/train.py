@@ -201,23 +201,11 @@ def _check_gpus(config: TrainConfig) -> None:
         )
 
 
-#: Gloo processes per CPU core at most: more only time-slice the cores (each process
-#: already runs its own intra-op threads) while every one holds the model and the data.
-CPU_PROCESSES_PER_CORE = 4
-
-
 def _check_cpu_nproc(nproc: int) -> None:
-    """Refuse more CPU (gloo) processes than CPU_PROCESSES_PER_CORE per core."""
-    cores = os.cpu_count() or 1
-    limit = CPU_PROCESSES_PER_CORE * cores
-    if nproc > limit:
-        from torchgpu.errors import UsageError
+    """Refuse more CPU (gloo) processes than the per-core limit."""
+    from torchgpu.train.launch import check_process_count
 
-        raise UsageError(
-            f"--nproc {nproc} would start {nproc} CPU processes on {cores} cores; at most "
-            f"{limit} ({CPU_PROCESSES_PER_CORE} per core) are allowed, and more than "
-            f"{cores} rarely trains faster: use --nproc {min(cores, limit)} (or fewer)."
-        )
+    check_process_count(nproc, "CPU processes")
 
 
 def _preflight(config: TrainConfig, nproc: int) -> TrainConfig:

@@ -62,6 +62,9 @@ class DeviceTarget:
 def _bad(spec: str, why: str) -> UsageError:
     return UsageError(f"--devices {spec!r} is not understood: {why}. Use {ACCEPTED}.")
 
+#: The most devices a plan is made for.
+MAX_DEVICES = 1024
+
 
 def parse_devices(
     spec: str,
@@ -93,14 +96,18 @@ def parse_devices(
             targets.append(_real(item.lower(), infos, spec, headroom))
             continue
         count, size = _count_and_size(item, spec)
+        if len(targets) + count > MAX_DEVICES:  # before building them: 10**12 would hang
+            raise _bad(spec, f"it describes {len(targets) + count} or more devices; plans "
+                       f"are for at most {MAX_DEVICES}")
         for _ in range(count):
             targets.append(DeviceTarget.of(f"gpu{hypothetical}", "cuda", size, False, headroom))
             hypothetical += 1
     names = [t.name for t in targets]
     if len(set(names)) != len(names):
         raise _bad(spec, "it names the same device twice")
-    if len(targets) > 1024:
-        raise _bad(spec, f"it describes {len(targets)} devices; plans are for at most 1024")
+    if len(targets) > MAX_DEVICES:
+        raise _bad(spec, f"it describes {len(targets)} devices; plans are for at most "
+                   f"{MAX_DEVICES}")
     return targets
 
 

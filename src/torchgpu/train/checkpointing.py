@@ -63,13 +63,16 @@ resume. On GPU, the CUDA RNG is restored but kernels may be non-deterministic
 (atomics in cuDNN/cuBLAS): a resumed GPU run matches to float tolerance, not bitwise.
 
 **Signals.** The SIGTERM/SIGINT handler only sets the :class:`StopFlag`; the loop stops
-at the next optimizer-step boundary (under DDP the ranks agree through the loop's
-per-step agreement), the checkpoint is saved and the process exits with code 0 and a
-message saying how to resume. Exit 0 is deliberate: torchrun's elastic agent restarts a
-worker group when a worker exits non-zero, so a deliberate, saved stop must exit 0 to
-stay stopped; ``summary.json`` records ``stopped_early`` and ``stop_reason``. A second
-SIGINT raises KeyboardInterrupt (exit 130); if it lands inside a save, the atomic commit
-removes the temporary and the previous checkpoint stays the newest complete one.
+at the next optimizer-step boundary (under DDP the ranks agree on the flag every ~0.5 s
+and at each epoch end through :class:`~torchgpu.train.agreement.RankAgreement`, so all
+stop at the same step; a stop agreed at an epoch end ends the run), the checkpoint is
+saved and the process exits with code 0 and a message saying how to resume. The launcher
+handles SIGTERM/SIGINT itself and forwards them to the workers. Exit 0 is deliberate:
+torchrun's elastic agent restarts a worker group when a worker exits non-zero, so a
+deliberate, saved stop must exit 0 to stay stopped; ``summary.json`` records
+``stopped_early`` and ``stop_reason``. A second SIGINT raises KeyboardInterrupt (exit
+130); if it lands inside a save, the atomic commit removes the temporary and the
+previous checkpoint stays the newest complete one.
 
 **Restarts.** A worker restarted by torchrun (``TORCHELASTIC_RESTART_COUNT`` > 0) resumes
 automatically from the newest checkpoint in ``OUT/checkpoints``, or starts over when there

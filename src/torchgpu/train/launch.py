@@ -72,6 +72,25 @@ class LaunchSpec:
     stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S
 
 
+#: Processes per CPU core at most: more only time-slice the cores (each process already
+#: runs its own intra-op threads) while every one holds the model and the data; a GPU
+#: node has more cores than GPUs, so one process per GPU is always allowed.
+PROCESSES_PER_CORE = 4
+
+
+def check_process_count(nproc: int, what: str = "processes") -> None:
+    """Refuse ``nproc`` above PROCESSES_PER_CORE per CPU core of this machine."""
+    cores = os.cpu_count() or 1
+    limit = PROCESSES_PER_CORE * cores
+    if nproc > limit:
+        raise UsageError(
+            f"--nproc {nproc} would start {nproc} {what} on {cores} cores; at most "
+            f"{limit} ({PROCESSES_PER_CORE} per core) are allowed, and more than "
+            f"{cores} rarely runs faster: use --nproc {min(cores, limit)} (or fewer, e.g. "
+            "one per GPU)."
+        )
+
+
 def check_spec(spec: LaunchSpec) -> None:
     """Raise UsageError for values torchrun would reject less clearly."""
     if spec.nproc < 1:
@@ -79,6 +98,7 @@ def check_spec(spec: LaunchSpec) -> None:
             f"--nproc {spec.nproc} is out of range: start at least 1 process per node "
             "(e.g. --nproc 2, or the number of GPUs)."
         )
+    check_process_count(spec.nproc)
     if spec.nnodes < 1:
         raise UsageError(f"--nnodes {spec.nnodes} is out of range: use 1 or more nodes.")
     if not 0 <= spec.node_rank < spec.nnodes:
