@@ -15,7 +15,8 @@ from torch import nn
 from tests.procs import run_torchrun
 from torchgpu.errors import ConfigError
 from torchgpu.parallel.chunks import micro_batch_groups
-from torchgpu.parallel.stages import StagePipeline, check_schedule, demo_batch, demo_model
+from torchgpu.parallel.stages import StagePipeline, check_schedule
+from torchgpu.parallel.stages_demo import demo_batch, demo_model
 
 WIDTH, LAYERS, LR, SEED = 16, 4, 0.1, 0
 # 10 rows in 4 micro-batches are 3, 3, 2, 2 (two schedules); 12 then 8 changes the

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from torchgpu.errors import BalanceError, ConfigError, DeviceSpecError, NoDeviceError
-from torchgpu.parallel.model import SplitModel, build_pipeline_model, split_model
+from torchgpu.parallel.model import SplitModel, split_model
+from torchgpu.parallel.pipeline import build_pipeline_model
 
 
 def mlp(seed: int = 0) -> nn.Sequential:

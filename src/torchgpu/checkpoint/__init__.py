@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from torchgpu.checkpoint.api import LoadedCheckpoint, load_checkpoint, save_checkpoint
 from torchgpu.checkpoint.convert import ConvertResult, convert_checkpoint
-from torchgpu.checkpoint.discover import find_checkpoint, list_checkpoints
+from torchgpu.checkpoint.discover import find_checkpoint, list_checkpoints, verify_checkpoint
 from torchgpu.checkpoint.inspect import inspect_checkpoint
 from torchgpu.checkpoint.keys import KeyMapping, load_state_dict
-from torchgpu.checkpoint.layout import verify_checkpoint
 from torchgpu.checkpoint.rng import capture_rng_state, restore_rng_state
 
 __all__ = [

@@ -291,3 +291,19 @@ def set_aside(parent: Path, directories: list[Path], label: str) -> Path:
     atomic.fsync_dir(destination)
     atomic.fsync_dir(parent)
     return destination
+
+
+def verify_checkpoint(path: str | Path) -> dict[str, int]:
+    """Check every file of the checkpoint ``path`` designates against its manifest (size
+    and sha256); returns ``{file name: size_bytes}``.
+
+    ``path`` is a checkpoint directory, or -- resolved like every loader does
+    (:func:`designated_for_verify`) -- a directory of
+    checkpoints or a ``torchgpu train`` run directory: the checkpoint its ``latest``
+    names is checked (a ``latest`` naming a missing one is damage, never a fallback),
+    else the newest complete one. A missing, truncated or altered file, a directory where
+    a file is listed, a missing or malformed manifest, or a ``latest`` naming nothing
+    raises :class:`CheckpointCorruptError` naming it; a path holding no torchgpu
+    checkpoint, or a file that cannot be read (permissions, a FIFO or device) raises
+    :class:`CheckpointFormatError` naming it."""
+    return verify_directory(designated_for_verify(Path(path)))

@@ -356,26 +356,9 @@ def _sha256(file: Path) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def verify_checkpoint(path: str | Path) -> dict[str, int]:
-    """Check every file of the checkpoint ``path`` designates against its manifest (size
-    and sha256); returns ``{file name: size_bytes}``.
-
-    ``path`` is a checkpoint directory, or -- resolved like every loader does
-    (:func:`~torchgpu.checkpoint.discover.designated_for_verify`) -- a directory of
-    checkpoints or a ``torchgpu train`` run directory: the checkpoint its ``latest``
-    names is checked (a ``latest`` naming a missing one is damage, never a fallback),
-    else the newest complete one. A missing, truncated or altered file, a directory where
-    a file is listed, a missing or malformed manifest, or a ``latest`` naming nothing
-    raises :class:`CheckpointCorruptError` naming it; a path holding no torchgpu
-    checkpoint, or a file that cannot be read (permissions, a FIFO or device) raises
-    :class:`CheckpointFormatError` naming it."""
-    from torchgpu.checkpoint.discover import designated_for_verify
-
-    return verify_directory(designated_for_verify(Path(path)))
-
-
 def verify_directory(directory: Path) -> dict[str, int]:
-    """:func:`verify_checkpoint` of checkpoint directory ``directory`` itself."""
+    """:func:`~torchgpu.checkpoint.discover.verify_checkpoint` of checkpoint directory
+    ``directory`` itself."""
     table = read_manifest(directory)
     checked: dict[str, int] = {}
     for name, info in sorted(table.items()):

@@ -2,7 +2,7 @@
 
 Small M leaves stages idle (the bubble is ``(n-1)/(M+n-1)`` of the time); large M
 makes many small kernels and per-micro-batch overhead. Where the optimum lies
-depends on the model, batch and devices, so :func:`choose_chunks` times a few real
+depends on the model, batch and devices, so :func:`time_chunks` times a few real
 training steps (forward, loss, backward) for each candidate M, rounds interleaved so
 drift in machine load hits every candidate alike, and keeps the fastest median.
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -155,10 +155,6 @@ def _row_range(batch_rows: int, chunks: int) -> tuple[int, int]:
     return max(sizes), min(sizes)
 
 
-def _first_dim(obj: Any) -> int:
-    return batch_size(obj)
-
-
 def _cuda_sync(devices: Iterable[torch.device]) -> Callable[[], None] | None:
     cuda = sorted({d for d in devices if d.type == "cuda"}, key=str)
     if not cuda:
@@ -171,36 +167,41 @@ def _cuda_sync(devices: Iterable[torch.device]) -> Callable[[], None] | None:
     return sync
 
 
-def choose_chunks(
-    module_or_pipeline: nn.Module,
+class PipelineLike(Protocol):
+    """What :func:`time_chunks` needs of a pipeline (a
+    :class:`~torchgpu.parallel.pipeline.Pipeline`): settable ``chunks``, its layers'
+    owner ``module``, ``devices``, ``output_device``, parameters and a call."""
+
+    chunks: int
+    __call__: Callable[..., Any]
+
+    @property
+    def module(self) -> nn.Module: ...
+
+    @property
+    def devices(self) -> Sequence[torch.device]: ...
+
+    @property
+    def output_device(self) -> torch.device: ...
+
+    def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]: ...
+
+
+def time_chunks(
+    pipe: PipelineLike,
     sample_input: Any,
     sample_target: Any,
     loss_fn: Callable[[Any, Any], torch.Tensor],
     candidates: Sequence[int] | None = None,
     steps: int = 3,
     warmup: int = 1,
-    devices: Sequence[Any] | None = None,
 ) -> ChunkChoice:
-    """Measure training steps of a :class:`~torchgpu.parallel.pipeline.Pipeline` for
-    each candidate M and return the fastest (the pipeline's ``chunks`` is left unchanged).
-
-    ``module_or_pipeline`` is a Pipeline, or a model to wrap in one over ``devices``
-    (then its layers are moved there). ``sample_input``/``sample_target`` are one real
-    mini-batch. Gradients, buffers (BatchNorm statistics) and the random number
-    generators are restored afterwards; the weights are never stepped.
+    """Measure training steps of ``pipe`` for each candidate M and return the fastest
+    (``pipe.chunks`` is left unchanged); :func:`torchgpu.parallel.pipeline.choose_chunks`
+    is the public entry. Gradients, buffers (BatchNorm statistics) and the random
+    number generators are restored afterwards; the weights are never stepped.
     """
-    from torchgpu.parallel.pipeline import Pipeline
-
-    if isinstance(module_or_pipeline, Pipeline):
-        pipe = module_or_pipeline
-    else:
-        if devices is None:
-            raise ConfigError(
-                "choose_chunks on a plain model needs devices=[...] to build the pipeline "
-                "(e.g. devices=['cuda:0', 'cuda:1']); or pass a Pipeline"
-            )
-        pipe = Pipeline(module_or_pipeline, devices)
-    rows = _first_dim(sample_input)
+    rows = batch_size(sample_input)
     cands = list(candidates) if candidates is not None else default_candidates(rows)
     params = list(pipe.parameters())
     saved_grads = [p.grad for p in params]
@@ -212,7 +213,7 @@ def choose_chunks(
         def step() -> None:
             pipe.chunks = m
             out = pipe(sample_input)
-            loss = loss_fn(out, _move(target, pipe.output_device))
+            loss = loss_fn(out, move(target, pipe.output_device))
             loss.backward()  # type: ignore[no-untyped-call]
             for p in params:
                 p.grad = None
@@ -234,6 +235,3 @@ def choose_chunks(
                 if k in saved_buffers:
                     v.copy_(saved_buffers[k])
 
-
-def _move(obj: Any, device: torch.device) -> Any:
-    return move(obj, device)

@@ -353,36 +353,3 @@ def split_model(
     counts = resolve_balance(layers, devs, balance, sample)
     return SplitModel(owner, layers, devs, counts, [name for name, _ in named])
 
-
-def build_pipeline_model(
-    module: nn.Module | Sequence[nn.Module],
-    strategy: Literal["model", "pipeline"],
-    devices: Sequence[DeviceLike],
-    balance: BalanceSpec = None,
-    chunks: int | Literal["auto"] = 1,
-    checkpoint: str = "except_last",
-    deferred_batch_norm: bool = False,
-    sample: Any | None = None,
-    sample_target: Any | None = None,
-    loss_fn: Any | None = None,
-) -> SplitModel:
-    """One entry for the training loop: ``strategy="model"`` gives :func:`split_model`,
-    ``"pipeline"`` a :class:`~torchgpu.parallel.pipeline.Pipeline` (``chunks="auto"``
-    needs ``sample``, ``sample_target`` and ``loss_fn``)."""
-    if strategy == "model":
-        return split_model(module, devices, balance, sample)
-    if strategy == "pipeline":
-        from torchgpu.parallel.pipeline import Pipeline
-
-        return Pipeline(
-            module,
-            devices,
-            balance=balance,
-            chunks=chunks,
-            checkpoint=checkpoint,
-            deferred_batch_norm=deferred_batch_norm,
-            sample=sample,
-            sample_target=sample_target,
-            loss_fn=loss_fn,
-        )
-    raise ConfigError(f"strategy {strategy!r} is not a split strategy: use 'model' or 'pipeline'")

@@ -39,7 +39,7 @@ whose dim 0 is not the batch, a number such as a row count) is refused with a
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Literal
 
@@ -54,6 +54,7 @@ from torchgpu.parallel.batchnorm import (
     deferred_layers,
     tracking,
 )
+from torchgpu.parallel.chunks import ChunkChoice, time_chunks
 from torchgpu.parallel.microbatch import batch_size, gather, map_tensors, scatter, tensors_in
 from torchgpu.parallel.model import (
     BalanceSpec,
@@ -63,6 +64,7 @@ from torchgpu.parallel.model import (
     named_layers,
     parse_devices,
     resolve_balance,
+    split_model,
 )
 from torchgpu.parallel.schedule import clock_cycles
 
@@ -142,7 +144,7 @@ class Pipeline(SplitModel):
         balance: layers per stage, ``"size"``, ``"time"`` or None (even by count).
         chunks: micro-batches per mini-batch, or ``"auto"``: measure a few training
             steps for several M with ``sample``/``sample_target``/``loss_fn`` and keep
-            the fastest (:func:`torchgpu.parallel.chunks.choose_chunks`; the table is
+            the fastest (:func:`choose_chunks`; the table is
             kept in ``self.chunk_choice``). A batch smaller than M runs in fewer chunks.
         checkpoint: ``"never"``; ``"except_last"`` (every micro-batch but the last
             recomputes its stage forward in backward — the last one's backward starts
@@ -197,10 +199,8 @@ class Pipeline(SplitModel):
         self._streams: list[Stream] = [new_stream(d) for d in devs]
         self.chunk_choice: Any = None
         if chunks == "auto":
-            from torchgpu.parallel.chunks import choose_chunks
-
             assert loss_fn is not None  # checked above
-            self.chunk_choice = choose_chunks(self, sample, sample_target, loss_fn)
+            self.chunk_choice = time_chunks(self, sample, sample_target, loss_fn)
             self._chunks = self.chunk_choice.chunks
         else:
             self._chunks = _check_chunks(chunks)
@@ -342,3 +342,65 @@ def _running_stats_frozen(module: nn.Module) -> Iterator[None]:
     finally:
         for m, name, value in reversed(changed):
             setattr(m, name, value)
+
+
+def choose_chunks(
+    module_or_pipeline: nn.Module,
+    sample_input: Any,
+    sample_target: Any,
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    candidates: Sequence[int] | None = None,
+    steps: int = 3,
+    warmup: int = 1,
+    devices: Sequence[Any] | None = None,
+) -> ChunkChoice:
+    """Measure training steps of a :class:`Pipeline` for each candidate M and return the
+    fastest (the pipeline's ``chunks`` is left unchanged).
+
+    ``module_or_pipeline`` is a Pipeline, or a model to wrap in one over ``devices``
+    (then its layers are moved there). ``sample_input``/``sample_target`` are one real
+    mini-batch. Gradients, buffers (BatchNorm statistics) and the random number
+    generators are restored afterwards; the weights are never stepped.
+    """
+    if isinstance(module_or_pipeline, Pipeline):
+        pipe = module_or_pipeline
+    else:
+        if devices is None:
+            raise ConfigError(
+                "choose_chunks on a plain model needs devices=[...] to build the pipeline "
+                "(e.g. devices=['cuda:0', 'cuda:1']); or pass a Pipeline"
+            )
+        pipe = Pipeline(module_or_pipeline, devices)
+    return time_chunks(pipe, sample_input, sample_target, loss_fn, candidates, steps, warmup)
+
+
+def build_pipeline_model(
+    module: nn.Module | Sequence[nn.Module],
+    strategy: Literal["model", "pipeline"],
+    devices: Sequence[DeviceLike],
+    balance: BalanceSpec = None,
+    chunks: int | Literal["auto"] = 1,
+    checkpoint: str = "except_last",
+    deferred_batch_norm: bool = False,
+    sample: Any | None = None,
+    sample_target: Any | None = None,
+    loss_fn: Any | None = None,
+) -> SplitModel:
+    """One entry for the training loop: ``strategy="model"`` gives :func:`split_model`,
+    ``"pipeline"`` a :class:`~torchgpu.parallel.pipeline.Pipeline` (``chunks="auto"``
+    needs ``sample``, ``sample_target`` and ``loss_fn``)."""
+    if strategy == "model":
+        return split_model(module, devices, balance, sample)
+    if strategy == "pipeline":
+        return Pipeline(
+            module,
+            devices,
+            balance=balance,
+            chunks=chunks,
+            checkpoint=checkpoint,
+            deferred_batch_norm=deferred_batch_norm,
+            sample=sample,
+            sample_target=sample_target,
+            loss_fn=loss_fn,
+        )
+    raise ConfigError(f"strategy {strategy!r} is not a split strategy: use 'model' or 'pipeline'")

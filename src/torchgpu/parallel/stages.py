@@ -32,7 +32,6 @@ number of ranks P.
 from __future__ import annotations
 
 import math
-import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -49,11 +48,10 @@ from torchgpu.parallel.model import (
     named_layers,
     resolve_balance,
 )
-from torchgpu.parallel.stages_demo import demo_batch, demo_model
 
 __all__ = [
     "MAX_CACHED_SHAPES", "SCHEDULES", "StagePipeline", "check_schedule", "choose_stage_chunks",
-    "demo_batch", "demo_model", "partition", "stage_indices",
+    "partition", "stage_indices",
 ]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b")
@@ -479,14 +477,3 @@ def choose_stage_chunks(
     result: ChunkChoice = box[0]
     return result
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m torchgpu.parallel.stages --demo ...``: the demo of
-    :mod:`torchgpu.parallel.stages_demo`."""
-    from torchgpu.parallel.stages_demo import main as demo_main
-
-    return demo_main(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

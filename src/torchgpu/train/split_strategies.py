@@ -131,7 +131,7 @@ def build_split_model(
     Returns a SplitModel (``model``) or Pipeline (``pipeline``) over :func:`stage_devices`.
     BalanceError (exit 2) when ``--balance`` does not match the model's layers.
     """
-    from torchgpu.parallel.model import build_pipeline_model
+    from torchgpu.parallel.pipeline import build_pipeline_model
     from torchgpu.train.task import as_task
 
     data = as_task(data, config)
