@@ -15,8 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from torchgpu import default_device
-from torchgpu.devices import placement_device
+from torchgpu.devices import default_device, placement_device
 from torchgpu.errors import DeviceSpecError, NoDeviceError
 from torchgpu.transfer import check_devices, to_device
 
