@@ -33,10 +33,6 @@ DEFAULT_THREADS = 1
 RUN_FILES = ("results.json", "report.md", "results.json.tmp")
 
 
-def suite_names() -> list[str]:
-    return list(SUITES)
-
-
 def check_suite(name: str) -> str:
     """``name`` if it is a suite, else :class:`UsageError` listing the suites."""
     if name not in SUITES:

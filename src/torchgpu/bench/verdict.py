@@ -23,12 +23,6 @@ def time_factor(ratio: float) -> str:
     return f"{1 / ratio:.2f}x faster" if ratio > 0 else "infinitely faster"
 
 
-def rate_factor(ratio: float, noun: str = "") -> str:
-    """A rate ratio ``a/b`` in words: ``2.30x higher`` or ``0.50x`` (lower)."""
-    tail = f" {noun}" if noun else ""
-    return f"{ratio:.2f}x{tail}"
-
-
 def _outcome(ratio: Ratio, expect: Direction, bigger_is: Direction) -> str:
     """Whether the rounds agree with ``expect``; ``bigger_is`` names what a ratio > 1 means."""
     above = ratio.min > 1

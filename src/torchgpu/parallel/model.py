@@ -325,10 +325,6 @@ class SplitModel(nn.Module):
     def cpu(self) -> SplitModel:
         raise _refuse_move(self, ".cpu()")
 
-    def stage_parameters(self, index: int) -> Iterator[nn.Parameter]:
-        """Parameters of stage ``index`` (e.g. for a per-device optimizer)."""
-        return self.partitions[index].parameters()
-
     def extra_repr(self) -> str:
         return f"devices={[str(d) for d in self.devices]}, balance={list(self.balance)}"
 

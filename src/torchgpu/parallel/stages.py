@@ -42,6 +42,7 @@ from torch import nn
 
 from torchgpu.errors import ConfigError, DistributedError
 from torchgpu.parallel.chunks import ChunkChoice, micro_batch_groups, sweep_chunks
+from torchgpu.parallel.microbatch import batch_size
 from torchgpu.parallel.model import (
     BalanceSpec,
     check_shared_state,
@@ -355,7 +356,7 @@ class StagePipeline:
         if not self.is_last:
             return None
         out = outputs[0] if len(outputs) == 1 else _concat(outputs)
-        got = _first_dim(out)
+        got = batch_size(out)
         if got != n:  # a receive buffer of another shape would leave stale rows
             raise DistributedError(
                 f"the pipeline returned {got} rows for a batch of {n}: the stages "
@@ -419,12 +420,6 @@ def _concat(parts: list[Any]) -> Any:
     if isinstance(parts[0], torch.Tensor):
         return torch.cat(parts)
     return type(parts[0])(_concat(list(items)) for items in zip(*parts, strict=True))
-
-
-def _first_dim(obj: Any) -> int:
-    if isinstance(obj, torch.Tensor):
-        return int(obj.shape[0])
-    return _first_dim(obj[0])
 
 
 def choose_stage_chunks(
