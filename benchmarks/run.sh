@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the bench suites at full size into benchmarks/results/<machine-tag>/<suite>/ and,
-# when asked, the extra CPU benchmarks (overhead.py, ddp_cpu.py, pipeline_cpu.py) into
+# when asked, the extra CPU benchmarks (ddp_cpu.py, pipeline_cpu.py) into
 # benchmarks/results/<machine-tag>/extra/<name>.json; then render the README tables from
 # the result files (benchmarks/summarize.py --write).
 #
@@ -24,7 +24,7 @@ export MPLBACKEND=Agg
 TAG=${TAG:-$("$PY" -c 'from torchgpu.bench.report import machine_tag; print(machine_tag())')}
 SUITES=${SUITES-"matmul transfer parallel split-sweep dp-ddp checkpointing accumulation overhead"}
 EXTRAS=${EXTRAS:-}
-if [ "$EXTRAS" = all ]; then EXTRAS="overhead ddp_cpu pipeline_cpu"; fi
+if [ "$EXTRAS" = all ]; then EXTRAS="ddp_cpu pipeline_cpu"; fi
 flags=()
 if [ -n "${QUICK:-}" ]; then flags+=(--quick); fi
 if [ -n "${THREADS:-}" ]; then flags+=(--threads "$THREADS"); fi

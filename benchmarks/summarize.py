@@ -1,8 +1,8 @@
 """Render the benchmark tables of benchmarks/README.md from the committed result files.
 
 Reads ``benchmarks/results/<machine>/<suite>/results.json`` (``torchgpu bench NAME --out
-...``) and ``benchmarks/results/<machine>/extra/<name>.json`` (benchmarks/overhead.py,
-ddp_cpu.py and pipeline_cpu.py, run through ``python -m torchgpu.bench.extra`` by
+...``) and ``benchmarks/results/<machine>/extra/<name>.json`` (benchmarks/ddp_cpu.py
+and pipeline_cpu.py, run through ``python -m torchgpu.bench.extra`` by
 benchmarks/run.sh). For every result: its verdicts (one line per seed claim), a link to the
 JSON, the report and every plot, a warning when the CPU was contended, and its figures:
 
@@ -35,7 +35,7 @@ README = HERE / "README.md"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 ORDER = ("matmul", "transfer", "parallel", "split-sweep", "dp-ddp", "checkpointing",
          "accumulation", "overhead", "resnet50-step")
-EXTRA_ORDER = ("overhead", "ddp_cpu", "pipeline_cpu")
+EXTRA_ORDER = ("ddp_cpu", "pipeline_cpu")
 MEMORY_KEYS = {"saved_bytes": "saved for backward", "peak_allocated_bytes": "peak allocated"}
 Doc = dict[str, Any]
 
@@ -234,19 +234,6 @@ def per_round(a: list[float], b: list[float]) -> tuple[float, float, float]:
     return statistics.median(values), min(values), max(values)
 
 
-def overhead_extra(result: Doc) -> list[str]:
-    variants = result["variants"]
-    lines = []
-    ours = variants.get("torchgpu", {}).get("ratio_vs_raw_median")
-    if ours is not None:
-        verdict = "target met" if ours >= 0.98 else "target missed here"
-        lines += [f"- torchgpu loop vs raw loop: {ours:.3f}x the steps/s (target >= 0.98x: "
-                  f"{verdict})", ""]
-    lines += ["| loop | steps/s relative to the raw loop (per-round median) |", "|---|---|"]
-    lines += [f"| {name} | {v['ratio_vs_raw_median']:.3f} |" for name, v in variants.items()]
-    return [*lines, ""]
-
-
 def ddp_extra(result: Doc) -> list[str]:
     rows = [(f"weak-scaling efficiency, {k} (1.0 = perfect)", v)
             for k, v in result.get("weak_scaling_efficiency", {}).items()]
@@ -303,7 +290,6 @@ def pipeline_extra(result: Doc) -> list[str]:
 
 
 EXTRA_RENDERERS: dict[str, tuple[str, Callable[[Doc], list[str]]]] = {
-    "overhead": ("benchmarks/overhead.py: loop overhead, housing MLP", overhead_extra),
     "ddp_cpu": ("benchmarks/ddp_cpu.py: DDP on 2 CPU processes", ddp_extra),
     "pipeline_cpu": ("benchmarks/pipeline_cpu.py: pipeline on 2 CPU processes",
                      pipeline_extra),

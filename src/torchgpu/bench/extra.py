@@ -1,4 +1,4 @@
-"""Run one of the stand-alone CPU benchmarks (``benchmarks/overhead.py``, ``ddp_cpu.py``,
+"""Run one of the stand-alone CPU benchmarks (``benchmarks/ddp_cpu.py``,
 ``pipeline_cpu.py``) and keep its ``--json`` output with the context ``torchgpu bench``
 records: versions, git revision, CPU, command line, CPU pressure over the run.
 
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA = "torchgpu.bench-extra/1"
-EXTRAS = ("overhead", "ddp_cpu", "pipeline_cpu")
+EXTRAS = ("ddp_cpu", "pipeline_cpu")
 
 
 def run_extra(script: Path, out: Path, args: Sequence[str] = (),
@@ -92,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     script, out = Path(args[0]), Path(args[1])
     if not script.is_file():
         print(f"torchgpu: {script} is not a file: give the benchmark script's path, e.g. "
-              "benchmarks/overhead.py", file=sys.stderr)
+              "benchmarks/ddp_cpu.py", file=sys.stderr)
         return 2
     try:
         doc = run_extra(script, out, args[2:])
