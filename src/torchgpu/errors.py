@@ -67,6 +67,16 @@ class ConfigError(TorchGpuError, ValueError):
     exit_code = EXIT_USAGE
 
 
+class MicroBatchTypeError(ConfigError, TypeError):
+    """A batch or a pipeline output that cannot be split into micro-batches along
+    dim 0, or joined back, without changing the result (also a ``TypeError``)."""
+
+
+class PlacementError(ConfigError, TypeError):
+    """A call that would move a split model's stages to one device (``.to(device)``,
+    ``.cuda()``, ``.cpu()``); also a ``TypeError``, as for a method the object lacks."""
+
+
 class BalanceError(ConfigError):
     """A pipeline/model-parallel balance that does not partition the layers."""
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 from torch import nn
 
-from torchgpu.errors import ConfigError
+from torchgpu.errors import ConfigError, MicroBatchTypeError
 from torchgpu.parallel.balance import balance_by_size, balance_by_time, layer_sizes, layer_times
-from torchgpu.parallel.microbatch import MicroBatchTypeError, gather, scatter
+from torchgpu.parallel.microbatch import gather, scatter
 from torchgpu.parallel.model import check_shared_state, named_layers, split_model
 from torchgpu.parallel.pipeline import Pipeline
 from torchgpu.parallel.stages import StagePipeline

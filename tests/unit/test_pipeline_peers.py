@@ -25,11 +25,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torchgpu.errors import BalanceError, ConfigError
+from torchgpu.errors import BalanceError, ConfigError, MicroBatchTypeError, PlacementError
 from torchgpu.parallel.balance import balance_by_size, balance_by_time, solve_partition
 from torchgpu.parallel.batchnorm import DeferredBatchNorm, convert_deferred_batch_norm
-from torchgpu.parallel.microbatch import MicroBatchTypeError, batch_size, gather, scatter
-from torchgpu.parallel.model import PlacementError, split_model
+from torchgpu.parallel.microbatch import batch_size, gather, scatter
+from torchgpu.parallel.model import split_model
 from torchgpu.parallel.pipeline import Pipeline
 from torchgpu.parallel.schedule import clock_cycles
 

@@ -24,7 +24,7 @@ from typing import Any, TypeAlias
 
 import torch
 
-from torchgpu.errors import ConfigError
+from torchgpu.errors import ConfigError, MicroBatchTypeError
 
 Batch: TypeAlias = torch.Tensor | tuple[Any, ...] | list[Any] | dict[Any, Any]
 
@@ -37,11 +37,6 @@ _JOIN_RULE = (
     "other values (None, strings, flags; not numbers) pass through only when every "
     "micro-batch gives the same one"
 )
-
-
-class MicroBatchTypeError(ConfigError, TypeError):
-    """A batch or a pipeline output that cannot be split into micro-batches along
-    dim 0, or joined back, without changing the result (also a ``TypeError``)."""
 
 
 def tensors_in(obj: Any) -> list[torch.Tensor]:

@@ -30,7 +30,13 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from torchgpu.errors import BalanceError, ConfigError, DeviceSpecError, NoDeviceError
+from torchgpu.errors import (
+    BalanceError,
+    ConfigError,
+    DeviceSpecError,
+    NoDeviceError,
+    PlacementError,
+)
 from torchgpu.parallel.balance import (
     balance_by_size,
     balance_by_time,
@@ -200,11 +206,6 @@ def move(obj: Any, device: torch.device) -> Any:
     other values unchanged. Copies to CUDA are non-blocking (stream-ordered); copies to
     the CPU block, so the data is there on return."""
     return map_tensors(lambda t: t.to(device, non_blocking=device.type == "cuda"), obj)
-
-
-class PlacementError(ConfigError, TypeError):
-    """A call that would move a split model's stages to one device (``.to(device)``,
-    ``.cuda()``, ``.cpu()``); also a ``TypeError``, as for a method the object lacks."""
 
 
 def _refuse_move(model: nn.Module, what: str) -> PlacementError:
