@@ -9,7 +9,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from torchgpu.nvml import GPU_IS_LOST, NOT_SUPPORTED, NvmlInventory, PynvmlBackend
+from torchgpu.devices.nvml import GPU_IS_LOST, NOT_SUPPORTED, NvmlInventory, PynvmlBackend
 
 GIB = 1 << 30
 

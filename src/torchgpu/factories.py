@@ -12,6 +12,7 @@ Entry points:
 
 - :func:`resolve_spec`: the object itself;
 - :func:`resolve_callable`: the object, which must be callable (a factory, a loss);
+- :func:`resolve_factory`: a model factory, resolved but not called;
 - :func:`resolve_model`: an ``nn.Module`` (a module object as it is, or a zero-argument
   factory called once);
 - :func:`resolve_data`: ``(train, eval or None)`` datasets (a Dataset, a pair, or a
@@ -32,7 +33,7 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 from torch import Tensor, nn
 from torch.utils.data import Dataset
@@ -158,6 +159,15 @@ def resolve_callable(spec: str, what: str = "loss") -> Callable[..., Any]:
             f"callable. Use {_forms(what)}."
         )
     return value
+
+
+def resolve_factory(spec: str) -> Callable[[], nn.Module]:
+    """The model factory ``spec`` names (``--model`` of ``torchgpu doctor``), not called.
+
+    Raises :class:`UsageError` (exit 2) for a malformed spec, a module or file that
+    cannot be imported, a missing attribute or a non-callable one.
+    """
+    return cast(Callable[[], nn.Module], resolve_callable(spec, "model"))
 
 
 def _call(factory: Callable[[], Any], spec: str, what: str) -> Any:

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from torchgpu.devices.cuda_status import cuda_initialized
 from torchgpu.errors import ConfigError, OutOfMemoryBackoffError
 
 if TYPE_CHECKING:
@@ -311,13 +312,6 @@ class OOMBackoff:
             f"smallest micro-batch allowed, so one step cannot fit on this device"
             f"{'; ' + figures if figures else ''}. Last error: {reason}. {FIX_HINT}."
         )
-
-
-def cuda_initialized() -> bool:
-    """Whether this process has started CUDA (never starts it)."""
-    # torch.cuda.is_initialized is untyped in some torch releases; the alias types it.
-    check: Callable[[], bool] = torch.cuda.is_initialized
-    return bool(check())
 
 
 def memory_figures(device: torch.device | None) -> str:

@@ -25,8 +25,8 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
-from torchgpu.cudastatus import cuda_device_count
 from torchgpu.devices import get_device, placement_device
+from torchgpu.devices.cuda_status import cuda_device_count, cuda_initialized
 from torchgpu.errors import DeviceMismatchError
 
 T = TypeVar("T")
@@ -163,7 +163,7 @@ def to_device(obj: T, device: DeviceLike, non_blocking: NonBlocking = "auto") ->
 
 def _current_cuda_device() -> set[torch.device]:
     """The current CUDA device, if CUDA is running in this process (else nothing)."""
-    if torch.version.cuda is None or not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+    if not cuda_initialized():
         return set()
     return {torch.device("cuda", torch.cuda.current_device())}
 

@@ -13,13 +13,13 @@ import torch
 
 from tests.nvml_fake import fake_backend
 from tests.procs import run_cli
-from torchgpu import devices, nvml
 from torchgpu.cli import devices as devices_cli
 from torchgpu.cli.main import main
+from torchgpu.devices import DeviceInfo, listing, nvml
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("TORCHGPU_UPDATE_GOLDEN") == "1"
-FAKE_CPU = devices.DeviceInfo(
+FAKE_CPU = DeviceInfo(
     kind="cpu",
     index=None,
     name="Fake CPU",
@@ -36,7 +36,7 @@ def fake_machine(monkeypatch):
     for name in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("COLUMNS", "180")
-    monkeypatch.setattr(devices, "cpu_device_info", lambda: FAKE_CPU)
+    monkeypatch.setattr(listing, "cpu_device_info", lambda: FAKE_CPU)
     monkeypatch.setattr(torch, "__version__", "2.99.0+cpu")
     monkeypatch.setattr(torch.version, "cuda", None)
     with nvml.use_backend(fake_backend()):

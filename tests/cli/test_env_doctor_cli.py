@@ -13,12 +13,10 @@ from torch import nn
 
 from tests.nvml_fake import fake_inventory
 from tests.procs import run_cli
-from torchgpu import nvml
 from torchgpu.cli import doctor
-from torchgpu.cli.common_model import resolve_factory
 from torchgpu.cli.env import format_report, variables
 from torchgpu.cli.main import main
-from torchgpu.errors import UsageError
+from torchgpu.devices import nvml
 
 GIB = 1 << 30
 A100 = nvml.NvmlGpu(
@@ -234,46 +232,6 @@ def test_env_json_and_variables(capsys):
     assert "WORLD_SIZE=(unset)" in format_report(
         {"versions": {"a": "b"}, "gpus": [], "torch_device_count": 0, "variables": got}
     )
-
-
-# ------------------------------------------------------------------- --model
-MODEL_SRC = "import torch.nn as nn\n\ndef build():\n    return nn.Linear(2, 2)\n\nVALUE = 3\n"
-
-
-def test_resolve_factory_forms(tmp_path, monkeypatch):
-    (tmp_path / "mymodels_a.py").write_text(MODEL_SRC)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    assert isinstance(resolve_factory("mymodels_a:build")(), nn.Linear)
-    assert isinstance(resolve_factory(f"{tmp_path}/mymodels_a.py:build")(), nn.Linear)
-    assert resolve_factory("torch.nn:Linear") is nn.Linear
-    assert resolve_factory("collections:OrderedDict.fromkeys") is not None
-
-
-@pytest.mark.parametrize(
-    ("spec", "message"),
-    [
-        ("nocolon", "is not understood"),
-        (":build", "is not understood"),
-        ("mod:", "is not understood"),
-        ("mod:a..b", "is not understood"),
-        ("no_such_module_xyz:build", "no module named 'no_such_module_xyz'"),
-        ("missing/file.py:build", "does not exist"),
-        ("torch.nn:NoSuchThing", "has no attribute 'NoSuchThing'"),
-        ("math:pi", "is not callable"),
-    ],
-)
-def test_resolve_factory_errors(spec, message):
-    with pytest.raises(UsageError) as info:
-        resolve_factory(spec)
-    assert message in str(info.value) and repr(spec) in str(info.value)
-    assert info.value.exit_code == 2
-
-
-def test_resolve_factory_broken_file(tmp_path):
-    path = tmp_path / "broken.py"
-    path.write_text("raise RuntimeError('bad import')\n")
-    with pytest.raises(UsageError, match="bad import"):
-        resolve_factory(f"{path}:build")
 
 
 class FakeReport:

@@ -87,7 +87,7 @@ def test_csv_smaller_than_a_batch_is_refused_before_launching(
 
 
 def _no_gpu_backend() -> AbstractContextManager[object]:
-    from torchgpu import nvml
+    from torchgpu.devices import nvml
 
     return nvml.use_backend(nvml.StaticBackend(nvml.NvmlInventory(error="no driver")))
 
@@ -96,7 +96,7 @@ def test_gpus_naming_a_missing_gpu_names_the_gpus_that_exist(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tests.nvml_fake import fake_inventory
-    from torchgpu import nvml
+    from torchgpu.devices import nvml
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # restored afterwards
     out = tmp_path / "out"
@@ -110,11 +110,11 @@ def test_gpus_naming_a_missing_gpu_names_the_gpus_that_exist(
 def test_gpus_without_a_usable_gpu_never_falls_back_to_the_cpu(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from torchgpu import cudastatus
+    from torchgpu.devices import cuda_status
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     why = "no NVIDIA driver was found (no NVML, no /proc/driver/nvidia, no nvidia-smi)"
-    monkeypatch.setattr(cudastatus, "cuda_unavailable_reason", lambda: why)
+    monkeypatch.setattr(cuda_status, "cuda_unavailable_reason", lambda: why)
     out = tmp_path / "out"
     with _no_gpu_backend():
         code = main(["train", "--gpus", "5", "--out", str(out)])
@@ -122,8 +122,8 @@ def test_gpus_without_a_usable_gpu_never_falls_back_to_the_cpu(
     assert code == 2 and "--gpus 5" in err and why in err and "--device cpu" in err
     assert "Traceback" not in err and not out.exists()
     # The driver counts fewer GPUs than --gpus names (NVML could not count them).
-    monkeypatch.setattr(cudastatus, "cuda_unavailable_reason", lambda: "")
-    monkeypatch.setattr(cudastatus, "cuda_device_count", lambda: 1)
+    monkeypatch.setattr(cuda_status, "cuda_unavailable_reason", lambda: "")
+    monkeypatch.setattr(cuda_status, "cuda_device_count", lambda: 1)
     with _no_gpu_backend():
         code = main(["train", "--gpus", "0,5", "--out", str(out)])
     err = capsys.readouterr().err

@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from tests.nvml_fake import GIB, fake_backend
-from torchgpu import cudastatus, devices, hostinfo, nvml
+from torchgpu import devices
+from torchgpu.devices import cuda_status, nvml, spec
+from torchgpu.devices import host as host_module
 from torchgpu.errors import DeviceSpecError, NoDeviceError, UsageError, VisibleDevicesError
 
 VARS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "TORCHGPU_DEVICE", "LOCAL_RANK")
@@ -28,7 +30,7 @@ def clean_env(monkeypatch):
         raise AssertionError("CUDA was initialised")
 
     monkeypatch.setattr(torch.cuda, "_lazy_init", no_init)
-    monkeypatch.setattr(cudastatus, "_driver_read", None)  # no count through the driver yet
+    monkeypatch.setattr(cuda_status, "_driver_read", None)  # no count through the driver yet
     with nvml.use_backend(nvml.StaticBackend(nvml.NvmlInventory(error="no NVML in tests"))):
         yield
 
@@ -171,7 +173,7 @@ def test_visible_devices_hiding_all_is_the_reason(monkeypatch):
 
 def test_no_driver_reason(monkeypatch):
     cuda_build(monkeypatch, 0)
-    monkeypatch.setattr(cudastatus, "driver_evidence", lambda inventory=None: None)
+    monkeypatch.setattr(cuda_status, "driver_evidence", lambda inventory=None: None)
     assert "no NVIDIA driver" in devices.cuda_unavailable_reason()
 
 
@@ -187,7 +189,7 @@ def test_usable_cuda_has_empty_reason(monkeypatch):
 
 
 def test_mps_unavailable_says_why(monkeypatch):
-    monkeypatch.setattr(devices, "_mps_available", lambda: False)
+    monkeypatch.setattr(spec, "mps_available", lambda: False)
     with pytest.raises(NoDeviceError, match="Metal"):
         devices.get_device("mps")
 
@@ -202,11 +204,11 @@ def test_list_devices_cpu_only():
 
 
 def test_host_info_agrees_with_the_cpu_entry():
-    host = hostinfo.host_info()
+    host = host_module.host_info()
     assert host.cpu_name and host.cores == os.cpu_count()
     if host.total_bytes is not None:  # Linux: /proc/meminfo
         assert host.available_bytes is not None and 0 < host.available_bytes <= host.total_bytes
-        assert host.total_bytes == hostinfo.meminfo()["MemTotal"]
+        assert host.total_bytes == host_module.meminfo()["MemTotal"]
     cpu = devices.cpu_device_info()
     assert (cpu.name, cpu.cores, cpu.total_bytes) == (host.cpu_name, host.cores, host.total_bytes)
 
@@ -326,7 +328,7 @@ def test_set_visible_devices_warns_when_the_driver_already_read_it(monkeypatch):
     driver_counts(monkeypatch, nvml_count=-1)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     assert devices.get_device() == torch.device("cuda", 0)
-    assert cudastatus.driver_read_visible_devices() == (True, "0,1")
+    assert cuda_status.driver_read_visible_devices() == (True, "0,1")
     with pytest.warns(RuntimeWarning, match="child processes only.*already read it as '0,1'"):
         assert devices.set_visible_devices("1") == "1"
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "1"  # still set, for child processes
@@ -339,7 +341,7 @@ def test_set_visible_devices_quiet_when_nvml_counted(monkeypatch):
     driver_counts(monkeypatch, nvml_count=2)
     devices.get_device()
     devices.list_devices()
-    assert cudastatus.driver_read_visible_devices() == (False, None)
+    assert cuda_status.driver_read_visible_devices() == (False, None)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert devices.set_visible_devices("1") == "1"
@@ -352,8 +354,8 @@ def test_mig_ids_always_count_through_the_driver(monkeypatch):
     driver_counts(monkeypatch, nvml_count=2)
     monkeypatch.setattr(torch.cuda, "_device_count_nvml", nvml_not_asked)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-abc")
-    assert cudastatus.cuda_device_count() == 2
-    assert cudastatus.driver_read_visible_devices() == (True, "MIG-abc")
+    assert cuda_status.cuda_device_count() == 2
+    assert cuda_status.driver_read_visible_devices() == (True, "MIG-abc")
     with pytest.warns(RuntimeWarning, match="child processes only"):
         devices.set_visible_devices("MIG-def")
 
@@ -364,11 +366,11 @@ def test_count_not_through_driver(monkeypatch, case):
     if case == "cpu-build":
         monkeypatch.delattr(torch._C, "_cuda_getDeviceCount", raising=False)
     if case == "no-driver":
-        monkeypatch.setattr(cudastatus, "driver_evidence", lambda inventory=None: None)
+        monkeypatch.setattr(cuda_status, "driver_evidence", lambda inventory=None: None)
     if case == "cuda-initialised":
         monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    cudastatus.cuda_device_count()
-    assert cudastatus.driver_read_visible_devices() == (False, None)
+    cuda_status.cuda_device_count()
+    assert cuda_status.driver_read_visible_devices() == (False, None)
 
 
 # ---------------------------------------------------------------- default_device

@@ -16,6 +16,7 @@ from torchgpu.factories import (
     is_dataset,
     resolve_callable,
     resolve_data,
+    resolve_factory,
     resolve_model,
     resolve_spec,
 )
@@ -181,3 +182,43 @@ def test_is_dataset() -> None:
     assert is_dataset(TokenDataset(4))
     assert not is_dataset(TokenDataset)  # the class, not a dataset
     assert not is_dataset([1, 2]) and not is_dataset(nn.Linear(1, 1)) and not is_dataset("ab")
+
+
+# ---------------------------------------------------- resolve_factory (doctor --model)
+MODEL_SRC = "import torch.nn as nn\n\ndef build():\n    return nn.Linear(2, 2)\n\nVALUE = 3\n"
+
+
+def test_resolve_factory_forms(tmp_path, monkeypatch):
+    (tmp_path / "mymodels_a.py").write_text(MODEL_SRC)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert isinstance(resolve_factory("mymodels_a:build")(), nn.Linear)
+    assert isinstance(resolve_factory(f"{tmp_path}/mymodels_a.py:build")(), nn.Linear)
+    assert resolve_factory("torch.nn:Linear") is nn.Linear
+    assert resolve_factory("collections:OrderedDict.fromkeys") is not None
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("nocolon", "is not understood"),
+        (":build", "is not understood"),
+        ("mod:", "is not understood"),
+        ("mod:a..b", "is not understood"),
+        ("no_such_module_xyz:build", "no module named 'no_such_module_xyz'"),
+        ("missing/file.py:build", "does not exist"),
+        ("torch.nn:NoSuchThing", "has no attribute 'NoSuchThing'"),
+        ("math:pi", "is not callable"),
+    ],
+)
+def test_resolve_factory_errors(spec, message):
+    with pytest.raises(UsageError) as info:
+        resolve_factory(spec)
+    assert message in str(info.value) and repr(spec) in str(info.value)
+    assert info.value.exit_code == 2
+
+
+def test_resolve_factory_broken_file(tmp_path):
+    path = tmp_path / "broken.py"
+    path.write_text("raise RuntimeError('bad import')\n")
+    with pytest.raises(UsageError, match="bad import"):
+        resolve_factory(f"{path}:build")

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from tests.nvml_fake import GIB, fake_backend, make_pynvml
-from torchgpu import nvml
+from torchgpu.devices import nvml
 
 
 def test_reads_full_gpu():

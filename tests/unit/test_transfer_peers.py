@@ -184,10 +184,10 @@ def test_unknown_device_refused_clearly(spec):
 
 
 def test_missing_cuda_device_fails_before_moving(monkeypatch):
-    import torchgpu.devices as devices
+    from torchgpu.devices import spec
 
-    monkeypatch.setattr(devices, "cuda_unavailable_reason", lambda: "")
-    monkeypatch.setattr(devices, "cuda_device_count", lambda: 2)
+    monkeypatch.setattr(spec, "cuda_unavailable_reason", lambda: "")
+    monkeypatch.setattr(spec, "cuda_device_count", lambda: 2)
     layer = nn.Linear(2, 2)
     with pytest.raises(DeviceSpecError, match=r"cuda:7 requested but 2 GPUs are visible"):
         to_device([torch.ones(1), layer], "cuda:7")
@@ -195,9 +195,9 @@ def test_missing_cuda_device_fails_before_moving(monkeypatch):
 
 
 def test_cuda_without_cuda_is_a_no_device_error(monkeypatch):
-    import torchgpu.devices as devices
+    from torchgpu.devices import spec
 
-    monkeypatch.setattr(devices, "cuda_unavailable_reason", lambda: "no driver here")
+    monkeypatch.setattr(spec, "cuda_unavailable_reason", lambda: "no driver here")
     with pytest.raises(NoDeviceError, match="no driver here"):
         to_device(torch.ones(1), "cuda:0")
 

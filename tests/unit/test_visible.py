@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from torchgpu.visible import (
+from torchgpu.devices.visible import (
     PhysicalGpu,
     cuda_enumeration,
     map_visible,

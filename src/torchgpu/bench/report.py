@@ -286,7 +286,7 @@ def print_table(doc: dict[str, Any], out: Path | None = None) -> None:
     """A rich table of the measurements and ratios on stdout."""
     from rich.table import Table
 
-    from torchgpu.cli.common import make_console
+    from torchgpu.console import make_console
 
     console = make_console()
     table = Table(title=f"torchgpu bench {doc['suite']}" + (" (quick)" if doc["quick"] else ""))

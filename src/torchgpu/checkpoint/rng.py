@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from torchgpu.devices.cuda_status import cuda_initialized
 from torchgpu.errors import CheckpointError
 
 
@@ -32,7 +33,7 @@ def capture_rng_state() -> dict[str, Any]:
         "numpy": _capture_numpy(),
     }
     # Only when already initialised: reading CUDA RNG state would otherwise start CUDA.
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+    if cuda_initialized() and torch.cuda.is_available():
         state["cuda"] = [s.cpu() for s in torch.cuda.get_rng_state_all()]
     return state
 

@@ -6,14 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NoReturn
+from typing import NoReturn
 
 from torchgpu.errors import EXIT_USAGE, TorchGpuError, exit_code_for
-
-if TYPE_CHECKING:
-    from rich.console import Console
-
-PIPED_WIDTH = 160  # columns for tables written to a pipe or a log file
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -76,14 +71,3 @@ def run_guarded(verb_main: Callable[[list[str]], int], argv: Sequence[str]) -> i
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
-
-
-def make_console() -> Console:
-    """A rich console on stdout: the terminal's width, or ``PIPED_WIDTH`` columns when
-    stdout is a pipe or file (rich would otherwise squeeze tables into 80 columns)."""
-    import os
-
-    from rich.console import Console
-
-    piped = not sys.stdout.isatty() and "COLUMNS" not in os.environ
-    return Console(file=sys.stdout, highlight=False, width=PIPED_WIDTH if piped else None)

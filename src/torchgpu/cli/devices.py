@@ -3,7 +3,11 @@
 Prints one row per GPU in torch's numbering (with nvidia-smi's index beside it, so
 CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER surprises show), the MPS row where present,
 and the CPU row. On a machine where torch cannot use a GPU, one line says why.
-Never initialises CUDA unless NVML is unavailable (then torch is asked instead).
+Never initialises CUDA unless NVML is unavailable (then torch is asked instead), and
+never imports torch when NVML is available or torch is a CPU-only build: torch's
+version and build are read from its files (:mod:`torchgpu.devices.torch_build`), the
+GPUs from NVML in torch's numbering. ``--watch`` reads NVML again each time; nothing
+is imported again.
 
 ``--json`` prints one object (with ``--watch``: one object per line, per refresh).
 Its schema is :data:`JSON_SCHEMA`, which ``torchgpu devices --help`` prints too; it is
@@ -21,13 +25,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from rich.console import Console
 from rich.table import Table
 
-from torchgpu import nvml
-from torchgpu.cli.common import ArgumentParser, fail, make_console
-from torchgpu.devices import DeviceInfo, cuda_unavailable_reason, format_bytes, list_devices
+from torchgpu.cli.common import ArgumentParser, fail
+from torchgpu.console import make_console
+from torchgpu.devices import nvml
+from torchgpu.devices.cuda_status import cuda_unavailable_reason
+from torchgpu.devices.info import DeviceInfo
+from torchgpu.devices.listing import list_devices
+from torchgpu.devices.torch_build import torch_build
+from torchgpu.sizes import format_bytes
 
 SCHEMA_VERSION = 1
 JSON_SCHEMA = """\
@@ -91,11 +99,12 @@ def snapshot() -> dict[str, Any]:
     """Everything ``devices --json`` prints, as a dict."""
     inventory = nvml.read_inventory()
     reason = cuda_unavailable_reason()
+    build = torch_build()
     return {
         "schema": SCHEMA_VERSION,
         "torch": {
-            "version": str(torch.__version__),
-            "cuda": torch.version.cuda,
+            "version": build.version,
+            "cuda": build.cuda,
             "cuda_usable": not reason,
             "cuda_unavailable_reason": reason or None,
         },

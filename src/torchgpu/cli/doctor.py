@@ -26,19 +26,20 @@ from typing import Any
 
 import torch
 
-from torchgpu import nvml
 from torchgpu.cli.common import ArgumentParser
-from torchgpu.cli.common_model import resolve_factory
-from torchgpu.cudastatus import cuda_device_count, driver_evidence
-from torchgpu.devices import format_bytes, physical_gpus
-from torchgpu.errors import UsageError
-from torchgpu.visible import (
+from torchgpu.devices import nvml
+from torchgpu.devices.cuda_status import cuda_device_count, driver_evidence
+from torchgpu.devices.visible import (
     UUID_PREFIXES,
     PhysicalGpu,
     VisibleTarget,
     map_visible,
     parse_visible_devices,
+    physical_gpus,
 )
+from torchgpu.errors import UsageError
+from torchgpu.factories import resolve_factory
+from torchgpu.sizes import format_bytes
 
 FULL_FRACTION = 0.9  # a GPU with this share of its memory used is "almost full"
 

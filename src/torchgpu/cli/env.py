@@ -5,6 +5,11 @@ and the newest CUDA the driver runs; the GPUs NVML sees; then the variables that
 device behaviour: CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER, RANK/LOCAL_RANK/WORLD_SIZE,
 MASTER_ADDR/PORT, TORCHGPU_DEVICE, and every TORCH_*, PYTORCH_* and NCCL_* variable.
 Never initialises CUDA: library versions are read from the libraries, GPUs from NVML.
+torch's version and build are read from its files without importing it
+(:mod:`torchgpu.devices.torch_build`), and torch's GPU count comes from NVML where it
+can (:func:`~torchgpu.devices.cuda_status.visible_gpu_count`). Only the cuDNN and NCCL
+versions of a CUDA or ROCm build need torch imported: they are those of the libraries
+torch loads, which only torch can tell (a CPU-only build has neither).
 """
 
 from __future__ import annotations
@@ -16,12 +21,12 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-
-from torchgpu import __version__, nvml
+from torchgpu import __version__
 from torchgpu.cli.common import ArgumentParser
-from torchgpu.cudastatus import cuda_device_count
-from torchgpu.devices import format_bytes
+from torchgpu.devices import nvml
+from torchgpu.devices.cuda_status import visible_gpu_count
+from torchgpu.devices.torch_build import torch_build
+from torchgpu.sizes import format_bytes
 
 NAMED_VARIABLES = (
     "CUDA_VISIBLE_DEVICES",
@@ -39,6 +44,8 @@ PREFIXES = ("TORCH_", "PYTORCH_", "NCCL_")
 
 
 def _cudnn_version() -> str | None:
+    import torch
+
     try:
         if not torch.backends.cudnn.is_available():  # type: ignore[no-untyped-call]
             return None
@@ -50,6 +57,7 @@ def _cudnn_version() -> str | None:
 
 def _nccl_version() -> str | None:
     try:
+        import torch
         import torch.distributed as dist
 
         if torch.version.cuda is None or not dist.is_available() or not dist.is_nccl_available():
@@ -75,14 +83,16 @@ def variables(environ: Mapping[str, str] | None = None) -> dict[str, str | None]
 def collect() -> dict[str, Any]:
     """Everything ``torchgpu env`` prints."""
     inventory = nvml.read_inventory()
+    build = torch_build()
     versions: dict[str, str | None] = {
         "torchgpu": __version__,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
-        "torch": str(torch.__version__),
-        "torch CUDA": torch.version.cuda,
-        "cuDNN": _cudnn_version(),
-        "NCCL": _nccl_version(),
+        "torch": build.version,
+        "torch CUDA": build.cuda,
+        # A CPU-only build has neither library, so torch need not be imported to say so.
+        "cuDNN": None if build.cpu_only else _cudnn_version(),
+        "NCCL": None if build.cpu_only else _nccl_version(),
         "driver": inventory.driver_version,
         "NVML": inventory.nvml_version if inventory.available else inventory.error,
         "driver CUDA": inventory.cuda_driver_version,
@@ -96,7 +106,7 @@ def collect() -> dict[str, Any]:
         "versions": versions,
         "gpus": gpus,
         # Counts through NVML where it can; never creates a CUDA context.
-        "torch_device_count": cuda_device_count(),
+        "torch_device_count": visible_gpu_count(),
         "variables": variables(),
     }
 

@@ -5,13 +5,16 @@ Prints the chosen ids comma-separated (``0,3``), so that
 GPUs with the most free memory among those with at least ``--min-free`` free
 (``8GiB``, ``500MB``) and at most ``--max-util`` percent busy. Exit 3, with the reason
 for each GPU on stderr, when fewer than ``N`` qualify; exit 2 for bad flags.
+Imports torch only where NVML is unavailable and torch is a CUDA build (then torch
+counts the GPUs).
 """
 
 from __future__ import annotations
 
 from torchgpu.cli.common import ArgumentParser, attach_values, fail
-from torchgpu.devices import parse_size, select_devices
+from torchgpu.devices.selection import select_devices
 from torchgpu.errors import UsageError
+from torchgpu.sizes import parse_size
 
 
 def _parser() -> ArgumentParser:

@@ -180,17 +180,17 @@ def _check_gpus(config: TrainConfig) -> None:
     for the CPU: nothing to check. Never initialises CUDA."""
     if config.gpus is None or config.device == "cpu":
         return
-    from torchgpu import cudastatus
+    from torchgpu.devices import cuda_status
     from torchgpu.errors import VisibleDevicesError
 
-    reason = cudastatus.cuda_unavailable_reason()
+    reason = cuda_status.cuda_unavailable_reason()
     if reason:
         raise VisibleDevicesError(
             f"--gpus {config.gpus} was given but no GPU is visible to this process: "
             f"{reason}. Drop --gpus, or pass --device cpu to train on the CPU."
         )
     named = [t.strip() for t in config.gpus.split(",") if t.strip()]
-    count = cudastatus.cuda_device_count()
+    count = cuda_status.cuda_device_count()
     if count < len(named):
         exist = ", ".join(named[:count]) or "none"
         raise VisibleDevicesError(

@@ -1,6 +1,7 @@
 """CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER, as the CUDA driver reads them.
 
-Pure functions, no torch and no driver calls, so every rule is table-tested.
+Pure functions, no torch and no driver calls, so every rule is table-tested;
+:func:`map_nvml` applies them to the GPUs NVML lists.
 
 What the driver does with ``CUDA_VISIBLE_DEVICES`` (the rules torch itself emulates in
 ``torch.cuda._parse_visible_devices``):
@@ -31,7 +32,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from torchgpu.devices.nvml import NvmlGpu
 
 _ORDINAL = re.compile(r"^([+-]?\d+)(.*)$", re.DOTALL)
 UUID_PREFIXES = ("GPU-", "MIG-")
@@ -275,6 +279,32 @@ def map_visible(
             return []
         resolved.append(target)
     return [VisibleTarget(i, nvml, ordinal_of[nvml], mig) for i, (nvml, mig) in enumerate(resolved)]
+
+
+def physical_gpus(gpus: Sequence[NvmlGpu]) -> list[PhysicalGpu]:
+    """What :func:`map_visible` needs to know about NVML's GPUs."""
+    return [
+        PhysicalGpu(
+            nvml_index=g.nvml_index,
+            uuid=g.uuid,
+            pci_bus_id=g.pci_bus_id,
+            compute_capability=g.compute_capability,
+            total_bytes=g.total_bytes,
+            mig_uuids=tuple(m.uuid for m in g.mig_devices if m.uuid),
+        )
+        for g in gpus
+    ]
+
+
+def map_nvml(
+    gpus: Sequence[NvmlGpu], cuda_visible_devices: str | None, cuda_device_order: str | None
+) -> list[VisibleTarget]:
+    """torch's numbering of NVML's ``gpus`` under the two variables' values (None: unset):
+    :func:`parse_visible_devices` (range-checked against ``len(gpus)``), then
+    :func:`map_visible`. Its length is the count ``torch.cuda.device_count()`` takes
+    from NVML."""
+    visible = parse_visible_devices(cuda_visible_devices, device_count=len(gpus))
+    return map_visible(visible, physical_gpus(gpus), cuda_device_order)
 
 
 def _match_uuid(candidate: str, gpus: Sequence[PhysicalGpu]) -> tuple[int, str | None] | None:

@@ -213,7 +213,7 @@ def _check_seed(seed: int) -> None:
 
 def _check_gpus(gpus: str) -> None:
     """``--gpus`` must be a list CUDA reads as written (it becomes CUDA_VISIBLE_DEVICES)."""
-    from torchgpu.visible import validate_visible_devices
+    from torchgpu.devices.visible import validate_visible_devices
 
     try:
         validate_visible_devices(gpus)
