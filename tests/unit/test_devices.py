@@ -7,6 +7,7 @@ torch.cuda._lazy_init is made to fail so any CUDA initialisation would show.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 
 import pytest
@@ -14,7 +15,7 @@ import torch
 
 from tests.nvml_fake import GIB, fake_backend
 from torchgpu import devices
-from torchgpu.devices import cuda_status, nvml, spec
+from torchgpu.devices import cuda_status, nvml, spec, torch_build
 from torchgpu.devices import host as host_module
 from torchgpu.errors import DeviceSpecError, NoDeviceError, UsageError, VisibleDevicesError
 
@@ -371,6 +372,66 @@ def test_count_not_through_driver(monkeypatch, case):
         monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     cuda_status.cuda_device_count()
     assert cuda_status.driver_read_visible_devices() == (False, None)
+
+
+# ------------------------------------------------------- torch build, CUDA started
+VERSION_PY = (
+    "from typing import Optional\n\n__version__ = '2.13.0+cu126'\ndebug = False\n"
+    "cuda: Optional[str] = '12.6'\ngit_version = 'abc'\nhip: Optional[str] = None\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (VERSION_PY, torch_build.TorchBuild("2.13.0+cu126", "12.6", None)),
+        ("__version__ = '2.13.0+cpu'\ncuda = None\nhip = None\n",
+         torch_build.TorchBuild("2.13.0+cpu", None, None)),
+        ("__version__ = '2.5.0+rocm6.2'\ncuda = None\nhip = '6.2.1'\n",
+         torch_build.TorchBuild("2.5.0+rocm6.2", None, "6.2.1")),
+        ("cuda = '12.6'\n", None),  # no version: not a torch/version.py we understand
+        ("__version__ = compute()\n", None),
+        ("__version__ = '2.0'\ncuda = 12\n", None),
+        ("def broken(:\n", None),
+    ],
+)
+def test_torch_build_from_version_file(tmp_path, text, expected):
+    path = tmp_path / "version.py"
+    path.write_text(text)
+    assert torch_build._from_file(path) == expected
+
+
+def test_torch_build_asks_torch_once_imported(monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    build = torch_build.torch_build()
+    assert (build.version, build.cuda, build.hip) == (str(torch.__version__), "12.4", None)
+    assert not build.cpu_only
+
+
+def test_torch_build_file_agrees_with_torch():
+    """The installed torch's version.py says what torch.version says."""
+    import importlib.util
+    from pathlib import Path
+
+    spec_ = importlib.util.find_spec("torch")
+    path = Path(next(iter(spec_.submodule_search_locations))) / "version.py"
+    found = torch_build._from_file(path)
+    assert found == torch_build.TorchBuild(str(torch.__version__), torch.version.cuda,
+                                           torch.version.hip)
+
+
+def test_cuda_initialized_never_imports_torch(monkeypatch):
+    assert cuda_status.cuda_initialized() is False
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert cuda_status.cuda_initialized() is True
+    monkeypatch.delitem(sys.modules, "torch")  # a process that never imported torch
+    assert cuda_status.cuda_initialized() is False
+    assert "torch" not in sys.modules
+
+
+def test_mps_needs_macos(monkeypatch):
+    monkeypatch.setattr(sys, "platform", "linux")
+    assert torch_build.mps_available() is False
 
 
 # ---------------------------------------------------------------- default_device

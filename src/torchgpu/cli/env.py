@@ -44,13 +44,13 @@ PREFIXES = ("TORCH_", "PYTORCH_", "NCCL_")
 
 
 def _cudnn_version() -> str | None:
-    import torch
-
     try:
+        import torch
+
         if not torch.backends.cudnn.is_available():  # type: ignore[no-untyped-call]
             return None
         version = torch.backends.cudnn.version()  # type: ignore[no-untyped-call]
-    except Exception:  # a broken cuDNN install must not break a bug report
+    except Exception:  # a broken torch or cuDNN install must not break a bug report
         return None
     return None if version is None else str(version)
 
