@@ -87,6 +87,13 @@ class CheckpointError(TorchGpuError, RuntimeError):
     exit_code = EXIT_USAGE
 
 
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint the file system would not take (disk full, permissions, I/O error):
+    a runtime failure, not bad input -- the CLI exits 1. Nothing was committed."""
+
+    exit_code = EXIT_FAILURE
+
+
 class CheckpointCorruptError(CheckpointError):
     """A checkpoint file whose bytes do not match its manifest (truncated, altered)."""
 

@@ -331,3 +331,26 @@ def test_resume_through_latest_past_a_directory_in_place_of_state_pt(
     assert (moved / "state.pt").is_dir()  # set aside as it was, not deleted
     code, err = cli([*base, "--epochs", "2", "--resume", str(moved)], capsys)
     assert code == 2 and "state.pt is a directory" in err
+
+
+def test_train_exits_1_when_the_disk_is_full_at_a_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A full disk is a runtime failure (exit 1), not bad input (exit 2); no checkpoint
+    is left half-written."""
+    from torchgpu.cli.main import main
+    from torchgpu.errors import CheckpointWriteError
+
+    def full(fd: int, view: memoryview) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(atomic, "_write", full)
+    out = tmp_path / "run"
+    code = main(["train", "--example", "housing", "--data-size", "64", "--epochs", "1",
+                 "--batch-size", "16", "--device", "cpu", "--save-every", "2",
+                 "--out", str(out), "--progress", "off"])
+    err = capsys.readouterr().err
+    assert code == CheckpointWriteError.exit_code == 1, err
+    assert "the disk is full" in err and "Traceback" not in err
+    ckpts = out / "checkpoints"
+    assert not ckpts.exists() or not any(ckpts.iterdir())

@@ -42,7 +42,7 @@ from torchgpu.checkpoint.readers import read_pickle
 from torchgpu.checkpoint.rng import capture_rng_state, restore_rng_state
 from torchgpu.checkpoint.sources import read_file, verify_before_loading
 from torchgpu.distributed import RankInfo
-from torchgpu.errors import CheckpointError, CheckpointFormatError
+from torchgpu.errors import CheckpointError, CheckpointFormatError, CheckpointWriteError
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ def _rank0_outcome(error: BaseException | None, dist: RankInfo) -> None:
     box: list[Any] = [None if error is None else f"{type(error).__name__}: {error}"]
     torch.distributed.broadcast_object_list(box, src=0)
     if error is None and box[0] is not None:
-        raise CheckpointError(f"rank 0 failed to write the checkpoint ({box[0]}); rank "
+        raise CheckpointWriteError(f"rank 0 failed to write the checkpoint ({box[0]}); rank "
                               f"{dist.rank} stops too. Fix the cause on rank 0 and save again")
 
 

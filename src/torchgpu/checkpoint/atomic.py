@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from torchgpu.checkpoint import files
-from torchgpu.errors import CheckpointError, CheckpointFormatError
+from torchgpu.errors import CheckpointError, CheckpointFormatError, CheckpointWriteError
 
 _write: Callable[[int, memoryview], int] = os.write
 
@@ -87,9 +87,9 @@ def make_parent(parent: Path) -> None:
     parent.mkdir(parents=True, exist_ok=True)
 
 
-def _disk_error(path: Path, error: OSError) -> CheckpointError:
+def _disk_error(path: Path, error: OSError) -> CheckpointWriteError:
     reason = "the disk is full" if error.errno == errno.ENOSPC else str(error)
-    return CheckpointError(
+    return CheckpointWriteError(
         f"could not write checkpoint {path}: {reason}. Nothing was committed and any earlier "
         "checkpoint is untouched; free space or choose another directory and save again")
 
@@ -173,7 +173,7 @@ def write_pointer(parent: Path, target_name: str, pointer: str = "latest") -> No
         _replace(path, (target_name + "\n").encode())
     except OSError as error:
         reason = "the disk is full" if error.errno == errno.ENOSPC else str(error)
-        raise CheckpointError(
+        raise CheckpointWriteError(
             f"could not update {files.show(path)} to name {files.show(target_name)!r} "
             f"({reason}); it still names what it named before") from None
 
