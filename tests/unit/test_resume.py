@@ -33,7 +33,8 @@ from torchgpu.errors import (
 from torchgpu.train import build
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.faults import crash_plan_from_env
-from torchgpu.train.runner import TrainResult, train
+from torchgpu.train.report import TrainResult
+from torchgpu.train.runner import train
 from torchgpu.train.state import StopFlag, TrainState
 
 BUILTIN_MODEL = build.build_model

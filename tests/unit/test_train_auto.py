@@ -181,7 +181,10 @@ def test_the_printed_pipeline_command_builds_the_planned_pipeline(housing: Any) 
     argv = shlex.split(command)[2:]
     argv[argv.index("--devices") + 1] = "cpu,cpu"
     parsed = resolve(config_from_argv([*argv, "--out", "unused"]))
-    pipe = build_split_model(build_model(parsed, housing), housing, parsed, torch.device("cpu"))
+    from torchgpu.train.task import as_task
+
+    pipe = build_split_model(build_model(parsed, housing), as_task(housing, parsed), parsed,
+                             torch.device("cpu"))
     assert isinstance(pipe, Pipeline)
     assert tuple(pipe.balance) == row.balance
     assert (pipe.chunks, pipe.checkpoint) == (row.chunks, "except_last")

@@ -171,7 +171,7 @@ def test_stop_flag_ends_the_epoch_at_a_step_boundary() -> None:
 
 def test_epoch_order_depends_only_on_seed_and_epoch() -> None:
     from torchgpu.data import make_loader
-    from torchgpu.train.runner import Shard
+    from torchgpu.train.shard import Shard
 
     data = torch.utils.data.TensorDataset(torch.arange(40.0).unsqueeze(1), torch.zeros(40, 1))
 

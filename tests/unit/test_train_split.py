@@ -23,10 +23,12 @@ from torchgpu.precision import Precision
 from torchgpu.train.config import TrainConfig, validate
 from torchgpu.train.loop import LoopParts, evaluate, run_epoch
 from torchgpu.train.runner import train
-from torchgpu.train.split_flags import parse_balance, validate_split_flags
+from torchgpu.train.split_flags import parse_balance
 from torchgpu.train.split_strategies import build_split_model, default_chunks
 from torchgpu.train.stage_strategy import chunk_ok, chunks_for_rows
 from torchgpu.train.state import TrainState
+from torchgpu.train.strategies import check_config
+from torchgpu.train.task import as_task
 
 HOUSING = {"example": "housing", "data_size": 90, "epochs": 2, "batch_size": 8,
            "progress": "off", "device": "cpu"}
@@ -151,7 +153,7 @@ def test_resnet_like_split_with_batchnorm_equals_single(strategy: str, chunks: i
     single = _loop(TinyResNet(), data, None)
     torch.manual_seed(0)
     config = TrainConfig(strategy=strategy, devices="cpu,cpu", chunks=chunks, batch_size=8)
-    split = build_split_model(TinyResNet(), data, config, torch.device("cpu"))
+    split = build_split_model(TinyResNet(), as_task(data, config), config, torch.device("cpu"))
     assert isinstance(split, SplitModel) and len(split.devices) == 2
     _loop(split, data, split.output_device)
     _close(split.state_dict(), single.state_dict())  # weights and BN running statistics
@@ -223,10 +225,10 @@ def test_good_combinations_pass(monkeypatch: pytest.MonkeyPatch) -> None:
                {"strategy": "pipeline", "nproc": 2, "schedule": "interleaved1f1b", "chunks": 4},
                {"strategy": "model", "devices": "cpu,cpu", "balance": "time"},
                {"auto_batch_size": True, "effective_batch_size": 64}):
-        validate_split_flags(TrainConfig(**kw))  # type: ignore[arg-type]
+        check_config(TrainConfig(**kw))  # type: ignore[arg-type]
     # a torchrun worker gets no --nproc: WORLD_SIZE counts the processes
     monkeypatch.setenv("WORLD_SIZE", "2")
-    validate_split_flags(TrainConfig(strategy="pipeline", schedule="1f1b", chunks=2))
+    check_config(TrainConfig(strategy="pipeline", schedule="1f1b", chunks=2))
 
 
 def test_balance_that_does_not_match_the_model_is_refused(tmp_path: Path) -> None:

@@ -13,7 +13,6 @@ import dataclasses
 import json
 import os
 import sys
-from typing import TYPE_CHECKING
 
 from torchgpu.cli.common import ArgumentParser
 from torchgpu.train.config import (
@@ -25,13 +24,8 @@ from torchgpu.train.config import (
     PROGRESS_MODES,
     STRATEGIES,
     TrainConfig,
-    resolve,
-    validate,
 )
 from torchgpu.train.split_flags import parse_batch_size, parse_chunks
-
-if TYPE_CHECKING:
-    from torchgpu.train.task import Task
 
 
 def _parser() -> ArgumentParser:
@@ -151,28 +145,6 @@ def _under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
 
 
-def _default_nproc(config: TrainConfig) -> int:
-    """ddp/fsdp without --nproc: one process per visible GPU (CUDA not initialised)."""
-    if config.nproc is not None:
-        return config.nproc
-    if config.strategy in ("ddp", "fsdp") and config.device in ("auto", "cuda"):
-        import torch
-
-        if torch.cuda.is_available():
-            return max(1, torch.cuda.device_count())
-    return 1
-
-
-def _decide_auto(config: TrainConfig, task: Task) -> tuple[TrainConfig, str]:
-    """``--strategy auto`` resolved by the planner on this machine, and the line to log."""
-    from torchgpu.train.auto_strategy import decide_strategy
-
-    resolved = resolve(config)
-    world = (config.nproc or 1) * config.nnodes
-    decision = decide_strategy(resolved, world, task, launching=True)
-    return decision.config, decision.note
-
-
 def _check_gpus(config: TrainConfig) -> None:
     """After ``--gpus`` set CUDA_VISIBLE_DEVICES: refuse (exit 2) when it leaves no GPU,
     or fewer than it names, instead of training on the CPU unasked. (Ordinals past the
@@ -199,50 +171,6 @@ def _check_gpus(config: TrainConfig) -> None:
             f"{named[count]} does not. Run `torchgpu devices` to list this machine's GPUs "
             "and pass only those ids."
         )
-
-
-def _check_cpu_nproc(nproc: int) -> None:
-    """Refuse more CPU (gloo) processes than the per-core limit."""
-    from torchgpu.train.launch import check_process_count
-
-    check_process_count(nproc, "CPU processes")
-
-
-def _preflight(config: TrainConfig, nproc: int) -> TrainConfig:
-    """Everything the workers would reject, checked once here: device, precision,
-    strategy, data (the CSV against the batch size), resume and out."""
-    from torchgpu.distributed import DistEnv
-    from torchgpu.precision import resolve_mode
-    from torchgpu.train import build
-    from torchgpu.train.runner import check_out_dir
-
-    world = nproc * config.nnodes
-    env = DistEnv(rank=0, local_rank=0, world_size=world, local_world_size=nproc)
-    device = build.choose_device(config, DistEnv())
-    resolve_mode(config.precision, device)  # fp16 off CUDA: ConfigError before launching
-    from torchgpu.train.runner import _check_observers
-
-    _check_observers(config, device)  # --memory-snapshot off CUDA, tensorboard missing
-    if device.type == "cuda":
-        import torch
-
-        count = torch.cuda.device_count()
-        if nproc > count:
-            from torchgpu.errors import UsageError
-
-            raise UsageError(
-                f"--nproc {nproc} needs {nproc} GPUs on this node but {count} are visible: "
-                f"use --nproc {count} or fewer, or --device cpu for {nproc} CPU processes."
-            )
-    else:
-        _check_cpu_nproc(nproc)
-    build.choose_strategy(config, env, device)
-    assert config.out is not None
-    from torchgpu.train.checkpointing import plan_resume
-
-    plan = plan_resume(config)  # --resume with no checkpoint: ResumeError before launching
-    check_out_dir(config.out, resuming=plan.continuing)
-    return config
 
 
 def _relaunch(config: TrainConfig, nproc: int) -> int:
@@ -295,58 +223,61 @@ def _report(summary: dict[str, object]) -> str:
 def main(argv: list[str]) -> int:
     """``torchgpu train [flags]``; returns the exit code (2 for bad input)."""
     config = config_from_argv(argv)
-    validate(config)
-    if not _under_torchrun():  # before any data is loaded: the launcher checked for workers
-        from torchgpu.train.out_dir import check_creatable
-
-        check_creatable(str(resolve(config).out))
-    if config.gpus is not None and not _under_torchrun():
-        from torchgpu.devices import set_visible_devices
-        from torchgpu.errors import VisibleDevicesError
-
-        try:
-            set_visible_devices(config.gpus)
-        except VisibleDevicesError as error:  # name the flag the user typed
-            raise VisibleDevicesError(
-                f"--gpus {config.gpus} (set as CUDA_VISIBLE_DEVICES): {error}"
-            ) from None
-        _check_gpus(config)
-    task: Task | None = None
-    if not _under_torchrun():
-        from torchgpu.train.task import task_for_config
-
-        task = task_for_config(resolve(config))  # data loaded (and checked) once, here
-        auto_note = ""
-        if config.strategy == "auto":  # plan before choosing how many processes to start
-            decided, auto_note = _decide_auto(config, task)
-            if _default_nproc(decided) > 1:
-                config = decided
-            # else: one process; train() decides again (cheap) and logs with its notes
-        nproc = _default_nproc(config)
-        if nproc > 1 or config.nnodes > 1 or config.max_restarts > 0:
-            resolved = _preflight(resolve(config), nproc)
-            if auto_note:
-                print(auto_note, file=sys.stderr)
-            from torchgpu.train.build import data_handoff
-
-            # The workers load the data parsed here instead of parsing the CSV again.
-            with data_handoff(resolved, task.example):
-                task = None  # the workers hold the data now; free it in the launcher
-                return _relaunch(resolved, nproc)
     from torchgpu.train.runner import train
     from torchgpu.train.state import StopFlag
 
     stop = StopFlag()
-    # SIGTERM/SIGINT from here on set the flag (a launcher forwards them to every
-    # worker): one that lands while data and model are built, or in a collective, is
-    # honoured at the first step boundary instead of killing the process unsaved.
+    if _under_torchrun():  # a worker: the launcher checked everything; train() assembles
+        with stop.installed():
+            result = train(config, stop=stop)
+        return _finish(config, result.summary, result.out_dir is not None)
+    from torchgpu.train.assemble import assemble, settle
+
+    config = settle(config)  # validated, resolved, --out creatable: before any data
+    if config.gpus is not None:
+        _set_gpus(config)
+    # Data, model (when this process trains or plans), decisions: each once, here.
+    run = assemble(config, launching=True)
+    if run.relaunch:
+        launched, nproc, example = run.config, run.nproc, run.task.example
+        if run.auto_note:
+            print(run.auto_note, file=sys.stderr)
+        del run  # the workers hold the data now; free it in the launcher
+        from torchgpu.train.build import data_handoff
+
+        # The workers load the data parsed here instead of parsing the CSV again.
+        with data_handoff(launched, example):
+            del example
+            return _relaunch(launched, nproc)
+    # SIGTERM/SIGINT from here on set the flag: one that lands in a collective or before
+    # the first step is honoured at the first step boundary instead of killing the
+    # process unsaved.
     with stop.installed():
-        result = train(config, task=task, stop=stop)
-    if result.out_dir is None:  # not rank 0: rank 0 reports
+        result = train(run=run, stop=stop)
+    return _finish(config, result.summary, result.out_dir is not None)
+
+
+def _set_gpus(config: TrainConfig) -> None:
+    """``--gpus`` as CUDA_VISIBLE_DEVICES (before CUDA starts), then checked."""
+    from torchgpu.devices import set_visible_devices
+    from torchgpu.errors import VisibleDevicesError
+
+    assert config.gpus is not None
+    try:
+        set_visible_devices(config.gpus)
+    except VisibleDevicesError as error:  # name the flag the user typed
+        raise VisibleDevicesError(
+            f"--gpus {config.gpus} (set as CUDA_VISIBLE_DEVICES): {error}"
+        ) from None
+    _check_gpus(config)
+
+
+def _finish(config: TrainConfig, summary: dict[str, object], is_main: bool) -> int:
+    if not is_main:  # not rank 0: rank 0 reports
         return 0
     if config.json:
-        print(json.dumps(result.summary, indent=2))
+        print(json.dumps(summary, indent=2))
     else:
-        print(_report(result.summary))
+        print(_report(summary))
     sys.stdout.flush()
     return 0

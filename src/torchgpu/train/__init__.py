@@ -13,7 +13,7 @@ __all__ = ["TrainConfig", "TrainResult", "TrainState", "train"]
 
 _NAMES = {
     "TrainConfig": "torchgpu.train.config",
-    "TrainResult": "torchgpu.train.runner",
+    "TrainResult": "torchgpu.train.report",
     "train": "torchgpu.train.runner",
     "TrainState": "torchgpu.train.state",
 }
@@ -30,5 +30,6 @@ def __getattr__(name: str) -> Any:
 
 if TYPE_CHECKING:  # pragma: no cover
     from torchgpu.train.config import TrainConfig
-    from torchgpu.train.runner import TrainResult, train
+    from torchgpu.train.report import TrainResult
+    from torchgpu.train.runner import train
     from torchgpu.train.state import TrainState

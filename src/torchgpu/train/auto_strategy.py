@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from torchgpu.errors import UsageError
+from torchgpu.train import strategies
 from torchgpu.train.config import TrainConfig, validate
 
 #: Activations + backward temporaries per saved byte in the cheap bound.
@@ -102,12 +103,14 @@ def decide_strategy(
     launching: bool = False,
     plan_fn: Callable[..., Any] | None = None,
     small_step_bytes: int | None = None,
+    model: nn.Module | None = None,
 ) -> AutoDecision:
     """Resolve ``--strategy auto`` for ``config`` (a resolved config) with ``world_size``
     processes. ``launching``: the caller can still start ``plan.nproc`` processes (the
     CLI before torchrun); otherwise a plan that needs more processes than exist raises
     UsageError with the plan's command. ``plan_fn`` replaces the planner and
-    ``small_step_bytes`` the skip threshold (tests).
+    ``small_step_bytes`` the skip threshold (tests). ``model``: the run's model, already
+    built (measured in eval mode, left as it was); default: ``data.build_model()``.
     """
     from torchgpu.planning.decide import SMALL_STEP_BYTES
     from torchgpu.sizes import format_bytes
@@ -118,7 +121,8 @@ def decide_strategy(
     from torchgpu.train.task import as_task
 
     data = as_task(data, config)
-    model = data.build_model()
+    if model is None:
+        model = data.build_model()
     inputs, _ = data.sample(1)
     batch = config.batch_size * config.accumulate * world_size  # samples per step
     bound = step_bound_bytes(model, inputs, config.batch_size)
@@ -161,7 +165,8 @@ def _apply(config: TrainConfig, plan: Any, world_size: int, launching: bool) -> 
     (:func:`torchgpu.planning.commands.train_settings`, the same translation that writes
     ``torchgpu plan``'s command), less ``nproc`` when this process cannot start others."""
     changes: dict[str, Any] = plan.settings.config_changes()
-    if plan.strategy in ("ddp", "fsdp"):
+    planned = strategies.get(plan.strategy)
+    if planned.processes == "several":  # ddp, fsdp: one process per device
         if plan.nproc > world_size and not launching:
             raise UsageError(
                 f"--strategy auto: the model does not fit on one device and the plan needs "
@@ -170,7 +175,7 @@ def _apply(config: TrainConfig, plan: Any, world_size: int, launching: bool) -> 
             )
         if not launching:
             changes.pop("nproc", None)  # the processes exist already (torchrun workers)
-    elif plan.strategy in ("model", "pipeline") and world_size > 1:
+    elif "devices" in planned.features.flags and world_size > 1:  # model/pipeline
         raise UsageError(
             f"--strategy auto: the plan is {plan.strategy} over {', '.join(plan.devices)} in "
             f"one process, but {world_size} processes run: drop --nproc."

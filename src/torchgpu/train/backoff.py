@@ -344,18 +344,14 @@ class LoopBackoff:
         )
 
 
-BACKOFF_MODES = ("single", "dp", "ddp")  # strategies whose steps the back-off can re-cut
-
-
-def for_run(mode: str, model: nn.Module, accumulator: Any, loss_fn: LossFn, precision: Any, *,
+def for_run(model: nn.Module, accumulator: Any, loss_fn: LossFn, precision: Any, *,
             batch_size: int, accumulate: int, device: torch.device, distributed: bool,
-            out_dir: Path | None, position: Callable[[], tuple[int, int]]) -> LoopBackoff | None:
-    """The back-off ``torchgpu train`` uses, or None for strategies it cannot serve
-    (fsdp reduce-scatters inside every backward; model/pipeline cut batches themselves).
-    Each back-off is printed and appended to ``metrics.jsonl`` as an ``oom_backoff``
-    line on rank 0 (``out_dir`` set); ``position()`` gives (optimizer steps, epoch)."""
-    if mode not in BACKOFF_MODES:
-        return None
+            out_dir: Path | None, position: Callable[[], tuple[int, int]]) -> LoopBackoff:
+    """The back-off ``torchgpu train`` uses (for a strategy whose ``features.backoff`` is
+    None: fsdp reduce-scatters inside every backward, model/pipeline cut batches
+    themselves). Each back-off is printed and appended to ``metrics.jsonl`` as an
+    ``oom_backoff`` line on rank 0 (``out_dir`` set); ``position()`` gives (optimizer
+    steps, epoch)."""
     autocast = precision.autocast if getattr(precision, "dtype", None) is not None else None
 
     def log(event: BackoffEvent) -> None:

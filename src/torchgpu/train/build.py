@@ -1,8 +1,9 @@
 """Turning a TrainConfig into the pieces: device, strategy, data, model, wrapper.
 
 Each function does one thing and raises a torchgpu error for bad input, so
-:func:`torchgpu.train.runner.train` can run all of them before it creates ``--out``.
-Strategies ``model`` and ``pipeline`` plug in through :data:`EXTRA_STRATEGIES`.
+:func:`torchgpu.train.assemble.assemble` can run all of them before ``--out`` is
+created. What differs per strategy is asked of the strategy object
+(:mod:`torchgpu.train.strategies`).
 """
 
 from __future__ import annotations
@@ -10,9 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,30 +19,9 @@ from torch import Tensor, nn
 
 from torchgpu.data import ExampleData
 from torchgpu.distributed import DistEnv
-from torchgpu.errors import DataError, UsageError
+from torchgpu.errors import DataError
+from torchgpu.train import strategies
 from torchgpu.train.config import TrainConfig
-
-
-def _split(model: nn.Module, data: Any, config: TrainConfig,
-           device: torch.device) -> nn.Module:
-    from torchgpu.train.split_strategies import build_split_model
-
-    return build_split_model(model, data, config, device)
-
-
-# strategy name -> builder(model, data, config, device) -> wrapped model. model/pipeline in
-# one process (torchgpu.train.split_strategies); a pipeline over several processes runs
-# its own loop (torchgpu.train.stage_strategy).
-EXTRA_STRATEGIES: dict[str, Callable[[nn.Module, Any, TrainConfig, torch.device],
-                                     nn.Module]] = {"model": _split, "pipeline": _split}
-
-
-@dataclass(frozen=True)
-class StrategyChoice:
-    """The strategy that will run (``mode``) and the notes that explain a fallback."""
-
-    mode: str  # single | dp | ddp | fsdp | model | pipeline
-    notes: tuple[str, ...] = ()
 
 
 def choose_device(config: TrainConfig, env: DistEnv) -> torch.device:
@@ -55,10 +33,8 @@ def choose_device(config: TrainConfig, env: DistEnv) -> torch.device:
     from torchgpu.devices import get_device
     from torchgpu.errors import DeviceSpecError, NoDeviceError
 
-    if config.strategy in ("model", "pipeline"):  # --devices places the stages
-        from torchgpu.train.split_strategies import split_device
-
-        placed = split_device(config, env)
+    if config.strategy != strategies.AUTO:  # model/pipeline: --devices places the stages
+        placed = strategies.get(config.strategy).place(config, env)
         if placed is not None:
             return placed
     try:
@@ -80,8 +56,10 @@ def device_note(config: TrainConfig, device: torch.device) -> str:
     """One line for the console: the device chosen and why (never starts CUDA)."""
     import os
 
-    if config.strategy in ("model", "pipeline") and config.devices:
-        return f"device: stages on {config.devices} (--devices)"
+    placed = (strategies.get(config.strategy).device_note(config)
+              if config.strategy != strategies.AUTO else None)
+    if placed is not None:
+        return placed
     if config.device != "auto":
         return f"device: {device} (--device {config.device})"
     if os.environ.get("TORCHGPU_DEVICE"):
@@ -94,40 +72,14 @@ def device_note(config: TrainConfig, device: torch.device) -> str:
     return f"device: {device} (auto: the first visible GPU, or LOCAL_RANK under torchrun)"
 
 
-def choose_strategy(config: TrainConfig, env: DistEnv, device: torch.device) -> StrategyChoice:
-    """Resolve ``--strategy`` for this run. auto = ddp with several processes, else single.
-
-    ``dp`` with several processes, or ``single`` with several processes, is refused
-    (each process would train its own model). ``ddp``/``fsdp`` in one process fall back
-    to ``single`` with a note (nothing to synchronise). ``model``/``pipeline`` need their
-    builder in :data:`EXTRA_STRATEGIES`; ``pipeline`` with several processes is one stage
-    per process (:mod:`torchgpu.train.stage_strategy`).
-    """
-    name = config.strategy
-    world = env.world_size
-    if name == "auto":
-        return StrategyChoice("ddp" if world > 1 else "single")
-    if name in ("single", "dp", "model") and world > 1:
-        raise UsageError(
-            f"--strategy {name} runs in one process but {world} processes were started: "
-            "every process would train its own copy. Use --strategy ddp (or fsdp) with "
-            "--nproc, or drop --nproc."
-        )
-    if name in ("model", "pipeline") and name not in EXTRA_STRATEGIES:
-        raise UsageError(
-            f"--strategy {name} is not wired into `torchgpu train` yet: use the library "
-            "(torchgpu.split_model / torchgpu.Pipeline) in your own script, or pick "
-            "--strategy single, dp, ddp or fsdp."
-        )
-    if name in ("ddp", "fsdp") and world == 1:
-        return StrategyChoice(
-            "single",
-            (
-                f"note: --strategy {name} with one process has nothing to synchronise; "
-                f"training as single on {device}. Start several with --nproc N.",
-            ),
-        )
-    return StrategyChoice(name)
+def choose_strategy(config: TrainConfig, env: DistEnv, device: torch.device
+                    ) -> strategies.Choice:
+    """The strategy that runs for ``--strategy`` with this run's processes (see
+    :func:`torchgpu.train.strategies.choose`): ``auto`` is ddp with several processes,
+    else single; a one-process strategy with several processes is refused; ddp/fsdp in
+    one process train as single with a note; ``pipeline`` with several processes is one
+    stage per process."""
+    return strategies.choose(config.strategy, env.world_size, device)
 
 
 def precision_notes(config: TrainConfig, device: torch.device) -> tuple[str, ...]:
@@ -238,37 +190,23 @@ def loss_function(task: str) -> Callable[[Tensor, Tensor], Tensor]:
 
 def wrap_model(
     model: nn.Module,
-    choice: StrategyChoice,
+    choice: strategies.Choice,
     config: TrainConfig,
     data: Any,  # the run's Task
     device: torch.device,
 ) -> tuple[nn.Module, tuple[str, ...]]:
-    """Activation checkpointing (if asked), move to ``device``, wrap for the strategy.
+    """Activation checkpointing (if asked), then the strategy places and wraps the model.
 
     Returns the model to train and notes to show (e.g. dp falling back to one device).
     """
-    notes: list[str] = []
+    notes: tuple[str, ...] = ()
     if config.activation_checkpointing:
         from torchgpu.memory import apply_activation_checkpointing, checkpointing_report
 
         model = apply_activation_checkpointing(model)
-        notes.append(checkpointing_report(model).describe())
-    if choice.mode in EXTRA_STRATEGIES:
-        return EXTRA_STRATEGIES[choice.mode](model, data, config, device), tuple(notes)
-    if choice.mode == "single":
-        return model.to(device), tuple(notes)
-    from torchgpu.parallel.data import wrap_data_parallel
-
-    if choice.mode == "dp":
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            wrapped = wrap_data_parallel(
-                model, "dp", device=device, batch_size=config.batch_size
-            )
-        notes += [f"note: {w.message}" for w in caught]
-        return wrapped.to(device) if wrapped is model else wrapped, tuple(notes)
-    model = model.to(device)
-    return wrap_data_parallel(model, choice.mode, device=device), tuple(notes)
+        notes = (checkpointing_report(model).describe(),)
+    wrapped, more = choice.strategy.wrap(model, config, data, device)
+    return wrapped, notes + more
 
 
 def make_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:

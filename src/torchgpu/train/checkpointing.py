@@ -105,7 +105,7 @@ from torchgpu.checkpoint import (
 )
 from torchgpu.checkpoint.atomic import write_pointer
 from torchgpu.checkpoint.discover import LATEST, later_checkpoints, newest_verified, set_aside
-from torchgpu.errors import CheckpointCorruptError, ResumeError, UsageError
+from torchgpu.errors import CheckpointCorruptError, ResumeError
 from torchgpu.train import loop, metrics
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.faults import CrashPlan
@@ -197,17 +197,6 @@ class RunStart:
     plan: ResumePlan = ResumePlan()
     crash: CrashPlan | None = None
     stop_at_step: int | None = None
-
-
-def check_resumable(config: TrainConfig) -> None:
-    """Refuse checkpoint flags where resume cannot be exact (UsageError, exit 2)."""
-    if config.strategy == "fsdp" and (config.save_every is not None
-                                      or config.resume is not None):
-        raise UsageError(
-            "--save-every/--resume are not supported with --strategy fsdp (its sharded "
-            "optimizer state is not written by `torchgpu train`): use --strategy ddp, or "
-            "drop the checkpoint flags."
-        )
 
 
 @dataclass(frozen=True)

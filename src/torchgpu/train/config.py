@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchgpu.errors import ConfigError, UsageError
+from torchgpu.train import strategies
 
 EXAMPLES: tuple[str, ...] = ("housing", "lenet", "resnet50")
-STRATEGIES: tuple[str, ...] = ("auto", "single", "dp", "ddp", "fsdp", "model", "pipeline")
+STRATEGIES: tuple[str, ...] = strategies.names()  # the registry's, ``auto`` first
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "auto")
 ON_NONFINITE: tuple[str, ...] = ("stop", "skip")
 PROGRESS_MODES: tuple[str, ...] = ("auto", "rich", "plain", "off")
@@ -283,7 +284,7 @@ def validate(config: TrainConfig) -> None:
             f"--target {config.target} was given without --data FILE: --target names a "
             "column of your CSV file; built-in examples know their own target."
         )
-    _choice("strategy", config.strategy, STRATEGIES)
+    strategies.check_name(config.strategy)
     _choice("precision", config.precision, PRECISIONS)
     _choice("on_nonfinite", config.on_nonfinite, ON_NONFINITE)
     _choice("progress", config.progress, PROGRESS_MODES)
@@ -340,14 +341,9 @@ def validate(config: TrainConfig) -> None:
             f"--keep-last {config.keep_last} only applies with --save-every N: "
             "add --save-every to write checkpoints."
         )
-    from torchgpu.train.split_flags import validate_split_flags
-
-    validate_split_flags(config)
+    strategies.check_config(config)  # the strategy's flags and features
     if config.resume == "" and config.out is None:
         raise UsageError(
             "--resume without DIR continues the run in --out, but no --out was given: pass "
             "--out RUN_DIR (the run to continue), or --resume RUN_DIR."
         )
-    from torchgpu.train.checkpointing import check_resumable
-
-    check_resumable(config)

@@ -20,7 +20,8 @@ from torch import Tensor, nn
 
 from torchgpu.errors import UsageError
 from torchgpu.train.config import TrainConfig
-from torchgpu.train.runner import TrainResult, train
+from torchgpu.train.report import TrainResult
+from torchgpu.train.runner import train
 from torchgpu.train.task import as_factory, seeded, user_task
 
 # Settings that only the command line's launcher reads, or that name data/model sources.

@@ -19,12 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from torchgpu.train import strategies
 from torchgpu.train.config import TrainConfig
 
-# Strategy that ran -> estimate_memory's strategy. dp (one process driving every GPU
-# through nn.DataParallel) has no estimator model.
-_ESTIMATE_STRATEGY = {"single": "single", "ddp": "ddp", "fsdp": "fsdp", "model": "split",
-                      "pipeline": "pipeline"}
 NOT_ASKED = ("not estimated: pass --estimate-memory (about a second) to compare the "
              "planner's estimate with the measured peak")
 
@@ -45,7 +42,9 @@ def from_estimator(config: TrainConfig, task: Any, mode: str, world: int, device
     (``device``: the run's, naming the one device of ``single``)."""
     from torchgpu.estimate import estimate_memory
 
-    strategy = _ESTIMATE_STRATEGY.get(mode)
+    # The strategy that ran -> estimate_memory's name for it (declared by the strategy;
+    # dp, one process driving every GPU through nn.DataParallel, has no estimator model).
+    strategy = strategies.get(mode).features.estimate
     if strategy is None:
         return {"source": None, "note": f"not estimated: the estimator has no model of {mode}"}
     assert config.batch_size is not None

@@ -74,9 +74,9 @@ class Observers:
     def epoch(self, steps: Sequence[tuple[int, int, float]], record: EpochRecord) -> None:
         """An epoch ended: ``steps`` are its step records not yet flushed."""
         if self.tensorboard is not None:
-            from torchgpu.train.runner import _peak_memory
+            from torchgpu.train.report import peak_memory
 
-            self.tensorboard.write_epoch(steps, record, _peak_memory(self.device))
+            self.tensorboard.write_epoch(steps, record, peak_memory(self.device))
 
     def close(self, state: TrainState) -> None:
         """After the loop (also when it raised): finish the profile, close the event

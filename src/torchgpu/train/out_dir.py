@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from torchgpu.errors import UsageError
+from torchgpu.train import metrics
 
 FIX = "pass a directory you can write to, e.g. --out runs/my-run"
 
@@ -110,3 +111,20 @@ def check_creatable(out: str) -> None:
             f"{path_max}; {FIX}."
         )
     _probe(ancestor, out)
+
+
+def check_out_dir(out: str, resuming: bool) -> Path:
+    """Refuse an ``--out`` that is a file or already holds a run (unless resuming)."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise UsageError(
+            f"--out {out} exists and is not a directory: pass a new directory for the run."
+        )
+    if not resuming and path.is_dir():
+        taken = [n for n in (metrics.SUMMARY_FILE, metrics.METRICS_FILE) if (path / n).exists()]
+        if taken:
+            raise UsageError(
+                f"--out {out} already holds a run ({', '.join(taken)}): pass a new --out "
+                "directory, delete the old run, or continue it with --resume."
+            )
+    return path

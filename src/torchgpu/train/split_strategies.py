@@ -20,15 +20,17 @@ pipeline and one checkpointed segment set per stage for ``model``.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from torchgpu.distributed import DistEnv
 from torchgpu.errors import UsageError
-from torchgpu.train.config import TrainConfig
 from torchgpu.train.split_flags import device_list, parse_balance, processes
+
+if TYPE_CHECKING:
+    from torchgpu.train.config import TrainConfig
 
 CHUNKS_PER_STAGE = 4
 
@@ -68,12 +70,10 @@ def rank_device(config: TrainConfig, env: DistEnv) -> torch.device:
     return get_device(config.device if config.device != "auto" else "cpu")
 
 
-def split_device(config: TrainConfig, env: DistEnv) -> torch.device | None:
-    """The run's device for model/pipeline (inputs go there), or None for other strategies."""
+def split_device(config: TrainConfig, env: DistEnv) -> torch.device:
+    """The run's device for model/pipeline (inputs go there)."""
     from torchgpu.errors import DeviceSpecError, NoDeviceError
 
-    if config.strategy not in ("model", "pipeline"):
-        return None
     try:
         if processes(config) > 1 or env.world_size > 1:
             return rank_device(config, env)
@@ -87,9 +87,6 @@ def split_device(config: TrainConfig, env: DistEnv) -> torch.device | None:
 def sample_batch(data: Any, rows: int) -> tuple[Any, Any]:
     """The first ``rows`` training samples ``(x, y)`` of a Task (balance and chunk
     measurements)."""
-    from torchgpu.train.task import as_task
-
-    data = as_task(data)
     n = max(1, min(rows, len(data.train)))
     x, y = data.sample(n)
     return x, y
@@ -124,18 +121,19 @@ def default_chunks(batch_size: int, stages: int) -> int:
 
 
 def build_split_model(
-    model: nn.Module, data: Any, config: TrainConfig, device: torch.device
+    model: nn.Module, data: Any, config: TrainConfig, device: torch.device,
+    kind: str | None = None,
 ) -> nn.Module:
-    """The :data:`torchgpu.train.build.EXTRA_STRATEGIES` builder for ``model``/``pipeline``.
+    """The model of ``--strategy model`` or ``pipeline`` in one process (``kind``;
+    default ``config.strategy``), as :mod:`torchgpu.train.strategies.split` wraps it.
+    ``data``: the run's :class:`~torchgpu.train.task.Task` (samples measure the stages).
 
     Returns a SplitModel (``model``) or Pipeline (``pipeline``) over :func:`stage_devices`.
     BalanceError (exit 2) when ``--balance`` does not match the model's layers.
     """
     from torchgpu.parallel.pipeline import build_pipeline_model
-    from torchgpu.train.task import as_task
-
-    data = as_task(data, config)
-    check_splittable(model, data, config.strategy)
+    kind = kind or config.strategy
+    check_splittable(model, data, kind)
     if isinstance(model, nn.ModuleList):
         model = nn.Sequential(*model)
     devices = stage_devices(config)
@@ -143,7 +141,7 @@ def build_split_model(
     batch = int(config.batch_size or 1)
     x, y = sample_batch(data, batch)
     checkpoint = "except_last" if config.activation_checkpointing else "never"
-    if config.strategy == "model":
+    if kind == "model":
         split = build_pipeline_model(model, "model", devices, balance=balance, sample=x)
         if config.activation_checkpointing:
             from torchgpu.memory import apply_activation_checkpointing

@@ -32,7 +32,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -44,12 +44,19 @@ from torchgpu.train import build, metrics
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.loop import EvalResult, evaluate, start_epoch
 from torchgpu.train.metrics import EpochRecord, MetricsBuffer
+from torchgpu.train.progress import NullProgress, make_progress
+from torchgpu.train.report import (
+    TrainResult,
+    epoch_record,
+    gather,
+    memory_reader,
+    peak_memory,
+    summary_of,
+)
+from torchgpu.train.shard import Shard
 from torchgpu.train.split_flags import parse_balance, stages_per_rank
 from torchgpu.train.split_strategies import default_chunks, sample_batch
 from torchgpu.train.state import StopFlag, TrainState
-
-if TYPE_CHECKING:
-    from torchgpu.train.runner import TrainResult
 
 LossFn = Callable[[Any, Any], Tensor]
 
@@ -222,25 +229,12 @@ def train_stages(config: TrainConfig, env: DistEnv, device: torch.device, data: 
                  model: nn.Module, out_dir: Path | None, notes: tuple[str, ...],
                  stop: StopFlag) -> TrainResult:
     """Train ``model`` as a pipeline over the processes of the current group; returns a
-    :class:`~torchgpu.train.runner.TrainResult` (``model`` is this rank's full model
+    :class:`~torchgpu.train.report.TrainResult` (``model`` is this rank's full model
     object, of which only its stages were trained). Call inside the process group."""
     from torchgpu.data import make_loader
-    from torchgpu.train.progress import NullProgress, make_progress
-    from torchgpu.train.runner import (
-        Shard,
-        _epoch_record,
-        _gather,
-        _memory_reader,
-        _peak_memory,
-        _summary,
-    )
 
-    if config.precision != "fp32":
-        raise UsageError(
-            f"--precision {config.precision} is not supported by --strategy pipeline with "
-            "several processes: pass --precision fp32, or run the pipeline in one process "
-            "(--devices ... without --nproc)."
-        )
+    # fp32 only, no resume, back-off or auto batch: declared (with the reasons) by
+    # torchgpu.train.strategies.stages and refused by validate() before this runs.
     assert config.batch_size is not None and config.epochs is not None
     from torchgpu.train.split_strategies import check_splittable
     from torchgpu.train.task import as_task
@@ -264,7 +258,7 @@ def train_stages(config: TrainConfig, env: DistEnv, device: torch.device, data: 
                               device=device)
     is_main = out_dir is not None
     progress = (NullProgress() if config.json else
-                make_progress(config.progress, is_main=is_main, memory=_memory_reader(device)))
+                make_progress(config.progress, is_main=is_main, memory=memory_reader(device)))
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         for note in notes:
@@ -328,7 +322,7 @@ def train_stages(config: TrainConfig, env: DistEnv, device: torch.device, data: 
                 if stopped:
                     break
                 result = trainer.evaluate(test_loader, data.kind)
-                record = _epoch_record(state, result, samples, seconds, 1)
+                record = epoch_record(state, result, samples, seconds, 1)
                 records.append(record)
                 state.epoch_losses.append((record.train_loss, record.test_loss))
                 if out_dir is not None:
@@ -337,8 +331,8 @@ def train_stages(config: TrainConfig, env: DistEnv, device: torch.device, data: 
     finally:
         progress.close()
     final_state = trainer.full_state()
-    peaks = _gather((str(device), build.device_name(device), _peak_memory(device)), True)
-    summary = _summary(config, data, "pipeline", env.world_size, state, records, peaks,
+    peaks = gather((str(device), build.device_name(device), peak_memory(device)), True)
+    summary = summary_of(config, data, "pipeline", env.world_size, state, records, peaks,
                        train_seconds, time.perf_counter() - started, stop, "fp32")
     # Every rank sees the whole batch: the global batch is one process's, not x world.
     summary["global_batch"] = config.batch_size * config.accumulate
@@ -350,6 +344,4 @@ def train_stages(config: TrainConfig, env: DistEnv, device: torch.device, data: 
     if out_dir is not None:
         metrics.write_outputs(out_dir, records, final_state, summary,
                               f"{config.run_name}: pipeline, {env.world_size} process(es)")
-    from torchgpu.train.runner import TrainResult
-
     return TrainResult(config, summary, state, tuple(records), model, out_dir, notes)

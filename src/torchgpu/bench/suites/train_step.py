@@ -37,7 +37,7 @@ def loop_parts(model: nn.Module, device: torch.device, *, batch_size: int, lr: f
     from torchgpu.accumulate import GradAccumulator
     from torchgpu.data.shards import ShardLayout
     from torchgpu.precision import Precision
-    from torchgpu.train import build
+    from torchgpu.train import build, strategies
     from torchgpu.train.backoff import for_run as backoff_for_run
     from torchgpu.train.loop import LoopParts
     from torchgpu.train.split_strategies import output_device
@@ -56,11 +56,12 @@ def loop_parts(model: nn.Module, device: torch.device, *, batch_size: int, lr: f
                      move_batches=device.type not in ("cpu", "cuda"),
                      on_nonfinite=on_nonfinite, rank=0, agree=False,
                      target_device=target_device,
-                     backoff=backoff_for_run(mode, model, acc, loss_fn, mixed,
-                                             batch_size=batch_size, accumulate=accumulate,
-                                             device=device, distributed=False, out_dir=None,
-                                             position=lambda: (progress_state.step,
-                                                               progress_state.epoch)),
+                     backoff=None if strategies.get(mode).features.backoff is not None
+                     else backoff_for_run(model, acc, loss_fn, mixed,
+                                          batch_size=batch_size, accumulate=accumulate,
+                                          device=device, distributed=False, out_dir=None,
+                                          position=lambda: (progress_state.step,
+                                                            progress_state.epoch)),
                      agreement=None,
                      # The runner's loader (one process) carries this layout: the loop uses
                      # it to weight an epoch's short last batch.

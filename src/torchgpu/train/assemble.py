@@ -1,0 +1,173 @@
+"""A run, assembled once: every check, decision and piece before ``--out`` exists.
+
+Each step below runs exactly once per process, in this order, and raises a torchgpu
+error for bad input, so a bad run leaves nothing behind:
+
+1. :func:`settle`: validate, resolve (defaults, the ``--out`` name), ``--out`` creatable;
+2. :func:`assemble`: decide -- the processes a launcher starts, the device, the
+   precision and observers it allows, the strategy that runs, the resume point, the
+   ``--out`` check; then load the data (:func:`~torchgpu.train.task.task_for_config`,
+   unless a task is given) and build the model (``task.build_model()``; a launcher that
+   starts workers builds none: each worker builds its own).
+
+``--strategy auto`` is the one exception to that order: the planner measures the data
+and the model, so for it the data is loaded and the model built first, the planner
+decides on that very model (it is never built twice), and the decisions follow. The
+runner trains the :class:`Assembly` as it is (:func:`torchgpu.train.runner.train`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchgpu.distributed import DistEnv
+from torchgpu.errors import UsageError
+from torchgpu.precision import resolve_mode
+from torchgpu.train import build, strategies
+from torchgpu.train.auto_batch import simulated_limit
+from torchgpu.train.auto_strategy import decide_strategy
+from torchgpu.train.checkpointing import RunStart, plan_resume
+from torchgpu.train.config import TrainConfig, resolve, validate
+from torchgpu.train.faults import crash_plan_from_env
+from torchgpu.train.launch import check_process_count
+from torchgpu.train.memory_snapshot import refuse_off_cuda
+from torchgpu.train.out_dir import check_creatable, check_out_dir
+from torchgpu.train.task import Task, task_for_config
+
+
+@dataclass(frozen=True)
+class Assembly:
+    """Everything a run needs, decided once (see the module docstring).
+
+    ``config``: validated, resolved, ``--strategy auto`` replaced by the planner's pick.
+    ``env``: this process's place (a launcher: rank 0 of the world it will start).
+    ``nproc``: processes per node a launcher starts (1 when it trains itself).
+    ``model``: the built, unwrapped model (None in a launcher that starts workers).
+    ``notes``: lines for the console (device, planner, precision, fallback).
+    """
+
+    config: TrainConfig
+    env: DistEnv
+    nproc: int
+    device: torch.device
+    choice: strategies.Choice
+    task: Task
+    model: nn.Module | None
+    out_dir: Path
+    start: RunStart
+    notes: tuple[str, ...] = ()
+    planned: Any = None  # the planner's Plan when it ran: its estimate goes in the summary
+    auto_note: str = ""  # --strategy auto's decision, one line ("" when not auto)
+    memory_limit: int | None = None  # test-only simulated memory (auto batch), read once
+
+    @property
+    def relaunch(self) -> bool:
+        """True when this launcher starts workers under torchrun instead of training."""
+        c = self.config
+        return self.nproc > 1 or c.nnodes > 1 or c.max_restarts > 0
+
+
+def settle(config: TrainConfig) -> TrainConfig:
+    """``config`` validated, then resolved (defaults filled, ``--out`` named); then
+    checks that ``--out`` can be created (before any data is loaded)."""
+    validate(config)
+    settled = resolve(config)
+    assert settled.out is not None
+    check_creatable(settled.out)
+    return settled
+
+
+def check_observers(config: TrainConfig, device: torch.device) -> None:
+    """Refuse, before anything is written, what the run could not observe."""
+    refuse_off_cuda(config.memory_snapshot, device)
+    if config.log == "tensorboard":
+        from torchgpu.train.tblog import check_available  # imports tensorboard: only then
+
+        check_available()
+
+
+def processes_to_start(config: TrainConfig) -> int:
+    """A launcher's processes per node: ``--nproc``; for ddp/fsdp without it one per
+    visible GPU (CUDA not initialised); else 1."""
+    if config.nproc is not None:
+        return config.nproc
+    several = (config.strategy != strategies.AUTO
+               and strategies.get(config.strategy).processes == "several")
+    if several and config.device in ("auto", "cuda") and torch.cuda.is_available():
+        return max(1, torch.cuda.device_count())
+    return 1
+
+
+def _check_launch(nproc: int, device: torch.device) -> None:
+    """Refuse more processes than this node can hold: GPUs for CUDA, the per-core cap
+    for CPU (gloo) processes."""
+    if device.type == "cuda":
+        count = torch.cuda.device_count()
+        if nproc > count:
+            raise UsageError(
+                f"--nproc {nproc} needs {nproc} GPUs on this node but {count} are visible: "
+                f"use --nproc {count} or fewer, or --device cpu for {nproc} CPU processes.")
+    else:
+        check_process_count(nproc, "CPU processes")
+
+
+def assemble(config: TrainConfig, *, task: Task | None = None, launching: bool = False,
+             stop_at_step: int | None = None, env: DistEnv | None = None) -> Assembly:
+    """Assemble the run of ``config`` (from :func:`settle`); see the module docstring.
+
+    ``task``: what to train (:func:`torchgpu.fit` passes the user's); by default the one
+    ``config`` names, loaded here. ``launching``: this process may start workers (the
+    CLI outside torchrun): it decides how many and builds the model only when it will
+    train itself or must measure it for ``--strategy auto``. ``env``: this process's
+    place (default: from torchrun's variables).
+    """
+    here = env if env is not None else DistEnv.from_env()
+    model: nn.Module | None = None
+    auto_notes: tuple[str, ...] = ()
+    planned: Any = None
+    if config.strategy == strategies.AUTO:  # the planner measures the data and model
+        task = task if task is not None else task_for_config(config)
+        model = task.build_model()
+        world = (config.nproc or 1) * config.nnodes if launching else here.world_size
+        decision = decide_strategy(config, world, task, launching=launching, model=model)
+        config, auto_notes, planned = decision.config, (decision.note,), decision.plan
+    nproc = processes_to_start(config) if launching else 1
+    if launching:
+        here = DistEnv(rank=0, local_rank=0, world_size=nproc * config.nnodes,
+                       local_world_size=nproc)
+    device = build.choose_device(config, here)
+    resolve_mode(config.precision, device)  # fp16 off CUDA: ConfigError, before launching
+    check_observers(config, device)  # --memory-snapshot off CUDA, --log without tensorboard
+    relaunch = launching and (nproc > 1 or config.nnodes > 1 or config.max_restarts > 0)
+    if relaunch:
+        _check_launch(nproc, device)
+    choice = build.choose_strategy(config, here, device)
+    plan = plan_resume(config)  # ResumeError (exit 2) before anything is written
+    assert config.out is not None
+    out_dir = check_out_dir(config.out, resuming=plan.continuing)
+    if task is None:
+        task = task_for_config(config)  # the data, loaded once
+    if model is None and not relaunch:
+        model = task.build_model()  # once (a launcher's workers build their own)
+    notes = (build.device_note(config, device), *auto_notes,
+             *build.precision_notes(config, device))
+    start = RunStart(plan, crash_plan_from_env(here.rank), stop_at_step)
+    return Assembly(config=config, env=here, nproc=nproc, device=device, choice=choice,
+                    task=task, model=model, out_dir=out_dir, start=start,
+                    notes=notes + choice.notes, planned=planned,
+                    auto_note=auto_notes[0] if auto_notes else "",
+                    memory_limit=simulated_limit(here.rank))
+
+
+def with_stop_at(run: Assembly, stop_at_step: int | None) -> Assembly:
+    """``run`` stopping after optimizer step ``stop_at_step`` (tests' step limit)."""
+    if stop_at_step is None:
+        return run
+    return dataclasses.replace(run, start=dataclasses.replace(run.start,
+                                                              stop_at_step=stop_at_step))

@@ -1,0 +1,147 @@
+"""The shape every strategy has: :class:`Strategy`, its :class:`Features`, a :class:`Choice`.
+
+A strategy object knows where the run's device is (:meth:`Strategy.place`), how it
+wraps the model (:meth:`Strategy.wrap`), the model's full state for saving
+(:meth:`Strategy.full_state`), the model evaluation runs on (:meth:`Strategy.eval_model`),
+what it supports (:class:`Features`: resume, OOM back-off, ``--batch-size auto``,
+precisions, its own flags) and its own flag checks (:meth:`Strategy.check`). The
+checks that follow from the features alone (a feature it lacks, a flag it does not
+take, a process count it cannot run with) are made once for every strategy in
+:mod:`torchgpu.train.strategies.checks`, from these declarations, so their messages
+name the strategy and its reason.
+
+Strategy objects hold no run state: one instance per strategy, shared by every run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+from torchgpu.errors import UsageError
+from torchgpu.parallel.data import unwrap
+
+if TYPE_CHECKING:
+    from torchgpu.distributed import DistEnv
+    from torchgpu.train.config import TrainConfig
+
+#: Every --precision value; a strategy's ``precisions`` is a subset.
+ALL_PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "auto")
+
+
+@dataclass(frozen=True)
+class Features:
+    """What a strategy supports. A ``str`` field is ``None`` where the feature works,
+    else the reason it cannot (shown to the user with the fix)."""
+
+    resume: str | None = None  # --save-every / --resume
+    backoff: str | None = None  # out-of-memory back-off inside the loop
+    auto_batch: str | None = None  # --batch-size auto
+    precisions: tuple[str, ...] = ALL_PRECISIONS
+    precision_why: str = ""  # why the others are refused
+    # Strategy-only flags it takes (TrainConfig field names): chunks, schedule, balance,
+    # devices. Any other strategy refuses them.
+    flags: frozenset[str] = frozenset()
+    # The estimator's name for it (torchgpu.estimate_memory's strategy=), None: no model.
+    estimate: str | None = None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The strategy that runs for a requested one, and notes explaining a fallback."""
+
+    strategy: Strategy
+    notes: tuple[str, ...] = ()
+
+    @property
+    def mode(self) -> str:
+        """The name of the strategy that runs (``single``, ``ddp``, ...)."""
+        return self.strategy.name
+
+
+class Strategy:
+    """One training strategy (subclass it; see the module docstring).
+
+    ``processes``: ``"one"`` (runs in one process; several are refused), ``"several"``
+    (one per device; in one process it falls back to :meth:`alone`), ``"any"``.
+    ``own_loop``: trains with its own loop instead of :func:`torchgpu.train.loop.run_epoch`
+    (the multi-process stage pipeline only).
+    """
+
+    name: str = ""
+    label: str = ""  # how messages name it ("pipeline with several processes (--nproc)")
+    help: str = ""
+    processes: str = "any"
+    features: Features = Features()
+    own_loop: bool = False
+
+    def __repr__(self) -> str:
+        return f"<strategy {self.label or self.name}>"
+
+    @property
+    def described(self) -> str:
+        """``--strategy NAME`` or the label when the name alone is ambiguous."""
+        return self.label or f"--strategy {self.name}"
+
+    # -- validation ----------------------------------------------------------------------
+    def for_processes(self, nproc: int) -> Strategy:
+        """The strategy that runs with ``nproc`` processes (the pipeline's stage variant)."""
+        return self
+
+    def check(self, config: TrainConfig, nproc: int) -> None:
+        """Refuse this strategy's own bad flag combinations (pure; no device looked at).
+        The feature checks common to all strategies are made before this."""
+
+    # -- deciding ------------------------------------------------------------------------
+    def choose(self, world: int, device: torch.device) -> Choice:
+        """What runs when this strategy is asked for with ``world`` processes."""
+        if self.processes == "one" and world > 1:
+            raise UsageError(self.one_process_message(world))
+        if self.processes == "several" and world == 1:
+            return Choice(self.alone(), (
+                f"note: --strategy {self.name} with one process has nothing to synchronise; "
+                f"training as single on {device}. Start several with --nproc N.",))
+        return Choice(self.for_processes(world))
+
+    def alone(self) -> Strategy:
+        """What a several-process strategy runs as in one process."""
+        return self
+
+    def one_process_message(self, world: int) -> str:
+        return (f"--strategy {self.name} runs in one process but {world} processes were "
+                "started: every process would train its own copy. Use --strategy ddp (or "
+                "fsdp) with --nproc, or drop --nproc.")
+
+    def place(self, config: TrainConfig, env: DistEnv) -> torch.device | None:
+        """This process's device when the strategy places it (stage devices); None: the
+        run's ``--device`` decides."""
+        return None
+
+    def device_note(self, config: TrainConfig) -> str | None:
+        """The console's device line when the strategy placed the devices, else None."""
+        return None
+
+    # -- the model -----------------------------------------------------------------------
+    def wrap(self, model: nn.Module, config: TrainConfig, task: Any,
+             device: torch.device) -> tuple[nn.Module, tuple[str, ...]]:
+        """``model`` (activation checkpointing already applied) placed and wrapped for
+        training; notes to show. Default: moved to ``device``."""
+        return model.to(device), ()
+
+    def full_state(self, model: nn.Module) -> dict[str, Tensor]:
+        """The whole model's weights under canonical keys, for the final save (collective
+        where the weights are sharded: call on every rank)."""
+        state = unwrap(model).state_dict()
+        # Left on their device: the writer finds tied weights by storage before copying.
+        return {k: v.detach() for k, v in state.items() if isinstance(v, Tensor)}
+
+    def eval_model(self, model: nn.Module) -> nn.Module:
+        """The module evaluation calls (the unwrapped one: no collectives in eval)."""
+        return unwrap(model)
+
+    def output_device(self, model: nn.Module) -> torch.device | None:
+        """Where the output lives when not on the run's device (labels go there)."""
+        return None
