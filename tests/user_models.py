@@ -195,3 +195,20 @@ def lm_factory_no_dropout() -> TinyCausalLM:
 def sgd(params: list[nn.Parameter]) -> torch.optim.Optimizer:
     """An SGD factory (``params -> Optimizer``)."""
     return torch.optim.SGD(params, lr=0.5)
+
+
+def seq_factory() -> nn.Sequential:
+    """A three-layer sequential regressor (pipelines cut it into stages)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+
+
+def nan_row_data() -> tuple[Dataset[tuple[Tensor, Tensor]], Dataset[tuple[Tensor, Tensor]]]:
+    """40 training rows, one of which holds a NaN (its batch's loss is NaN), and 8
+    finite evaluation rows."""
+    from torch.utils.data import TensorDataset
+
+    generator = torch.Generator().manual_seed(0)
+    x, y = torch.randn(40, 4, generator=generator), torch.randn(40, 1, generator=generator)
+    x[5, 0] = float("nan")
+    return TensorDataset(x, y), TensorDataset(torch.randn(8, 4, generator=generator), y[:8])

@@ -83,3 +83,24 @@ def test_chunks_without_a_pipeline_names_the_fix() -> None:
     with pytest.raises(UsageError, match=r"--chunks 4 only applies to --strategy pipeline "
                        r"\(got --strategy model\).*Use --strategy pipeline .* or drop --chunks"):
         validate(TrainConfig(example="housing", strategy="model", devices="cpu,cpu", chunks=4))
+
+
+NAN_RUN = ["--model", "tests.user_models:seq_factory", "--data", "tests.user_models:nan_row_data",
+           "--loss", "mse", "--strategy", "pipeline", "--nproc", "2", "--epochs", "2",
+           "--batch-size", "8", "--progress", "plain"]
+
+
+@pytest.mark.slow
+def test_stage_pipeline_runs_the_engine_loop_on_a_nonfinite_loss(tmp_path: Path) -> None:
+    """The stage pipeline trains in run_epoch: --on-nonfinite skip drops the NaN batch's
+    step on every rank (one per epoch), stop raises the loop's error on every rank."""
+    out = tmp_path / "skip"
+    done = run_cli(["train", *NAN_RUN, "--on-nonfinite", "skip", "--out", str(out)],
+                   timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["skipped_steps"] == 2 and summary["steps"] == 8  # 5 batches, 2 epochs
+    assert all(x == x for x in _steps(out))  # no NaN reached a step's loss
+    stopped = run_cli(["train", *NAN_RUN, "--out", str(tmp_path / "stop")], timeout=120)
+    assert stopped.returncode == 1
+    assert "loss nan on rank 1" in stopped.stderr and "--on-nonfinite skip" in stopped.stderr

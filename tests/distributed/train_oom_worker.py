@@ -130,7 +130,7 @@ def stop_case() -> dict[str, Any]:
 
     def on_step(state: TrainState) -> None:
         if state.step == 2:  # every rank: agree here, the losses become global
-            loop.sync_now()
+            loop.sync_now(parts)
             synced.append(list(state.step_losses))
         if state.step == 3 and rank == 0:  # as a signal would, on one rank only
             stop.set("test")

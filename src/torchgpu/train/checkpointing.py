@@ -261,7 +261,8 @@ class RunCheckpoints:
                  precision: Any, ranks: Ranks, records: list[EpochRecord], stop: StopFlag,
                  batches_per_epoch: int, mode: str, out_dir: Path | None,
                  scheduler: Any = None, crash: CrashPlan | None = None,
-                 stop_at_step: int | None = None) -> None:
+                 stop_at_step: int | None = None,
+                 sync: Callable[[], bool] | None = None) -> None:
         assert config.out is not None
         self.config = config
         self.directory = checkpoints_dir(config.out)
@@ -270,6 +271,8 @@ class RunCheckpoints:
         self.ranks, self.records, self.stop = ranks, records, stop
         self.mode, self.out_dir = mode, out_dir
         self.crash, self.stop_at_step = crash, stop_at_step
+        # The loop's sync_now for this run (DDP agreement at a boundary); None: one process.
+        self.sync = sync
         self.save_every = config.save_every
         self.last_saved: Path | None = None
         self.last_saved_step: int | None = None
@@ -415,15 +418,15 @@ class RunCheckpoints:
         test-only crash; the step limit sets the stop flag (the loop stops at this boundary).
 
         Under DDP the loop agrees on losses and the stop flag only now and then; before a
-        save or after a step limit every rank calls :func:`loop.sync_now` here (the same
+        save or after a step limit every rank calls ``sync`` (:func:`loop.sync_now`) here (the same
         steps on every rank, so the collective matches) so the checkpoint holds the global
         loss history and the ranks stop together."""
         due = self.save_every is not None and state.step % self.save_every == 0
         limit = self.stop_at_step is not None and state.step >= self.stop_at_step
         if limit:
             self.stop.set("step limit")
-        if due or limit:
-            loop.sync_now()
+        if (due or limit) and self.sync is not None:
+            self.sync()
         if due:
             self.save(state)
         if self.crash is not None:

@@ -117,13 +117,19 @@ class LoopParts:
     target_device: torch.device | None = None
     # OOM back-off (None: an out-of-memory error propagates). See torchgpu.train.backoff.
     backoff: LoopBackoff | None = None
-    # DDP agreement on stop/losses; None = run_epoch makes one per call. Pass one to
-    # keep its adaptive period across epochs.
+    # DDP agreement on stop/losses, kept across epochs (its adaptive period) and reached
+    # by on_step hooks through sync_now(parts); made here under ``agree`` when None.
     agreement: RankAgreement | None = None
     # How the epoch's samples fall on the ranks (torchgpu.data.shards): from the first
     # window holding a short micro-batch on, micro-batches are weighted by their samples
     # (torchgpu.train.tail). None: equal weights (exact when all batches are full).
     layout: ShardLayout | None = None
+
+    def __post_init__(self) -> None:
+        if self.agree and self.agreement is None:
+            import torch.distributed as dist  # only under DDP: the group exists
+
+            object.__setattr__(self, "agreement", RankAgreement(dist.get_world_size()))
 
 
 @dataclass(frozen=True)
@@ -176,7 +182,6 @@ def start_epoch(loader: Iterable[Any], seed: int, epoch: int, skip: int = 0) -> 
 
 
 _DROPPED = BatchOutcome(math.nan, False, dropped=True)
-_ACTIVE: list[RankAgreement] = []  # the agreement of the run_epoch now running (DDP)
 
 
 def should_stop(stop: StopFlag | None, agreement: RankAgreement | None) -> bool:
@@ -191,16 +196,16 @@ def should_stop(stop: StopFlag | None, agreement: RankAgreement | None) -> bool:
     return agreement.boundary()
 
 
-def sync_now() -> bool:
+def sync_now(parts: LoopParts) -> bool:
     """Agree now, at this step boundary, from code running inside :func:`run_epoch`
     (``on_step``) on every rank alike: the pending loss values become the global means
     (``state.step_losses``, the step records, ``state.epoch_loss_sum``) and the ranks
     agree on the stop flag; the loop then stops at this boundary if they did. Collective
     under DDP (every rank must call it at the same boundary, e.g. before a checkpoint
     save or after setting the stop flag for a step limit). Returns True when the ranks
-    agreed to stop; False, and no work, in one process or outside ``run_epoch``.
+    agreed to stop; False, and no work, in one process (``parts.agreement`` is None).
     """
-    return _ACTIVE[-1].agree() if _ACTIVE else False
+    return parts.agreement.agree() if parts.agreement is not None else False
 
 
 def run_epoch(
@@ -253,14 +258,12 @@ def run_epoch(
     agreement: RankAgreement | None = None
     guard: FiniteGuard | None = None
     if parts.agree:
-        import torch.distributed as dist
-
-        agreement = parts.agreement or RankAgreement(dist.get_world_size())
+        agreement = parts.agreement
+        assert agreement is not None  # LoopParts makes one under agree
         agreement.begin(state, records, stop)
         guard = FiniteGuard(acc)
         if backoff is not None:
             backoff.poison_loss = guard.poison
-        _ACTIVE.append(agreement)
     window_sum = 0.0
     window_count = 0
     window_bad = False  # DDP: a non-finite local loss in this window (for the message)
@@ -406,7 +409,6 @@ def run_epoch(
     finally:
         if guard is not None:
             guard.remove()
-            _ACTIVE.remove(agreement)  # type: ignore[arg-type]
 
 
 def _backward_bad(acc: Accumulator, guard: FiniteGuard | None, loss: Tensor) -> bool:

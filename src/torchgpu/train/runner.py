@@ -27,7 +27,7 @@ from torchgpu.train.auto_batch import apply_auto_batch
 from torchgpu.train.backoff import for_run as backoff_for_run
 from torchgpu.train.checkpointing import Ranks, RunCheckpoints, RunStart
 from torchgpu.train.config import TrainConfig
-from torchgpu.train.loop import LoopParts, evaluate, run_epoch
+from torchgpu.train.loop import LoopParts, evaluate, run_epoch, sync_now
 from torchgpu.train.metrics import EpochRecord, MetricsBuffer
 from torchgpu.train.observers import Observers
 from torchgpu.train.progress import NullProgress, make_progress
@@ -84,7 +84,7 @@ def _assembled(run: Assembly, agree: bool, model: nn.Module, stop: StopFlag) -> 
     """The run, once assembled: wrap, batch size, train."""
     config, env, device, choice, data = run.config, run.env, run.device, run.choice, run.task
     out_dir = run.out_dir if env.is_main else None
-    if choice.strategy.own_loop:  # the pipeline with one stage per process
+    if choice.strategy.own_run:  # the pipeline with one stage per process
         from torchgpu.train.stage_strategy import train_stages
 
         staged = train_stages(config, env, device, data, model, out_dir, run.notes, stop)
@@ -167,7 +167,8 @@ def _run(
     ckpt = RunCheckpoints(config, model=model, optimizer=optimizer, precision=precision,
                           ranks=Ranks(rank, world), records=records, stop=stop,
                           batches_per_epoch=batches_per_epoch, mode=mode, out_dir=out_dir,
-                          crash=start.crash, stop_at_step=start.stop_at_step)
+                          crash=start.crash, stop_at_step=start.stop_at_step,
+                          sync=(lambda: sync_now(parts)) if agree else None)
     state = ckpt.begin(start.plan)  # fresh, or restored from a checkpoint
     on_step = ckpt.step_hook()
     steps_left = math.ceil(batches_per_epoch / config.accumulate) * config.epochs - state.step

@@ -6,9 +6,11 @@ gloo on CPU, NCCL on GPU; ``--schedule gpipe|1f1b|interleaved1f1b``, the last wi
 stages per process). Every rank iterates the same, unsharded batches (the order of the
 one-process run): rank 0 feeds the inputs, the last rank the labels.
 
-Per step the last rank has the loss; one small all-reduce gives every rank
-``[non-finite, stop, loss]``, so all ranks take the same decision (non-finite ->
-stop or skip, the stop flag) and rank 0, which writes the metrics, has the loss.
+The steps run in the engine's loop, :func:`torchgpu.train.loop.run_epoch`, through
+:class:`StageSteps` (its loss and accumulator). Per step the last rank has the loss;
+one small all-reduce gives every rank ``[non-finite, stop, loss]``, so the loop on
+every rank takes the same decision (non-finite -> stop or skip, the stop flag at the
+same boundary) and rank 0, which writes the metrics, has the loss.
 Gradients accumulate over ``--accumulate`` batches, each weighted by its rows, and
 become the mean over the window's samples (as one process does); ``--clip-norm``
 clips the global norm (squared norms all-reduced over the stages). Evaluation runs a
@@ -31,6 +33,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +42,10 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from torchgpu.distributed import DistEnv
-from torchgpu.errors import NonFiniteLossError, UsageError
+from torchgpu.errors import UsageError
 from torchgpu.train import build, metrics
 from torchgpu.train.config import TrainConfig
-from torchgpu.train.loop import EvalResult, evaluate, start_epoch
+from torchgpu.train.loop import EvalResult, LoopParts, evaluate, run_epoch, start_epoch
 from torchgpu.train.metrics import EpochRecord, MetricsBuffer
 from torchgpu.train.progress import NullProgress, make_progress
 from torchgpu.train.report import (
@@ -225,6 +228,89 @@ class StageTrainer:
         return merged
 
 
+class _Inputs(nn.Module):
+    """:func:`run_epoch`'s "model" for the stage pipeline: hands the inputs on; the
+    forward and backward of every stage run in :meth:`StageSteps.loss`."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x
+
+
+class _NoAutocast:
+    dtype = None  # fp32: run_epoch enters no context
+
+    def autocast(self) -> AbstractContextManager[Any]:
+        return nullcontext()
+
+
+NO_AUTOCAST = _NoAutocast()
+
+
+class _AgreedStop(StopFlag):
+    """The stop flag as the ranks last agreed on it (in the step's all-reduce), so every
+    rank stops at the same boundary; sets the run's own flag when it agrees to stop."""
+
+    def __init__(self, flag: StopFlag) -> None:
+        super().__init__()
+        self.flag = flag
+
+    def agree(self, seen: bool) -> None:
+        if seen and not self.is_set():
+            if not self.flag.is_set():
+                self.flag.set("a stop on another rank")
+            self.set(self.flag.signal_name or "request")
+
+
+class StageSteps:
+    """One batch of the stage pipeline as :func:`~torchgpu.train.loop.run_epoch` takes it.
+
+    ``loss(inputs, y)`` runs the batch through every stage (forward and backward in one
+    schedule) and returns the loss agreed on every rank (NaN when the last stage saw a
+    non-finite one, so every rank raises or skips alike); as the loop's accumulator it
+    counts the window's rows and, at the window's end, turns the summed gradients into
+    their mean and steps (:meth:`StageTrainer.apply`); ``reset`` drops the window.
+    ``agreed`` is the stop flag the loop checks: the value the ranks agreed on.
+    """
+
+    def __init__(self, trainer: StageTrainer, stop: StopFlag, window: int) -> None:
+        self.trainer, self.stop = trainer, stop
+        self.agreed = _AgreedStop(stop)
+        self.steps = window
+        self.pending = 0
+        self.window_samples: float | None = None
+        self._rows = 0
+
+    def loss(self, x: Tensor, y: Tensor) -> Tensor:
+        stop_seen, value = self.trainer.forward_backward(x, y, self.stop.is_set())
+        self.agreed.agree(stop_seen)
+        return torch.tensor(value, dtype=torch.float64)
+
+    def micro_step(self) -> AbstractContextManager[Any]:
+        return nullcontext()  # the schedule accumulates: nothing to suppress
+
+    def backward(self, loss: Tensor, samples: int | None = None) -> bool:
+        """Count the batch (its gradients are in already); step at the window's end."""
+        self.pending += 1
+        self._rows += int(samples or 0)
+        if self.pending < self.steps:
+            return False
+        return self.flush()
+
+    def set_steps(self, steps: int, window_samples: float | None = None) -> None:
+        self.steps = steps
+
+    def reset(self) -> None:
+        self.trainer.drop_window()
+        self.pending, self._rows = 0, 0
+
+    def flush(self) -> bool:
+        if not self.pending:
+            return False
+        self.trainer.apply(self._rows)
+        self.pending, self._rows = 0, 0
+        return True
+
+
 def train_stages(config: TrainConfig, env: DistEnv, device: torch.device, data: Any,
                  model: nn.Module, out_dir: Path | None, notes: tuple[str, ...],
                  stop: StopFlag) -> TrainResult:
@@ -272,7 +358,10 @@ def train_stages(config: TrainConfig, env: DistEnv, device: torch.device, data: 
     state, buffer = TrainState(), MetricsBuffer()
     records: list[EpochRecord] = []
     batches_per_epoch = len(train_loader)
-    window = config.accumulate
+    steps = StageSteps(trainer, stop, config.accumulate)
+    parts = LoopParts(model=_Inputs(), loss_fn=steps.loss, accumulator=steps,
+                      precision=NO_AUTOCAST, device=device, accumulate=config.accumulate,
+                      on_nonfinite=config.on_nonfinite, rank=trainer.last_rank)
     train_seconds = 0.0
     started = time.perf_counter()
     progress.start(config.epochs, batches_per_epoch, 0)
@@ -280,49 +369,14 @@ def train_stages(config: TrainConfig, env: DistEnv, device: torch.device, data: 
         with stop.installed():
             for epoch in range(config.epochs):
                 state.begin_epoch(epoch)
-                t0 = time.perf_counter()
-                pending, window_rows, window_sum, samples, stopped = 0, 0, 0.0, 0, False
-                for x, y in start_epoch(train_loader, config.seed, epoch):
-                    stop_seen, value = trainer.forward_backward(x, y, stop.is_set())
-                    state.batch_in_epoch += 1
-                    if not math.isfinite(value):
-                        if config.on_nonfinite == "stop":
-                            raise NonFiniteLossError(
-                                f"a non-finite loss at step {state.step + 1} (epoch {epoch + 1}, "
-                                f"batch {state.batch_in_epoch}) on the last stage: training "
-                                "stopped before the update reached the weights. Lower --lr, add "
-                                "--clip-norm, check the data, or pass --on-nonfinite skip.")
-                        trainer.drop_window()
-                        pending, window_rows, window_sum = 0, 0, 0.0
-                        state.skipped_steps += 1
-                    else:
-                        n = int(x.shape[0])
-                        state.samples += n
-                        samples += n
-                        state.epoch_loss_sum += value
-                        state.epoch_loss_count += 1
-                        pending += 1
-                        window_rows += n
-                        window_sum += value
-                    last = state.batch_in_epoch == batches_per_epoch
-                    if pending and (pending == window or last):
-                        trainer.apply(window_rows)
-                        state.step += 1
-                        mean = window_sum / pending
-                        state.step_losses.append(mean)
-                        buffer.steps.append((state.step, epoch, mean))
-                        pending, window_rows, window_sum = 0, 0, 0.0
-                        progress.update(state, mean, samples / max(time.perf_counter() - t0,
-                                                                   1e-9))
-                        if stop_seen:
-                            stopped = True
-                            break
-                seconds = time.perf_counter() - t0
-                train_seconds += seconds
-                if stopped:
+                totals = run_epoch(parts, start_epoch(train_loader, config.seed, epoch), state,
+                                   batches_per_epoch=batches_per_epoch, stop=steps.agreed,
+                                   progress=progress, records=buffer.steps)
+                train_seconds += totals.seconds
+                if totals.stopped:
                     break
                 result = trainer.evaluate(test_loader, data.kind)
-                record = epoch_record(state, result, samples, seconds, 1)
+                record = epoch_record(state, result, totals.samples, totals.seconds, 1)
                 records.append(record)
                 state.epoch_losses.append((record.train_loss, record.test_loss))
                 if out_dir is not None:

@@ -67,8 +67,8 @@ class Strategy:
 
     ``processes``: ``"one"`` (runs in one process; several are refused), ``"several"``
     (one per device; in one process it falls back to :meth:`alone`), ``"any"``.
-    ``own_loop``: trains with its own loop instead of :func:`torchgpu.train.loop.run_epoch`
-    (the multi-process stage pipeline only).
+    ``own_run``: sets its run up itself (trainer, evaluation, final state) around the
+    same loop, :func:`torchgpu.train.loop.run_epoch` (the multi-process stage pipeline).
     """
 
     name: str = ""
@@ -76,7 +76,7 @@ class Strategy:
     help: str = ""
     processes: str = "any"
     features: Features = Features()
-    own_loop: bool = False
+    own_run: bool = False
 
     def __repr__(self) -> str:
         return f"<strategy {self.label or self.name}>"

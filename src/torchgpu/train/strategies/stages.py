@@ -1,8 +1,11 @@
 """``--strategy pipeline --nproc N``: one pipeline stage per process.
 
-The run itself is :mod:`torchgpu.train.stage_strategy` (``own_loop``: it drives
-``torch.distributed.pipelining`` schedules, where one step is a forward and backward of
-every micro-batch on every stage at once). What it cannot do is declared here, with the
+The run's setup is :mod:`torchgpu.train.stage_strategy` (``own_run``: its own trainer
+over ``torch.distributed.pipelining`` schedules, where one step is a forward and backward
+of every micro-batch on every stage at once, its evaluation and its gathered final
+state); its steps run in the engine's loop, :func:`torchgpu.train.loop.run_epoch`, like
+every strategy's (non-finite handling, the stop decision, step records and progress
+are the loop's). What it cannot do is declared here, with the
 reason each user sees:
 
 - resume: each process holds only its stages' weights and optimizer state; a checkpoint
@@ -35,7 +38,7 @@ class StagePipeline(Strategy):
     label = "--strategy pipeline with several processes (--nproc)"
     help = "one pipeline stage per process"
     processes = "several"
-    own_loop = True
+    own_run = True
     features = Features(
         resume="each process holds only its stages, and their checkpoint is not written "
                "yet; run without them, or pipeline in one process with --devices",
