@@ -137,3 +137,19 @@ def exit_code_for(error: BaseException) -> int:
     if isinstance(error, TorchGpuError):
         return error.exit_code
     return EXIT_FAILURE
+
+
+def first_line(error: BaseException, *, typed: bool = True, limit: int = 300) -> str:
+    """The first line of ``error``'s message, for quoting inside one of our messages.
+
+    ``typed``: ``"ValueError: bad value"`` (trailing full stop dropped, so the quote can
+    sit mid-sentence), else the line alone (the type's name when the message is empty).
+    Longer than ``limit`` characters, it is cut with ``...``.
+    """
+    lines = str(error).strip().splitlines()
+    line = lines[0] if lines else ""
+    if typed:
+        line = f"{type(error).__name__}: {line.rstrip('. ')}".rstrip(": ")
+    elif not line:
+        line = type(error).__name__
+    return line if len(line) <= limit else line[: limit - 3] + "..."

@@ -38,7 +38,7 @@ from typing import Any, cast
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
-from torchgpu.errors import DataError, TorchGpuError, UsageError
+from torchgpu.errors import DataError, TorchGpuError, UsageError, first_line
 
 #: What each kind of spec must name, for error messages.
 WANTS = {
@@ -57,11 +57,6 @@ def _forms(what: str) -> str:
         f"module.path:attr or path/to/file.py:attr, where attr is "
         f"{WANTS.get(what, 'the object to use')}"
     )
-
-
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0].rstrip('. ') if lines else ''}".rstrip(": ")
 
 
 def _load_file(path_text: str, spec: str, what: str) -> ModuleType:
@@ -88,7 +83,7 @@ def _load_file(path_text: str, spec: str, what: str) -> ModuleType:
     except Exception as error:
         del sys.modules[name]
         raise UsageError(
-            f"{_flag(what)} {spec!r}: importing {path_text} failed: {_first_line(error)}. "
+            f"{_flag(what)} {spec!r}: importing {path_text} failed: {first_line(error)}. "
             "Fix the file so that it imports on its own."
         ) from error
     return module
@@ -110,12 +105,12 @@ def _load_module(name: str, spec: str, what: str) -> ModuleType:
                 f"{_forms(what)}, or set PYTHONPATH to the directory holding it."
             ) from None
         raise UsageError(
-            f"{_flag(what)} {spec!r}: importing {name} failed: {_first_line(error)}. Install "
+            f"{_flag(what)} {spec!r}: importing {name} failed: {first_line(error)}. Install "
             "what it imports, or fix the import."
         ) from error
     except Exception as error:
         raise UsageError(
-            f"{_flag(what)} {spec!r}: importing {name} failed: {_first_line(error)}. Fix the "
+            f"{_flag(what)} {spec!r}: importing {name} failed: {first_line(error)}. Fix the "
             "module so that it imports on its own."
         ) from error
 
@@ -178,7 +173,7 @@ def _call(factory: Callable[[], Any], spec: str, what: str) -> Any:
         raise
     except Exception as error:
         raise UsageError(
-            f"{_flag(what)} {spec}: {name}() failed: {_first_line(error)}. Fix the factory so "
+            f"{_flag(what)} {spec}: {name}() failed: {first_line(error)}. Fix the factory so "
             f"that it returns {WANTS.get(what, 'the object')} when called without arguments."
         ) from error
 

@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from torchgpu.devices.cuda_status import cuda_initialized
-from torchgpu.errors import ConfigError, OutOfMemoryBackoffError
+from torchgpu.errors import ConfigError, OutOfMemoryBackoffError, first_line
 
 if TYPE_CHECKING:
     from torch import nn
@@ -261,7 +261,8 @@ class OOMBackoff:
         # "every rank was fine", and it saves a second collective.
         if self.agree_min(0 if oom_here else 1) == 1:
             return None
-        reason = _first_line(error) if error is not None else "another rank ran out of memory"
+        reason = ("another rank ran out of memory" if error is None
+                  else first_line(error, typed=False))
         return self._back_off(reason, error)
 
     def on_oom(self, error: BaseException) -> BackoffDecision:
@@ -364,7 +365,3 @@ def release_failed_step(
     release_memory()
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    first = text[0] if text else type(error).__name__
-    return first if len(first) <= 300 else first[:297] + "..."

@@ -52,7 +52,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from torchgpu.errors import DeviceSpecError
+from torchgpu.errors import DeviceSpecError, first_line
 
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
@@ -225,11 +225,6 @@ class _StopForward(Exception):
     """Raised by a hook at the first mismatch: the real run would fail right there."""
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0].rstrip('. ') if text else ''}"
-
-
 # A failed operation is a placement problem when its message is about devices: fake
 # tensors say "found two different devices cuda:0, cuda:1", real ones "Expected all
 # tensors to be on the same device".
@@ -355,7 +350,7 @@ def check_placement(
                     ok=False,
                     input_device=input_device,
                     error=(
-                        f"model_factory() failed: {_first_line(error)}. Fix the factory so "
+                        f"model_factory() failed: {first_line(error)}. Fix the factory so "
                         f"that it builds and places the model.{_gpu_hint(error)}"
                     ),
                 )
@@ -381,12 +376,12 @@ def check_placement(
                 where = running[-1] if running else ""
                 label = where or type(model).__name__
                 if about_devices(error):
-                    note(where, f"{label}: forward failed: {_first_line(error)}")
+                    note(where, f"{label}: forward failed: {first_line(error)}")
                 else:
                     shape = ",".join(str(d) for d in input_shape)
                     failure = (
                         f"the forward on an input of shape {shape} failed in {label}: "
-                        f"{_first_line(error)}. That is not a placement problem: check the "
+                        f"{first_line(error)}. That is not a placement problem: check the "
                         "input shape (batch first, as the forward takes it; --input-shape "
                         f"of torchgpu doctor) and the forward's code.{_gpu_hint(error)}"
                     )

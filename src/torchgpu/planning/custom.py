@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from torchgpu.errors import DataError, TorchGpuError, UsageError
+from torchgpu.errors import DataError, TorchGpuError, UsageError, first_line
 from torchgpu.planning.footprint import Footprint
 
 
@@ -70,11 +70,6 @@ def cuda_kept_on_cpu() -> Iterator[None]:
     """Within the block, tensors asked to go to (or be made on) CUDA stay on the CPU."""
     with _KeepOnCpu():
         yield
-
-
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0].rstrip('. ') if lines else ''}".rstrip(": ")
 
 
 def _gpu_hint(error: BaseException) -> str:
@@ -159,7 +154,7 @@ def sample_from_data(spec: str, batch: int) -> tuple[Any, bool]:
     except Exception as error:
         raise DataError(
             f"--data {spec}: {batch} items of the training data do not form a batch "
-            f"({_first_line(error)}). Items must be (inputs, target) pairs or dicts of "
+            f"({first_line(error)}). Items must be (inputs, target) pairs or dicts of "
             "tensors of equal shapes, as default_collate batches them."
         ) from None
     if isinstance(collated, Mapping):
@@ -260,7 +255,7 @@ def measure_custom_model(
         )
         raise UsageError(
             f"--model {spec}: the forward on a batch of {describe_sample(sample_batch)} "
-            f"failed{where}: {_first_line(error)}. {check} and the forward's "
+            f"failed{where}: {first_line(error)}. {check} and the forward's "
             f"code.{_gpu_hint(error)}"
         ) from None
     finally:
