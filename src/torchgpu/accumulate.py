@@ -199,7 +199,7 @@ class GradAccumulator:
         if self.precision is not None:
             self.precision.backward(scaled)
         else:
-            scaled.backward()  # type: ignore[no-untyped-call]
+            torch.autograd.backward(scaled)
         self._pending += 1
         if self._pending < self._steps:
             return False

@@ -124,9 +124,9 @@ class Precision:
     def backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()``, multiplied by the loss scale when a scaler is in use."""
         if self.scaler is not None:
-            self.scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
+            torch.autograd.backward(self.scaler.scale(loss))
         else:
-            loss.backward()  # type: ignore[no-untyped-call]
+            torch.autograd.backward(loss)
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Divide the gradients by the loss scale in place (no-op without a scaler).

@@ -214,7 +214,7 @@ def time_chunks(
             pipe.chunks = m
             out = pipe(sample_input)
             loss = loss_fn(out, move(target, pipe.output_device))
-            loss.backward()  # type: ignore[no-untyped-call]
+            torch.autograd.backward(loss)
             for p in params:
                 p.grad = None
 

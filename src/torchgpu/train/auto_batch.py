@@ -119,7 +119,7 @@ def make_probe(
                     loss = loss_fn(model(x), y)
             else:
                 loss = loss_fn(model(x), y)
-            loss.backward()  # type: ignore[no-untyped-call]
+            torch.autograd.backward(loss)
         finally:
             del reserve
             for p in params:

@@ -276,7 +276,7 @@ class LoopBackoff:
         if precision is not None:
             precision.backward(loss)
         else:
-            loss.backward()  # type: ignore[no-untyped-call]
+            torch.autograd.backward(loss)
 
     def _stand_in(self, x: Tensor, last: bool) -> bool:
         """A poisoned rank's stand-in for one piece: a forward on two samples (DDP's
