@@ -258,3 +258,20 @@ def test_ddp_all_reduces_only_at_boundaries(gloo_world_of_one: None) -> None:
     assert acc.pending == 2
     assert acc.flush() is True
     assert calls["n"] == 2  # the flush of a world of one needs no collective
+
+
+def test_kept_gradients_are_freed_by_zero_grad_and_never_leak_into_the_next_window() -> None:
+    """zero_after_step=False (the training loop's order: zero_grad just before the next
+    forward) steps exactly as the default; a backward on kept gradients zeroes them."""
+    x, y = _data(8)
+    ref = _model()
+    _big_batch_steps(ref, torch.optim.SGD(ref.parameters(), lr=0.1), [(x, y), (x, y)])
+    model = _model()
+    acc = GradAccumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), 1,
+                          zero_after_step=False)
+    assert acc.backward(nn.functional.mse_loss(model(x), y)) is True
+    assert all(p.grad is not None for p in model.parameters())  # kept after the step
+    assert acc.backward(nn.functional.mse_loss(model(x), y)) is True  # no zero_grad call
+    assert _max_diff(ref, model) == 0.0  # the first step's gradients did not add up
+    acc.zero_grad()
+    assert all(p.grad is None for p in model.parameters())

@@ -77,6 +77,8 @@ class Accumulator(Protocol):
 
     def reset(self) -> None: ...
 
+    def zero_grad(self) -> None: ...
+
     def flush(self) -> bool: ...
 
     @property
@@ -292,6 +294,8 @@ def run_epoch(
                 y = x if same else to_device(y, device, non_blocking=True)
             if target_device is not None:
                 y = to_device(y, target_device, non_blocking=True)
+            if acc.pending == 0:  # a window starts: free the last step's gradients now,
+                acc.zero_grad()   # before the forward, as a hand-written loop does
             replaced: BatchOutcome | None = None
             loss = None
             bad = False
@@ -421,6 +425,8 @@ def _backward_bad(acc: Accumulator, guard: FiniteGuard | None, loss: Tensor) -> 
 
 
 def _restore_window(acc: Accumulator, window: int) -> None:
+    if acc.pending == 0:  # the epoch's last step: evaluation and saving need no gradients
+        acc.zero_grad()
     if (acc.steps != window or acc.window_samples is not None) and acc.pending == 0:
         acc.set_steps(window)
 

@@ -124,7 +124,7 @@ def _run(
     precision = Precision(config.precision, device)
     optimizer = data.make_optimizer(model, config.lr)
     acc = GradAccumulator(model, optimizer, config.accumulate, precision=precision,
-                          clip_norm=config.clip_norm)
+                          clip_norm=config.clip_norm, zero_after_step=False)
     train_loader = make_loader(data.train, config.batch_size, shuffle=True, seed=config.seed,
                                dist=Shard(rank, world), device=device,
                                num_workers=config.num_workers, pad=False,

@@ -299,6 +299,9 @@ class StageSteps:
     def set_steps(self, steps: int, window_samples: float | None = None) -> None:
         self.steps = steps
 
+    def zero_grad(self) -> None:
+        """Nothing to free: :meth:`StageTrainer.apply` zeroes after its step."""
+
     def reset(self) -> None:
         self.trainer.drop_window()
         self.pending, self._rows = 0, 0

@@ -46,7 +46,8 @@ def loop_parts(model: nn.Module, device: torch.device, *, batch_size: int, lr: f
     progress_state = state if state is not None else TrainState()
     mixed = Precision(precision, device)
     optimizer = build.make_optimizer(model, lr)
-    acc = GradAccumulator(model, optimizer, accumulate, precision=mixed, clip_norm=clip_norm)
+    acc = GradAccumulator(model, optimizer, accumulate, precision=mixed, clip_norm=clip_norm,
+                          zero_after_step=False)
     loss_fn = build.loss_function(task)
     target_device = output_device(model)
     if target_device == device:
