@@ -104,6 +104,11 @@ class GradAccumulator:
         self.model = model
         self.optimizer = optimizer
         self.precision = precision
+        # Only a loss scaler (fp16) changes backward, unscale and step: without one they
+        # are the plain calls, made directly (three Python calls fewer per step).
+        self._scaling: Precision | None = (
+            precision if precision is not None and getattr(precision, "scaler", True)
+            is not None else None)
         self.clip_norm: float | None = None if clip_norm is None else float(clip_norm)
         self._ddp = find_ddp(model)
         self._pending = 0
@@ -219,8 +224,8 @@ class GradAccumulator:
             self._seen_samples += samples
         else:
             scaled = loss / self._steps if self._steps > 1 else loss
-        if self.precision is not None:
-            self.precision.backward(scaled)
+        if self._scaling is not None:
+            self._scaling.backward(scaled)
         else:
             torch.autograd.backward(scaled)
         self._pending += 1
@@ -259,14 +264,14 @@ class GradAccumulator:
 
     def _apply(self) -> bool:
         """Unscale, clip, step (or have the scaler skip), zero the gradients."""
-        if self.precision is not None:
-            self.precision.unscale_(self.optimizer)
+        if self._scaling is not None:
+            self._scaling.unscale_(self.optimizer)
         if self.clip_norm is not None:
             self.last_grad_norm = torch.nn.utils.clip_grad_norm_(
                 self.model.parameters(), self.clip_norm
             )
-        if self.precision is not None:
-            stepped = self.precision.step(self.optimizer)
+        if self._scaling is not None:
+            stepped = self._scaling.step(self.optimizer)
         else:
             self.optimizer.step()
             stepped = True
