@@ -30,7 +30,7 @@ for the agreement's life: the epoch-end agreement's answer is the loop's answer 
 does not forget it. When the ranks agree to stop, they also exchange why and at which
 step each one is (once, at the stop): every rank's :class:`StopFlag` then names the
 reason and holds ``steps_by_rank``. Code that runs at a boundary on every rank alike (a
-checkpoint save, a step limit) calls :func:`torchgpu.train.loop.sync_now` to agree *at
+checkpoint save, a step limit) calls :func:`torchgpu.train.loop.sync_now` (``parts``) to agree *at
 that boundary*.
 """
 

@@ -41,6 +41,7 @@ from torchgpu.train.report import (
     write_config,
 )
 from torchgpu.train.shard import Shard
+from torchgpu.train.stage_strategy import train_stages
 from torchgpu.train.state import StopFlag
 from torchgpu.train.strategies import Strategy
 from torchgpu.train.task import Task, spreads_inputs
@@ -85,8 +86,6 @@ def _assembled(run: Assembly, agree: bool, model: nn.Module, stop: StopFlag) -> 
     config, env, device, choice, data = run.config, run.env, run.device, run.choice, run.task
     out_dir = run.out_dir if env.is_main else None
     if choice.strategy.own_run:  # the pipeline with one stage per process
-        from torchgpu.train.stage_strategy import train_stages
-
         staged = train_stages(config, env, device, data, model, out_dir, run.notes, stop)
         if staged.out_dir is not None:
             write_config(staged.out_dir, staged.config, env.world_size, device)
