@@ -18,7 +18,11 @@ from tests.user_models import TinyCausalLM, TokenDataset
 from torchgpu import fit
 
 
+BUILT: list[int] = []  # model factory calls in this process (a run builds one model)
+
+
 def model() -> TinyCausalLM:
+    BUILT.append(1)
     return TinyCausalLM(dropout=0.0)
 
 
@@ -33,5 +37,5 @@ if __name__ == "__main__":
     result = fit(model, TokenDataset(samples), eval_data=TokenDataset(8, seed=1), optimizer=sgd,
                  epochs=2, batch_size=batch, out=out, progress="plain", seed=1,
                  **{k: int(v) if v.isdigit() else v for k, v in extra.items()})
-    print(f"strategy {result.summary['strategy']} world {result.summary['world_size']}",
-          flush=True)
+    print(f"strategy {result.summary['strategy']} world {result.summary['world_size']} "
+          f"models built {len(BUILT)}", flush=True)

@@ -27,12 +27,12 @@ def test_two_processes_equal_one(tmp_path: Path, samples: int) -> None:
                          capture_output=True, text=True, timeout=120, env=test_env(),
                          check=False)
     assert one.returncode == 0, one.stderr[-3000:]
-    assert "strategy single world 1" in one.stdout
+    assert "strategy single world 1 models built 1" in one.stdout
     two = run_cli(["launch", "--nproc", "2", str(SCRIPT), str(tmp_path / "two"), "4",
                    f"samples={samples}"],
                   timeout=180)
     assert two.returncode == 0, two.stderr[-3000:]
-    assert "strategy ddp world 2" in two.stdout
+    assert two.stdout.count("strategy ddp world 2 models built 1") == 2  # once per process
     summary = json.loads((tmp_path / "two" / "summary.json").read_text())
     assert summary["global_batch"] == 8 and summary["world_size"] == 2
     a = load_file(tmp_path / "one" / "model.safetensors")
