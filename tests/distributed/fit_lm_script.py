@@ -17,7 +17,6 @@ from torch import nn
 from tests.user_models import TinyCausalLM, TokenDataset
 from torchgpu import fit
 
-
 BUILT: list[int] = []  # model factory calls in this process (a run builds one model)
 
 
