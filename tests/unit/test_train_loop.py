@@ -17,7 +17,8 @@ from torchgpu.errors import NonFiniteLossError
 from torchgpu.models import HousingNet
 from torchgpu.precision import Precision
 from torchgpu.train.config import TrainConfig
-from torchgpu.train.loop import LoopParts, evaluate, run_epoch, start_epoch
+from torchgpu.train.evaluation import evaluate
+from torchgpu.train.loop import LoopParts, run_epoch, start_epoch
 from torchgpu.train.progress import NullProgress, PlainProgress, make_progress
 from torchgpu.train.runner import train
 from torchgpu.train.state import StopFlag, TrainState

@@ -21,7 +21,8 @@ from torchgpu.parallel.model import SplitModel
 from torchgpu.parallel.pipeline import Pipeline
 from torchgpu.precision import Precision
 from torchgpu.train.config import TrainConfig, validate
-from torchgpu.train.loop import LoopParts, evaluate, run_epoch
+from torchgpu.train.evaluation import evaluate
+from torchgpu.train.loop import LoopParts, run_epoch
 from torchgpu.train.runner import train
 from torchgpu.train.split_flags import parse_balance
 from torchgpu.train.split_strategies import build_split_model, default_chunks

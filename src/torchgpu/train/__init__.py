@@ -1,8 +1,11 @@
 """The training engine: a small loop composed of torchgpu's pieces.
 
 ``train(TrainConfig(...)) -> TrainResult`` runs one training job (what ``torchgpu train``
-does); :mod:`torchgpu.train.loop` holds the loop functions (``run_epoch``, ``evaluate``,
-``start_epoch``) for your own composition. Submodules import lazily.
+does): :mod:`~torchgpu.train.assemble` assembles it once, the strategy objects of
+:mod:`~torchgpu.train.strategies` (one registry) place and wrap the model, and
+:mod:`torchgpu.train.loop` (``run_epoch``, ``start_epoch``) with
+:mod:`torchgpu.train.evaluation` (``evaluate``) trains it -- also for your own
+composition. Submodules import lazily.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from torch import nn
 from torchgpu.train import metrics
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.config_file import write_config as write_config_file
-from torchgpu.train.loop import EvalResult
+from torchgpu.train.evaluation import EvalResult
 from torchgpu.train.metrics import EpochRecord
 from torchgpu.train.progress import read_process_rss
 from torchgpu.train.state import StopFlag, TrainState

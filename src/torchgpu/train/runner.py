@@ -27,7 +27,8 @@ from torchgpu.train.auto_batch import apply_auto_batch
 from torchgpu.train.backoff import for_run as backoff_for_run
 from torchgpu.train.checkpointing import Ranks, RunCheckpoints, RunStart
 from torchgpu.train.config import TrainConfig
-from torchgpu.train.loop import LoopParts, evaluate, run_epoch, sync_now
+from torchgpu.train.evaluation import evaluate
+from torchgpu.train.loop import LoopParts, run_epoch, sync_now
 from torchgpu.train.metrics import EpochRecord, MetricsBuffer
 from torchgpu.train.observers import Observers
 from torchgpu.train.progress import NullProgress, make_progress

@@ -45,7 +45,8 @@ from torchgpu.distributed import DistEnv
 from torchgpu.errors import UsageError
 from torchgpu.train import build, metrics
 from torchgpu.train.config import TrainConfig
-from torchgpu.train.loop import EvalResult, LoopParts, evaluate, run_epoch, start_epoch
+from torchgpu.train.evaluation import EvalResult, evaluate
+from torchgpu.train.loop import LoopParts, run_epoch, start_epoch
 from torchgpu.train.metrics import EpochRecord, MetricsBuffer
 from torchgpu.train.progress import NullProgress, make_progress
 from torchgpu.train.report import (
