@@ -132,6 +132,11 @@ class DistributedError(TorchGpuError, RuntimeError):
     exit_code = EXIT_FAILURE
 
 
+class CollectiveTimeoutError(DistributedError):
+    """A collective this rank waited in did not complete within ``--collective-timeout``
+    (another rank never reached it); the launcher names the rank(s) that did not arrive."""
+
+
 def exit_code_for(error: BaseException) -> int:
     """The CLI exit code for ``error``: its ``exit_code`` if ours, else 1."""
     if isinstance(error, TorchGpuError):

@@ -88,6 +88,10 @@ def _parser() -> ArgumentParser:
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--num-workers", type=int, default=0, metavar="N",
                      help="DataLoader worker processes (default 0)")
+    run.add_argument("--collective-timeout", type=float, default=300.0, metavar="SECONDS",
+                     help="with several processes: a rank that waits this long in a "
+                     "collective stops the run, and the launcher names the rank that did not "
+                     "arrive, its step and the collective (default 300)")
     run.add_argument("--on-nonfinite", default="stop", help=f"{'|'.join(ON_NONFINITE)}: a NaN/inf "
                      "loss stops the run, or its step is dropped (default stop)")
     out = p.add_argument_group("output and checkpoints")
@@ -173,12 +177,13 @@ def _check_gpus(config: TrainConfig) -> None:
         )
 
 
-def _relaunch(config: TrainConfig, nproc: int) -> int:
+def _relaunch(config: TrainConfig, nproc: int, on_cuda: bool) -> int:
     from torchgpu.train.launch import LaunchSpec, run
 
     spec = LaunchSpec(
         nproc=nproc, nnodes=config.nnodes, node_rank=config.node_rank,
         rdzv_endpoint=config.rdzv_endpoint, max_restarts=config.max_restarts, module=True,
+        out_dir=config.out, flight_recorder=on_cuda,
     )
     return run(spec, "torchgpu", ["train", *worker_argv(config)])
 
@@ -240,6 +245,7 @@ def main(argv: list[str]) -> int:
     run = assemble(config, launching=True)
     if run.relaunch:
         launched, nproc, example = run.config, run.nproc, run.task.example
+        on_cuda = run.device.type == "cuda"
         if run.auto_note:
             print(run.auto_note, file=sys.stderr)
         del run  # the workers hold the data now; free it in the launcher
@@ -248,7 +254,7 @@ def main(argv: list[str]) -> int:
         # The workers load the data parsed here instead of parsing the CSV again.
         with data_handoff(launched, example):
             del example
-            return _relaunch(launched, nproc)
+            return _relaunch(launched, nproc, on_cuda)
     # SIGTERM/SIGINT from here on set the flag: one that lands in a collective or before
     # the first step is honoured at the first step boundary instead of killing the
     # process unsaved.

@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from torchgpu.train.heartbeat import Heartbeat
 from torchgpu.train.state import StopFlag, TrainState
 
 StepRecords = list[tuple[int, int, float]]
@@ -124,8 +125,9 @@ class RankAgreement:
     """
 
     def __init__(self, world_size: int, *, period_s: float = 0.5, first_every: int = 1,
-                 max_every: int = 4096) -> None:
+                 max_every: int = 4096, heartbeat: Heartbeat | None = None) -> None:
         self.world_size = world_size
+        self.heartbeat = heartbeat  # marks the agreement's all-reduce (hang reports)
         self.period_s = period_s
         self.every = max(1, first_every)
         self.max_every = max_every
@@ -174,7 +176,11 @@ class RankAgreement:
                  now - self._last, state.epoch_loss_sum - self._synced_sum,
                  *state.step_losses[self._synced_steps:]]
         buffer = torch.tensor(local, dtype=torch.float64, device=self._comm_device())
-        dist.all_reduce(buffer, op=dist.ReduceOp.SUM)
+        if self.heartbeat is None:
+            dist.all_reduce(buffer, op=dist.ReduceOp.SUM)
+        else:
+            with self.heartbeat.during("agreement"):
+                dist.all_reduce(buffer, op=dist.ReduceOp.SUM)
         got = buffer.tolist()
         world = self.world_size
         self.agreements += 1

@@ -34,7 +34,7 @@ from torchgpu.train.auto_batch import simulated_limit
 from torchgpu.train.auto_strategy import decide_strategy
 from torchgpu.train.checkpointing import RunStart, plan_resume
 from torchgpu.train.config import TrainConfig, resolve, validate
-from torchgpu.train.faults import crash_plan_from_env
+from torchgpu.train.faults import crash_plan_from_env, hang_plan_from_env
 from torchgpu.train.launch import check_process_count
 from torchgpu.train.memory_snapshot import refuse_off_cuda
 from torchgpu.train.out_dir import check_creatable, check_out_dir
@@ -157,7 +157,8 @@ def assemble(config: TrainConfig, *, task: Task | None = None, launching: bool =
         model = task.build_model()  # once (a launcher's workers build their own)
     notes = (build.device_note(config, device), *auto_notes,
              *build.precision_notes(config, device))
-    start = RunStart(plan, crash_plan_from_env(here.rank), stop_at_step)
+    start = RunStart(plan, crash_plan_from_env(here.rank), stop_at_step,
+                     hang_plan_from_env(here.rank))
     return Assembly(config=config, env=here, nproc=nproc, device=device, choice=choice,
                     task=task, model=model, out_dir=out_dir, start=start,
                     notes=notes + choice.notes, planned=planned,

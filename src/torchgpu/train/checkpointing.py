@@ -108,7 +108,8 @@ from torchgpu.checkpoint.discover import LATEST, later_checkpoints, newest_verif
 from torchgpu.errors import CheckpointCorruptError, ResumeError
 from torchgpu.train import loop, metrics
 from torchgpu.train.config import TrainConfig
-from torchgpu.train.faults import CrashPlan
+from torchgpu.train.faults import CrashPlan, HangPlan
+from torchgpu.train.heartbeat import Heartbeat
 from torchgpu.train.metrics import EpochRecord, MetricsBuffer
 from torchgpu.train.state import StopFlag, TrainState
 
@@ -191,12 +192,13 @@ def plan_resume(config: TrainConfig, environ: Mapping[str, str] | None = None) -
 
 @dataclass(frozen=True)
 class RunStart:
-    """How the runner starts: the resume plan, the test-only crash (see
+    """How the runner starts: the resume plan, the test-only crash and hang (see
     :mod:`torchgpu.train.faults`) and an optional step limit (stop after that step)."""
 
     plan: ResumePlan = ResumePlan()
     crash: CrashPlan | None = None
     stop_at_step: int | None = None
+    hang: HangPlan | None = None
 
 
 @dataclass(frozen=True)
@@ -262,7 +264,8 @@ class RunCheckpoints:
                  batches_per_epoch: int, mode: str, out_dir: Path | None,
                  scheduler: Any = None, crash: CrashPlan | None = None,
                  stop_at_step: int | None = None,
-                 sync: Callable[[], bool] | None = None) -> None:
+                 sync: Callable[[], bool] | None = None,
+                 heartbeat: Heartbeat | None = None) -> None:
         assert config.out is not None
         self.config = config
         self.directory = checkpoints_dir(config.out)
@@ -273,6 +276,7 @@ class RunCheckpoints:
         self.crash, self.stop_at_step = crash, stop_at_step
         # The loop's sync_now for this run (DDP agreement at a boundary); None: one process.
         self.sync = sync
+        self.heartbeat = heartbeat  # marks the checkpoint's collectives (hang reports)
         self.save_every = config.save_every
         self.last_saved: Path | None = None
         self.last_saved_step: int | None = None
@@ -434,6 +438,12 @@ class RunCheckpoints:
 
     def save(self, state: TrainState) -> Path:
         """Write the checkpoint of ``state`` (collective under DDP; rank 0 writes)."""
+        if self.heartbeat is None:
+            return self._save(state)
+        with self.heartbeat.during("checkpoint"):
+            return self._save(state)
+
+    def _save(self, state: TrainState) -> Path:
         rng = capture_rng_state()
         epoch_rng = self._epoch_rng if self._epoch_rng is not None else rng["torch"]
         gathered = _gather((rng, epoch_rng), self.ranks)

@@ -98,6 +98,9 @@ class TrainConfig:
     resume: str | None = None  # "" = the run's own `latest`; a path = that checkpoint/dir
     trust_checkpoint: bool = False  # --resume may run the full unpickler on state.pt
     on_nonfinite: str = "stop"
+    # Seconds a rank waits in a collective (gradient all-reduce, agreement, checkpoint
+    # barrier) before the run is stopped and the rank that did not arrive is named.
+    collective_timeout: float = 300.0
     progress: str = "auto"
     json: bool = False
     profile: int | None = None  # steps traced by torch.profiler after warm-up (--profile [N])
@@ -335,6 +338,11 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError(
             f"--clip-norm {config.clip_norm} must be a positive finite number, e.g. "
             "--clip-norm 1.0."
+        )
+    if not (math.isfinite(config.collective_timeout) and config.collective_timeout > 0):
+        raise ConfigError(
+            f"--collective-timeout {config.collective_timeout} must be a positive finite "
+            "number of seconds, e.g. --collective-timeout 300 (the default)."
         )
     if config.keep_last is not None and config.save_every is None:
         raise UsageError(

@@ -1,8 +1,9 @@
-"""Test-only fault injection for ``torchgpu train``: crash one worker once, at a given step.
+"""Test-only fault injection for ``torchgpu train``: crash or hang one worker at a step.
 
 Used by the restart tests (a worker that dies mid-run is restarted by torchrun and
-resumes from the last checkpoint). Three environment variables, read ONCE when the run
-starts (:func:`crash_plan_from_env`), never in the training loop:
+resumes from the last checkpoint) and the hang tests (a worker that never reaches a
+collective is named by the launcher). Environment variables, read ONCE when the run
+starts (:func:`crash_plan_from_env`, :func:`hang_plan_from_env`), never in the loop:
 
 - ``TORCHGPU_FAULT_CRASH_AT_STEP=N``: kill this process with SIGKILL right after optimizer
   step ``N`` (after the checkpoint of step ``N``, if one is due), like a hard crash:
@@ -10,7 +11,11 @@ starts (:func:`crash_plan_from_env`), never in the training loop:
 - ``TORCHGPU_FAULT_MARKER=PATH`` (required with the above): the crash happens only while
   ``PATH`` does not exist; the crashing process creates it just before dying, so the
   worker torchrun restarts does not crash again.
-- ``TORCHGPU_FAULT_RANK=R``: the global rank that crashes (default 0).
+- ``TORCHGPU_FAULT_HANG_AT_STEP=N``: block this process for good before optimizer step
+  ``N``'s gradient all-reduce (in the loss of step ``N``'s first micro-batch), the way a
+  stuck data loader or a rank-dependent branch does; the other ranks wait in that
+  all-reduce until ``--collective-timeout``.
+- ``TORCHGPU_FAULT_RANK=R``: the global rank that crashes or hangs (default 0).
 
 Unset (the normal case), nothing is installed and the loop does no extra work.
 """
@@ -19,13 +24,16 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from torchgpu.errors import ConfigError
 
 CRASH_STEP_ENV = "TORCHGPU_FAULT_CRASH_AT_STEP"
+HANG_STEP_ENV = "TORCHGPU_FAULT_HANG_AT_STEP"
 MARKER_ENV = "TORCHGPU_FAULT_MARKER"
 RANK_ENV = "TORCHGPU_FAULT_RANK"
 
@@ -77,3 +85,36 @@ def crash_plan_from_env(rank: int, environ: Mapping[str, str] | None = None) -> 
     if _int(env, RANK_ENV, 0) != rank or Path(marker).exists():
         return None
     return CrashPlan(step, Path(marker))
+
+
+@dataclass(frozen=True)
+class HangPlan:
+    """Block for good before optimizer step ``step``'s gradient all-reduce."""
+
+    step: int
+
+    def wrap(self, loss_fn: Callable[[Any, Any], Any],
+             steps_done: Callable[[], int]) -> Callable[[Any, Any], Any]:
+        """``loss_fn``, blocking forever when called during step ``step`` (``steps_done()``
+        is the number of optimizer steps finished)."""
+        def loss(out: Any, target: Any) -> Any:
+            if steps_done() + 1 == self.step:
+                print(f"fault injection: hanging before step {self.step}'s gradient "
+                      f"all-reduce (pid {os.getpid()})", flush=True)
+                while True:  # a real hang: signals set flags, nothing ends it but a kill
+                    time.sleep(1.0)
+            return loss_fn(out, target)
+        return loss
+
+
+def hang_plan_from_env(rank: int, environ: Mapping[str, str] | None = None) -> HangPlan | None:
+    """The hang this process must perform, or ``None``. Raises ConfigError for bad values."""
+    env = os.environ if environ is None else environ
+    step = _int(env, HANG_STEP_ENV, None)
+    if step is None:
+        return None
+    if step < 1:
+        raise ConfigError(f"{HANG_STEP_ENV}={step} is out of range: use a step of 1 or more.")
+    if _int(env, RANK_ENV, 0) != rank:
+        return None
+    return HangPlan(step)

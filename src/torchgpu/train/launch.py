@@ -13,6 +13,11 @@ group signal reaches the launcher only) are forwarded to the workers by
 cleanly (``torchgpu train`` saves at its next step and exits 0) make it exit 0, and
 whatever still runs ``LaunchSpec.stop_timeout_s`` after the signal is SIGKILLed with its
 process group. Every exit of :func:`run` (a return, an exception) ends the workers.
+
+Hangs: the workers keep heartbeats (:mod:`torchgpu.train.heartbeat`); when a rank's
+collective times out (``--collective-timeout``), :class:`HangWatch` ends every worker
+at once and :func:`run` prints one paragraph naming the rank(s) that did not arrive, the
+step and collective, where every rank was and its last line, and exits 1.
 """
 
 from __future__ import annotations
@@ -30,8 +35,10 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from torchgpu.errors import UsageError
+from torchgpu.train.heartbeat import HangWatch, kill_children
 
 LOOPBACK = "127.0.0.1"
 DEFAULT_STOP_TIMEOUT_S = 60.0  # seconds
@@ -70,6 +77,10 @@ class LaunchSpec:
     # After a SIGTERM/SIGINT, how long the workers may take to stop (a save included)
     # before they are killed. torchrun's own grace period is 30 s.
     stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S
+    # Where a hang's NCCL flight-recorder dumps go (train's --out); None: not kept.
+    out_dir: str | None = None
+    # Turn on NCCL's flight recorder for the workers; None: when this machine has CUDA.
+    flight_recorder: bool | None = None
 
 
 #: Processes per CPU core at most: more only time-slice the cores (each process already
@@ -179,10 +190,27 @@ def run(spec: LaunchSpec, target: str, target_args: Sequence[str]) -> int:
         # "Connection refused"; a fresh store per round (rank 0 hosts it) avoids that.
         os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     forwarder = StopForwarder(spec.stop_timeout_s)
+    # Workers write heartbeats; a rank's collective timeout ends every worker at once
+    # (not after torchrun's 30 s grace) and the hang is named (torchgpu.train.heartbeat).
+    recorder = spec.flight_recorder
+    if recorder is None:
+        import torch
+
+        recorder = torch.cuda.is_available()  # counts devices; creates no CUDA context
+    watch = HangWatch(kill_children(child_pids),
+                      Path(spec.out_dir) if spec.out_dir is not None else None, recorder)
     try:
-        with forwarder.installed():
-            torchrun(args)  # type: ignore[no-untyped-call]
+        with forwarder.installed(), watch.installed():
+            try:
+                torchrun(args)  # type: ignore[no-untyped-call]
+            except ChildFailedError as error:
+                if watch.report is None:
+                    watch.report = watch.after_failure(_aborted_ranks(error))
+                raise
     except ChildFailedError as error:
+        if watch.report is not None:
+            print(watch.report, file=sys.stderr)
+            return 1
         _, first = error.get_first_failure()
         code = first.exitcode if first.exitcode and first.exitcode > 0 else 1
         # Name every failed rank: when one rank dies (killed, crashed) its peers fail in
@@ -353,6 +381,12 @@ class StopForwarder:
                       f"{self.received.name} were killed (pids "
                       f"{', '.join(map(str, self.killed))}).", file=sys.stderr, flush=True)
             return
+
+
+def _aborted_ranks(error: Any) -> frozenset[int]:
+    """Ranks that died of SIGABRT (NCCL's watchdog ends a rank whose collective timed out)."""
+    return frozenset(rank for rank, failure in error.failures.items()
+                     if failure.exitcode == -int(signal.SIGABRT))
 
 
 def _how(exitcode: int) -> str:

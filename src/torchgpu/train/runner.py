@@ -12,6 +12,9 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ from torch import nn
 
 from torchgpu.data.batches import install_call_convention
 from torchgpu.distributed import init_distributed
+from torchgpu.errors import CollectiveTimeoutError, DistributedError, TorchGpuError, first_line
 from torchgpu.train import build, metrics
 from torchgpu.train.agreement import RankAgreement
 from torchgpu.train.assemble import Assembly, assemble, settle, with_stop_at
@@ -28,6 +32,7 @@ from torchgpu.train.backoff import for_run as backoff_for_run
 from torchgpu.train.checkpointing import Ranks, RunCheckpoints, RunStart
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.evaluation import evaluate
+from torchgpu.train.heartbeat import Heartbeat, collective_failure
 from torchgpu.train.loop import LoopParts, run_epoch, sync_now
 from torchgpu.train.metrics import EpochRecord, MetricsBuffer
 from torchgpu.train.observers import Observers
@@ -72,17 +77,58 @@ def train(config: TrainConfig | None = None, *, stop: StopFlag | None = None,
     run = with_stop_at(run, stop_at_step)
     assert run.model is not None, "a launcher's assembly starts workers; it does not train"
     model = run.model
-    with init_distributed(device=run.device) as session:
+    beat = Heartbeat.from_env()  # a launcher's multi-process run: where this rank is
+    with beat.running() if beat is not None else nullcontext(), named_hangs(run, beat), \
+            init_distributed(device=run.device, timeout=collective_timeout(run.config)) \
+            as session:
+        if beat is not None:
+            beat.timeout_s = run.config.collective_timeout
         # dict or tuple inputs: model(**batch) / model(*inputs), for this run only
         convention = install_call_convention(model) if spreads_inputs(run.task) else None
         try:
-            return _assembled(run, session.is_distributed, model, stop or StopFlag())
+            return _assembled(run, session.is_distributed, model, stop or StopFlag(), beat)
         finally:
             if convention is not None:
                 convention.remove()
 
 
-def _assembled(run: Assembly, agree: bool, model: nn.Module, stop: StopFlag) -> TrainResult:
+def collective_timeout(config: TrainConfig) -> timedelta:
+    """The process group's timeout: ``--collective-timeout`` seconds."""
+    return timedelta(seconds=config.collective_timeout)
+
+
+@contextmanager
+def named_hangs(run: Assembly, beat: Heartbeat | None) -> Iterator[None]:
+    """A collective that times out (or loses its peer) becomes CollectiveTimeoutError /
+    DistributedError naming this rank's position; the heartbeat records it for the
+    launcher, which names the rank(s) that did not arrive."""
+    try:
+        yield
+    except TorchGpuError:
+        raise
+    except Exception as error:
+        kind = collective_failure(error) if run.env.world_size > 1 or beat else None
+        if kind is None:
+            raise
+        where = beat.where() if beat is not None else "a collective"
+        if beat is not None:
+            beat.failed(kind, error)
+        rank = run.env.rank
+        if kind == "timeout":
+            raise CollectiveTimeoutError(
+                f"rank {rank} waited {run.config.collective_timeout:g} s in {where} and "
+                f"another rank never joined it ({first_line(error)}); the launcher names the "
+                "rank(s) that did not arrive and where each was. If a step legitimately "
+                "takes longer, raise --collective-timeout."
+            ) from error
+        raise DistributedError(
+            f"rank {rank} lost a peer in {where} ({first_line(error)}): another rank "
+            "ended; see its output for why."
+        ) from error
+
+
+def _assembled(run: Assembly, agree: bool, model: nn.Module, stop: StopFlag,
+               beat: Heartbeat | None = None) -> TrainResult:
     """The run, once assembled: wrap, batch size, train."""
     config, env, device, choice, data = run.config, run.env, run.device, run.choice, run.task
     out_dir = run.out_dir if env.is_main else None
@@ -96,7 +142,7 @@ def _assembled(run: Assembly, agree: bool, model: nn.Module, stop: StopFlag) -> 
                                           run.memory_limit)
     notes = run.notes + wrap_notes + ((batch_note,) if batch_note else ())
     return _run(config, env.rank, env.world_size, agree, device, choice.strategy, data,
-                model, out_dir, notes, stop, run.start, run.planned)
+                model, out_dir, notes, stop, run.start, run.planned, beat)
 
 
 def _run(
@@ -113,6 +159,7 @@ def _run(
     stop: StopFlag,
     start: RunStart | None = None,
     planned: Any = None,
+    beat: Heartbeat | None = None,
 ) -> TrainResult:
     from torchgpu.accumulate import GradAccumulator
     from torchgpu.data import make_loader
@@ -133,7 +180,10 @@ def _run(
                                else config.batch_size, shuffle=False, device=device,
                                dict_pairs=data.dict_batches)
                    if data.test is not None else [])
+    start = start or RunStart()
     loss_fn = data.loss
+    if start.hang is not None:  # test-only: block before a step's gradient all-reduce
+        loss_fn = start.hang.wrap(loss_fn, lambda: state.step)
     mode = strategy.name
     target_device = strategy.output_device(model)  # model/pipeline: labels meet the output
     if target_device == device:
@@ -149,7 +199,7 @@ def _run(
                                       accumulate=config.accumulate, device=device,
                                       distributed=agree, out_dir=out_dir,
                                       position=lambda: (state.step, state.epoch)),
-                      agreement=RankAgreement(world) if agree else None,
+                      agreement=RankAgreement(world, heartbeat=beat) if agree else None,
                       layout=getattr(train_loader.batch_sampler, "layout", None))
     is_main = out_dir is not None
     progress = (NullProgress() if config.json else
@@ -163,13 +213,15 @@ def _run(
     batches_per_epoch = len(train_loader)
     eval_model = strategy.eval_model(model)
     records: list[EpochRecord] = []
-    start = start or RunStart()
     ckpt = RunCheckpoints(config, model=model, optimizer=optimizer, precision=precision,
                           ranks=Ranks(rank, world), records=records, stop=stop,
                           batches_per_epoch=batches_per_epoch, mode=mode, out_dir=out_dir,
                           crash=start.crash, stop_at_step=start.stop_at_step,
-                          sync=(lambda: sync_now(parts)) if agree else None)
+                          sync=(lambda: sync_now(parts)) if agree else None, heartbeat=beat)
     state = ckpt.begin(start.plan)  # fresh, or restored from a checkpoint
+    if beat is not None:
+        beat.follow(state)
+        beat.phase = "training"
     on_step = ckpt.step_hook()
     steps_left = math.ceil(batches_per_epoch / config.accumulate) * config.epochs - state.step
     watch = Observers.start(config, model, device, rank, out_dir, state, steps_left)
@@ -196,9 +248,10 @@ def _run(
                     watch.steps(buffer.steps)
                     ckpt.stopped(state, buffer, batches_per_epoch)  # save, say how to resume
                     break
-                result = evaluate(eval_model, test_loader, loss_fn, task=data.kind,
-                                  device=device, precision=precision,
-                                  target_device=target_device, metrics=data.metrics)
+                with beat.during("evaluation") if beat is not None else nullcontext():
+                    result = evaluate(eval_model, test_loader, loss_fn, task=data.kind,
+                                      device=device, precision=precision,
+                                      target_device=target_device, metrics=data.metrics)
                 record = epoch_record(state, result, totals.samples, totals.seconds, world)
                 records.append(record)
                 state.epoch_losses.append((record.train_loss, record.test_loss))
@@ -210,6 +263,8 @@ def _run(
     finally:
         progress.close()
         watch.close(state)
+    if beat is not None:
+        beat.phase = "finishing"
     final_state = strategy.full_state(model)
     peaks = gather((str(device), build.device_name(device), peak_memory(device)), agree)
     summary = summary_of(config, data, mode, world, state, records, peaks, train_seconds,

@@ -1,0 +1,79 @@
+"""A rank that never reaches a collective is named, within the collective timeout.
+
+Two gloo processes on 127.0.0.1 (`torchgpu train --nproc 2`), one of them blocked for
+good before a step's gradient all-reduce by the test-only fault hook
+(TORCHGPU_FAULT_HANG_AT_STEP / TORCHGPU_FAULT_RANK): the run must end within the
+`--collective-timeout` plus a small margin after the hang, exit 1, print one paragraph
+naming the rank that did not arrive, the step and the collective, where each rank was
+and its last line, and leave no process behind.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.distributed.proctree import Session
+
+pytestmark = pytest.mark.slow
+
+TIMEOUT_S = 3
+# After the hang: the timeout, the watcher's poll and settle (< 2 s), torchrun noticing
+# and tearing down; well under torchrun's own 30 s grace period, which is what a hang
+# would cost without the watcher.
+MARGIN_S = 12.0
+COMMON = ["train", "--example", "housing", "--data-size", "200", "--batch-size", "8",
+          "--epochs", "50", "--progress", "plain", "--device", "cpu", "--nproc", "2",
+          "--strategy", "ddp", "--collective-timeout", str(TIMEOUT_S)]
+
+
+def _hang(tmp_path: Path, rank: int, step: int, *extra: str) -> tuple[int, str, float]:
+    """Run with ``rank`` hanging before step ``step``; (exit code, stderr, seconds from the
+    hang to the launcher's exit)."""
+    with Session([*COMMON, *extra, "--out", str(tmp_path / "run")], tmp_path,
+                 TORCHGPU_FAULT_HANG_AT_STEP=str(step), TORCHGPU_FAULT_RANK=str(rank)) as run:
+        deadline = time.monotonic() + 90
+        while "fault injection: hanging" not in run.stdout():
+            assert run.proc.poll() is None and time.monotonic() < deadline, run.stderr()[-3000:]
+            run.look()
+            time.sleep(0.05)
+        hung = time.monotonic()
+        run.look()
+        code = run.wait(TIMEOUT_S + MARGIN_S + 30)
+        took = time.monotonic() - hung
+    assert not run.leftovers, f"processes left running: {run.leftovers}"
+    return code, run.stderr(), took
+
+
+def test_a_rank_that_never_reaches_the_gradient_all_reduce_is_named(tmp_path: Path) -> None:
+    code, err, took = _hang(tmp_path, rank=1, step=3)
+    assert code == 1, err[-3000:]
+    assert took < TIMEOUT_S + MARGIN_S, f"the run ended {took:.1f} s after the hang"
+    paragraph = next(line for line in err.splitlines() if "the run hung" in line)
+    assert (f"rank(s) 0 waited for {TIMEOUT_S} s in the gradient all-reduce of step 3, "
+            "which rank(s) 1 did not reach") in paragraph
+    # where each rank was: rank 0 waiting (gloo's own words), rank 1 in step 3 with its
+    # stack and its last printed line
+    assert "rank 0: waiting in the gradient all-reduce of step 3 (timed out: Timed out" \
+        in paragraph
+    assert "rank 1: in step 3" in paragraph and "faults.py" in paragraph
+    assert "last line: \"fault injection: hanging before step 3" in paragraph
+    assert "--collective-timeout" in paragraph
+    # rank 0's own one-paragraph error, and no raw traceback anywhere
+    assert "rank 0 waited 3 s in the gradient all-reduce of step 3" in err
+    assert "Traceback" not in err, err[-3000:]
+
+
+def test_rank_0_hanging_under_accumulation_is_named_too(tmp_path: Path) -> None:
+    code, err, took = _hang(tmp_path, 0, 2, "--accumulate", "2", "--save-every", "1")
+    assert code == 1, err[-3000:]
+    assert took < TIMEOUT_S + MARGIN_S, f"the run ended {took:.1f} s after the hang"
+    paragraph = next(line for line in err.splitlines() if "the run hung" in line)
+    assert ("rank(s) 1 waited for 3 s in the gradient all-reduce of step 2, which "
+            "rank(s) 0 did not reach") in paragraph, paragraph
+    assert "rank 0: in step 2" in paragraph and "no step for" in paragraph
+    assert "Traceback" not in err, err[-3000:]
+    # step 1's checkpoint is there to resume from
+    assert (tmp_path / "run" / "checkpoints" / "step-00000001").is_dir()

@@ -1,0 +1,224 @@
+"""Heartbeats and the hang report, in one process: the file a rank keeps, the phases the
+collectives mark, the paragraph the launcher prints, the watcher's kill and clean-up,
+the error classification, and the flags and fault variables that drive them."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch.distributed as dist
+
+from torchgpu.errors import ConfigError
+from torchgpu.train import heartbeat as hb
+from torchgpu.train.faults import HangPlan, hang_plan_from_env
+
+
+def _beat(tmp_path: Path, rank: int = 1, world: int = 2) -> hb.Heartbeat:
+    return hb.Heartbeat(tmp_path, rank, world)
+
+
+def test_the_file_holds_step_phase_and_last_line_and_survives_an_error(tmp_path: Path) -> None:
+    beat = _beat(tmp_path)
+    state = SimpleNamespace(step=0, epoch=0)
+    with beat.running():
+        beat.follow(state)
+        beat.phase = "training"
+        print("epoch 1 loss 0.5\r", "partial", sep="")
+        state.step, state.epoch = 7, 1
+        with beat.during("agreement"):
+            record = json.loads(beat.path.read_text())
+            assert record["phase"] == "agreement" and record["step"] == 7
+        assert beat.phase == "training"  # restored after the block
+        with pytest.raises(RuntimeError), beat.during("checkpoint"):
+            raise RuntimeError("Timed out waiting 3000ms for recv operation to complete")
+        assert beat.phase == "checkpoint"  # an error leaves the phase where it happened
+        beat.failed("timeout", RuntimeError("[gloo/pair.cc:1] Timed out waiting 3000ms"))
+    record = json.loads(beat.path.read_text())
+    assert record["rank"] == 1 and record["world_size"] == 2 and record["pid"] == os.getpid()
+    assert record["step"] == 7 and record["epoch"] == 1
+    assert record["line"] == "partial"
+    failure = record["failure"]
+    assert failure["kind"] == "timeout" and failure["phase"] == "checkpoint"
+    assert failure["error"] == "Timed out waiting 3000ms"  # gloo's source location dropped
+    assert sys.stdout.__class__.__name__ != "_LastLine"  # streams put back
+
+
+def test_a_stalled_rank_records_where_its_main_thread_is(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hb, "STALL_S", 0.0)
+    beat = _beat(tmp_path)
+    beat.write()
+    stack = json.loads(beat.path.read_text())["stack"]
+    assert stack and "test_heartbeat.py" in stack[0]
+
+
+def test_the_writer_thread_follows_the_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                             ) -> None:
+    monkeypatch.setattr(hb, "TICK_S", 0.02)
+    beat = _beat(tmp_path)
+    state = SimpleNamespace(step=0, epoch=0)
+    with beat.running():
+        beat.follow(state)
+        state.step = 5
+        deadline = time.monotonic() + 5
+        while json.loads(beat.path.read_text())["step"] != 5:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    assert json.loads(beat.path.read_text())["phase"] == "done"
+
+
+def test_from_env_needs_the_directory_and_several_processes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(hb.HEARTBEAT_ENV, str(tmp_path))
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    beat = hb.Heartbeat.from_env()
+    assert beat is not None and beat.path == tmp_path / "rank1.json"
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert hb.Heartbeat.from_env() is None
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv(hb.HEARTBEAT_ENV, str(tmp_path / "missing"))
+    assert hb.Heartbeat.from_env() is None
+
+
+def _record(rank: int, step: int, phase: str, failure: dict[str, object] | None = None,
+            line: str = "", stack: list[str] | None = None) -> dict[str, object]:
+    return {"rank": rank, "world_size": 3, "pid": 1, "step": step, "epoch": 0,
+            "phase": phase, "progress_at": 100.0, "time": 105.0, "line": line,
+            "failure": failure, "stack": stack or []}
+
+
+def test_the_paragraph_names_who_waited_where_and_who_did_not_arrive() -> None:
+    waited = {"kind": "timeout", "phase": "agreement", "step": 40, "at": 104.0,
+              "error": "Timed out waiting 5000ms", "timeout_s": 5.0}
+    beats = {0: _record(0, 40, "agreement", waited, "epoch 3 loss 0.1"),
+             1: _record(1, 40, "checkpoint", None, "", ["io.py:3 in write"]),
+             2: _record(2, 40, "agreement", {**waited, "at": 104.2})}
+    text = hb.diagnose(beats, now=110.0)
+    assert text is not None
+    assert ("rank(s) 0, 2 waited for 5 s in the stop/loss agreement (an all-reduce) after "
+            "step 40, which rank(s) 1 did not reach") in text
+    assert "rank 1: in a checkpoint's barrier (gather, then rank 0's write) after step 40, " \
+           "no step for 10.0 s, at io.py:3 in write; printed nothing" in text
+    assert "rank 0: waiting in" in text and "last line: 'epoch 3 loss 0.1'" in text
+    assert hb.diagnose({0: _record(0, 1, "training")}) is None  # no timeout: no hang
+
+
+def test_a_rank_nccl_aborted_counts_as_waiting_and_dumps_are_named(tmp_path: Path) -> None:
+    beats = {0: _record(0, 9, "training"), 1: _record(1, 8, "training"),
+             2: _record(2, 9, "training")}
+    dump = tmp_path / f"{hb.FLIGHT_RECORDER_PREFIX}0"
+    text = hb.diagnose(beats, dumps=[dump], aborted=frozenset({0, 2}), now=110.0)
+    assert text is not None
+    assert "rank(s) 0, 2 waited in the gradient all-reduce of step 10, which rank(s) 1" in text
+    assert "NCCL's watchdog" in text and str(dump) in text
+    assert "torch.distributed.flight_recorder.fr_trace" in text
+
+
+def test_the_watch_stops_the_workers_reports_and_cleans_up(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TORCH_FR_BUFFER_SIZE", raising=False)
+    monkeypatch.delenv("TORCH_NCCL_TRACE_BUFFER_SIZE", raising=False)
+    monkeypatch.setenv("TORCH_FR_DUMP_TEMP_FILE", "/users/own/prefix_")  # the user's: kept
+    stopped = threading.Event()
+    out = tmp_path / "out"
+    watch = hb.HangWatch(stopped.set, out, flight_recorder=True, settle_s=0.2, poll_s=0.02)
+    with watch.installed():
+        directory = Path(os.environ[hb.HEARTBEAT_ENV])
+        assert os.environ["TORCH_FR_BUFFER_SIZE"] == "2000"
+        assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == "/users/own/prefix_"
+        (directory / f"{hb.FLIGHT_RECORDER_PREFIX}1").write_text("dump")
+        late = hb.Heartbeat(directory, 1, 2)
+        late.write()
+        waiting = hb.Heartbeat(directory, 0, 2)
+        waiting.failed("timeout", RuntimeError("Timed out waiting 3000ms for recv"))
+        assert stopped.wait(5)
+    assert watch.report is not None and "rank(s) 1 did not reach" in watch.report
+    assert (out / "flight_recorder" / f"{hb.FLIGHT_RECORDER_PREFIX}1").read_text() == "dump"
+    assert str(out / "flight_recorder") in watch.report
+    assert not directory.exists()
+    assert hb.HEARTBEAT_ENV not in os.environ and "TORCH_FR_BUFFER_SIZE" not in os.environ
+    assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == "/users/own/prefix_"
+
+
+def test_a_peer_that_went_away_does_not_trigger_the_watch(tmp_path: Path) -> None:
+    stopped = threading.Event()
+    watch = hb.HangWatch(stopped.set, poll_s=0.02)
+    with watch.installed():
+        directory = Path(os.environ[hb.HEARTBEAT_ENV])
+        hb.Heartbeat(directory, 0, 2).failed("peer", RuntimeError("Connection closed by peer"))
+        assert not stopped.wait(0.3)
+    assert watch.report is None
+    assert hb.HEARTBEAT_ENV not in os.environ
+
+
+@pytest.mark.parametrize(("error", "kind"), [
+    (RuntimeError("[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms for "
+                  "recv operation to complete"), "timeout"),
+    (dist.DistBackendError("Watchdog caught collective operation timeout: WorkNCCL(...)"),
+     "timeout"),
+    (RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+                  "[127.0.0.1]:4242"), "peer"),
+    (RuntimeError("DataLoader timed out after 5 seconds"), None),  # not a collective
+    (RuntimeError("CUDA out of memory"), None),
+    (ValueError("shapes do not match"), None),
+])
+def test_collective_errors_are_told_apart(error: BaseException, kind: str | None) -> None:
+    assert hb.collective_failure(error) == kind
+
+
+def test_the_hang_fault_blocks_only_its_step_and_rank() -> None:
+    assert hang_plan_from_env(1, {}) is None
+    assert hang_plan_from_env(0, {"TORCHGPU_FAULT_HANG_AT_STEP": "3",
+                                  "TORCHGPU_FAULT_RANK": "1"}) is None
+    plan = hang_plan_from_env(1, {"TORCHGPU_FAULT_HANG_AT_STEP": "3",
+                                  "TORCHGPU_FAULT_RANK": "1"})
+    assert plan == HangPlan(3)
+    for bad in ("0", "x", "-2"):
+        with pytest.raises(ConfigError, match="TORCHGPU_FAULT_HANG_AT_STEP"):
+            hang_plan_from_env(0, {"TORCHGPU_FAULT_HANG_AT_STEP": bad})
+    steps = [0]
+    loss = plan.wrap(lambda out, target: out + target, lambda: steps[0])
+    assert loss(1, 2) == 3  # step 1: runs
+    steps[0] = 2  # step 3 is next: blocks for good (checked from a thread)
+    blocked = threading.Thread(target=loss, args=(1, 2), daemon=True)
+    out = io.StringIO()
+    sys_stdout = sys.stdout
+    try:
+        sys.stdout = out
+        blocked.start()
+        blocked.join(0.3)
+    finally:
+        sys.stdout = sys_stdout
+    assert blocked.is_alive()
+    assert "hanging before step 3's gradient all-reduce" in out.getvalue()
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+def test_collective_timeout_must_be_positive_seconds(value: str) -> None:
+    from torchgpu.cli.train import config_from_argv
+    from torchgpu.train.config import validate
+
+    config = config_from_argv(["--collective-timeout", value])
+    with pytest.raises(ConfigError, match="--collective-timeout"):
+        validate(config)
+
+
+def test_collective_timeout_reaches_the_workers_and_fit() -> None:
+    from torchgpu.cli.train import config_from_argv, worker_argv
+    from torchgpu.train.fit import SETTINGS
+
+    config = config_from_argv(["--collective-timeout", "12.5"])
+    assert math.isclose(config.collective_timeout, 12.5)
+    argv = worker_argv(config)
+    assert argv[argv.index("--collective-timeout") + 1] == "12.5"
+    assert "collective_timeout" in SETTINGS
