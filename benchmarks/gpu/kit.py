@@ -223,10 +223,20 @@ def check_devices(step_dir: Path, log: Path, ctx: Ctx) -> str | None:
     return None
 
 
+def check_hang(step_dir: Path, log: Path, ctx: Ctx) -> str | None:
+    """The planted hang (rank 1 before step 3) must be named; on NCCL with its dumps."""
+    text = log.read_text(errors="replace")
+    if "the run hung" not in text or "rank(s) 1 did not reach" not in text:
+        return "the launcher did not name rank 1 as the rank that did not arrive"
+    if ctx.device == "cuda" and "flight_recorder" not in text:
+        return "no NCCL flight-recorder dump was named"
+    return None
+
+
 CHECKS: dict[str, Callable[[Path, Path, Ctx], str | None]] = {
     "train": check_train, "auto_batch": check_auto_batch, "oom_backoff": check_oom_backoff,
     "memory_snapshot": check_memory_snapshot, "estimate": check_estimate,
-    "devices": check_devices,
+    "devices": check_devices, "hang": check_hang,
 }
 
 

@@ -12,10 +12,7 @@ bulky run outputs (``runs/gpu-kit/<gpu-tag>``, not packed), ``{name}`` the step'
 ``{threads}`` CPU threads for CPU rows. An argument that is exactly ``{cuda_test_files}``
 becomes the CPU suite's test files that mention CUDA (see :func:`cuda_test_files`).
 
-Adding a step is one line. The planned ones, once their flags exist, e.g.::
-
-    Step("train-flight-recorder", "multi", 60, train("--nproc", "2", "--strategy", "ddp",
-         "--flight-recorder"), needs="2gpus", check="files:flight_recorder"),
+Adding a step is one line.
 """
 
 from __future__ import annotations
@@ -184,6 +181,12 @@ STEPS: tuple[Step, ...] = (
     Step("multi-train-pipeline", "multi", 60, train("--strategy", "pipeline", "--devices",
          TWO, "--chunks", "4", "--data-size", "3072", "--batch-size", "128", device=None),
          needs="2gpus", outputs="train", check="train"),
+    Step("multi-train-hang", "multi", 45, train("--strategy", "ddp", "--nproc", "2",
+         "--data-size", "3072", "--batch-size", "64", "--collective-timeout", "15",
+         device="cuda"), needs="2gpus", ok_rcs=(1,), check="hang",
+         env=(("TORCHGPU_FAULT_HANG_AT_STEP", "3"), ("TORCHGPU_FAULT_RANK", "1")),
+         note="NCCL: a planted hang named by the launcher, the flight recorder's dumps under "
+         "OUT/flight_recorder"),
 )
 
 

@@ -77,3 +77,27 @@ def test_rank_0_hanging_under_accumulation_is_named_too(tmp_path: Path) -> None:
     assert "Traceback" not in err, err[-3000:]
     # step 1's checkpoint is there to resume from
     assert (tmp_path / "run" / "checkpoints" / "step-00000001").is_dir()
+
+
+def test_a_hang_in_a_users_fit_script_under_launch_is_named(tmp_path: Path) -> None:
+    """The same for the user's own model: torchgpu.fit on a causal LM (dict batches) in a
+    script started by `torchgpu launch --nproc 2`."""
+    script = Path(__file__).with_name("fit_lm_script.py")
+    args = ["launch", "--nproc", "2", str(script), str(tmp_path / "run"), "4", "samples=400",
+            f"collective_timeout={TIMEOUT_S}"]
+    with Session(args, tmp_path, TORCHGPU_FAULT_HANG_AT_STEP="4",
+                 TORCHGPU_FAULT_RANK="1") as run:
+        deadline = time.monotonic() + 90
+        while "fault injection: hanging" not in run.stdout():
+            assert run.proc.poll() is None and time.monotonic() < deadline, run.stderr()[-3000:]
+            run.look()
+            time.sleep(0.05)
+        hung = time.monotonic()
+        code = run.wait(TIMEOUT_S + MARGIN_S + 30)
+        took = time.monotonic() - hung
+    assert not run.leftovers, f"processes left running: {run.leftovers}"
+    err = run.stderr()
+    assert code == 1, err[-3000:]
+    assert took < TIMEOUT_S + MARGIN_S, f"the run ended {took:.1f} s after the hang"
+    assert ("rank(s) 0 waited for 3 s in the gradient all-reduce of step 4, which rank(s) 1 "
+            "did not reach") in err, err[-3000:]
