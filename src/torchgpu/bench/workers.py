@@ -29,6 +29,7 @@ import importlib
 import os
 import queue
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from types import TracebackType
@@ -63,16 +64,33 @@ def _context() -> Any:
 def _signals_held() -> Iterator[None]:
     """Hold SIGINT/SIGTERM (delivered on leaving) while workers start: raised between a
     worker's fork and its record in the group, they would leave a worker that
-    :meth:`WorkerGroup.close` does not know. (Workers unblock them first thing.)"""
-    held = {signal.SIGINT, signal.SIGTERM}
-    if not hasattr(signal, "pthread_sigmask"):
+    :meth:`WorkerGroup.close` does not know, which then fails to unpickle its queues once
+    this process is gone (a traceback from the fork server). Blocking the signals in this
+    thread is not enough: the queues' feeder threads do not block them, the kernel hands
+    the signal to one of those, and Python runs the handler in this thread at once. So
+    the handlers themselves are replaced by one that records, and what arrived is raised
+    again on leaving. (The mask stays for spawned children, which unblock first thing.)"""
+    held = (signal.SIGINT, signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    arrived: list[int] = []
+
+    def record(signum: int, frame: object) -> None:
+        arrived.append(signum)
+
+    previous = {sig: signal.signal(sig, record) for sig in held}
+    mask = (signal.pthread_sigmask(signal.SIG_BLOCK, set(held))
+            if hasattr(signal, "pthread_sigmask") else None)
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        if mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for signum in dict.fromkeys(arrived):  # each once, in arrival order
+            signal.raise_signal(signum)
 
 
 def _resolve(factory: str) -> Callable[..., tuple[Step, Stats]]:
