@@ -159,9 +159,13 @@ def test_summary_estimate_next_to_the_peak(tmp_path: Path) -> None:
     assert device["peak_memory_bytes"] > 0
 
 
-def test_no_estimate_unless_asked_or_planned() -> None:
+def test_no_estimate_on_cpu_unless_asked_or_planned() -> None:
     entry = memory_estimate(TrainConfig(), None, task=None, mode="single", world=1)
     assert entry == {"source": None, "note": NOT_ASKED}
+    # a CUDA run always estimates (here a missing task makes it fail, which is recorded)
+    cuda = memory_estimate(TrainConfig(), None, task=None, mode="single", world=1,
+                           device="cuda:0")
+    assert cuda["source"] is None and cuda["note"].startswith("estimate_memory failed")
     devices: list[dict[str, Any]] = [{"rank": 0}]
     annotate_devices(devices, entry)
     assert devices == [{"rank": 0}]
@@ -194,6 +198,10 @@ def test_real_cuda_snapshot_and_oom(tmp_path: Path, capsys: pytest.CaptureFixtur
     snapshot = pickle.loads(Path(files["pickle"]).read_bytes())
     assert snapshot["device_traces"] and any(snapshot["device_traces"])
     assert "<table" in Path(files["html"]).read_text()
+    # every CUDA run checks the estimate against the measured peak
+    assert result.summary["memory_estimate"]["source"] == "estimate_memory"
+    device = result.summary["devices"][0]
+    assert device["estimated_peak_bytes"] > 0 and device["peak_memory_bytes"] > 0
     recorder = ms.MemoryRecorder(Net(), tmp_path / "oom", rank=0, record=True)
     recorder.arm()
     try:

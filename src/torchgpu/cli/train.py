@@ -123,7 +123,7 @@ def _parser() -> ArgumentParser:
                      "OUT/memory_snapshot.pickle and .html")
     see.add_argument("--estimate-memory", action="store_true",
                      help="put the planner's memory estimate next to the measured peak in "
-                     "summary.json (about a second)")
+                     "summary.json on CPU too (CUDA runs always do; about a second)")
     return p
 
 

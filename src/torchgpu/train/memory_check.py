@@ -1,14 +1,16 @@
 """The planner's memory estimate next to the measured peak, in ``summary.json``.
 
-Every run records ``peak_memory_bytes`` per device. When an estimate is cheap this adds
-``estimated_peak_bytes`` beside it, so each such run checks the estimator:
+Every run records ``peak_memory_bytes`` per device and, on CUDA, the estimate beside it
+(``estimated_peak_bytes``), so each GPU run checks the estimator:
 
 - ``--strategy auto`` ran the planner (a big step): its row for the strategy that ran
   (``source: "planner"``), no extra work;
-- ``--estimate-memory`` (``fit(estimate_memory=True)``): :func:`torchgpu.estimate_memory`
-  on the run's model and a batch of its data, about a second on fake tensors
-  (``source: "estimate_memory"``);
-- otherwise nothing is estimated and ``memory_estimate`` says so (``source: null``).
+- a CUDA run, or ``--estimate-memory`` (``fit(estimate_memory=True)``) on any device:
+  :func:`torchgpu.estimate_memory` on the run's model and a batch of its data after
+  training, about a second on fake tensors (``source: "estimate_memory"``);
+- otherwise (CPU, not asked) nothing is estimated and ``memory_estimate`` says why
+  (``source: null``): a CPU peak is the process's resident memory, Python and the data
+  set included, so the comparison says little there and would cost a short run ~10%.
 
 The estimate leaves out the CUDA context (~0.3-0.5 GiB) and on CPU compares with the
 process's peak resident memory, which includes Python and the data set: read the
@@ -22,8 +24,9 @@ from typing import Any
 from torchgpu.train import strategies
 from torchgpu.train.config import TrainConfig
 
-NOT_ASKED = ("not estimated: pass --estimate-memory (about a second) to compare the "
-             "planner's estimate with the measured peak")
+NOT_ASKED = ("not estimated on CPU (its peak is the process's resident memory, Python and "
+             "data included): pass --estimate-memory (about a second) to compare the "
+             "planner's estimate with the measured peak anyway")
 
 
 def from_plan(plan: Any, mode: str) -> dict[str, Any] | None:
@@ -78,7 +81,7 @@ def memory_estimate(config: TrainConfig, plan: Any | None, task: Any, mode: str,
         found = from_plan(plan, mode)
         if found is not None:
             return found
-    if not config.estimate_memory:
+    if not (config.estimate_memory or device.startswith("cuda")):
         return {"source": None, "note": NOT_ASKED}
     try:
         return from_estimator(config, task, mode, world, device)
