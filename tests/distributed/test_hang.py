@@ -5,17 +5,22 @@ good before a step's gradient all-reduce by the test-only fault hook
 (TORCHGPU_FAULT_HANG_AT_STEP / TORCHGPU_FAULT_RANK): the run must end within the
 `--collective-timeout` plus a small margin after the hang, exit 1, print one paragraph
 naming the rank that did not arrive, the step and the collective, where each rank was
-and its last line, and leave no process behind.
+and its last line, and leave no process behind. And a launcher killed with SIGKILL (no
+handler runs) does not leave its workers training unseen: they stop, saved.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.distributed.proctree import Session
+from tests.distributed.proctree import Session, running
+from torchgpu.checkpoint import verify_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -101,3 +106,29 @@ def test_a_hang_in_a_users_fit_script_under_launch_is_named(tmp_path: Path) -> N
     assert took < TIMEOUT_S + MARGIN_S, f"the run ended {took:.1f} s after the hang"
     assert ("rank(s) 0 waited for 3 s in the gradient all-reduce of step 4, which rank(s) 1 "
             "did not reach") in err, err[-3000:]
+
+
+def test_workers_of_a_killed_launcher_stop_saved_and_leave_nothing(tmp_path: Path) -> None:
+    """SIGKILL to the launcher runs no handler: its workers see their parent change (the
+    heartbeat thread), stop at one step boundary with a checkpoint, and exit."""
+    out = tmp_path / "run"
+    args = [*COMMON[:-2], "--epochs", "100000", "--save-every", "50", "--keep-last", "2",
+            "--out", str(out)]
+    with Session(args, tmp_path) as run:
+        run.wait_for(out / "checkpoints" / "latest")
+        workers = [run.worker(0), run.worker(1)]
+        os.kill(run.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        deadline = killed + 30
+        while any(running(p) for p in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        took = time.monotonic() - killed
+    assert not run.leftovers, f"processes left running: {run.leftovers}"
+    assert took < 15, f"workers ran {took:.1f} s after the launcher was killed"
+    assert "the launcher (pid" in run.stderr()
+    latest = (out / "checkpoints" / "latest").read_text().strip()
+    verify_checkpoint(out / "checkpoints" / latest)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stopped_early"] and "SIGTERM" in summary["stop_reason"]
+    assert summary["stop_steps_by_rank"][0] == summary["stop_steps_by_rank"][1]
+    assert f"step-{summary['stopped_at_step']:08d}" == latest

@@ -128,6 +128,8 @@ class Heartbeat:
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._main = threading.main_thread().ident
+        self._parent = os.getppid()  # the launcher; a new parent means it died
+        self.orphaned = False
 
     @classmethod
     def from_env(cls) -> Heartbeat | None:
@@ -202,6 +204,23 @@ class Heartbeat:
     def _tick(self) -> None:
         while not self._done.wait(TICK_S):
             self.write()
+            if not self.orphaned and os.getppid() != self._parent:
+                self._orphaned()
+
+    def _orphaned(self) -> None:
+        """The launcher died without ending this worker (SIGKILL runs no handler): stop as
+        on SIGTERM -- at the next step boundary every rank agrees on, with a checkpoint
+        when saving -- instead of training on unseen; the launcher's heartbeat directory
+        goes with the last rank."""
+        with self._lock:
+            self.orphaned = True
+        print(f"torchgpu: the launcher (pid {self._parent}) is gone: rank {self.rank} stops "
+              "at the next step boundary, as on SIGTERM.", file=sys.stderr, flush=True)
+        with suppress(OSError):
+            self.path.unlink()
+        with suppress(OSError):
+            self.path.parent.rmdir()  # the last rank's removal empties it
+        os.kill(os.getpid(), signal.SIGTERM)
 
     def _stack(self) -> list[str]:
         frame = sys._current_frames().get(self._main or 0)
@@ -211,8 +230,10 @@ class Heartbeat:
         return [f"{Path(f.filename).name}:{f.lineno} in {f.name}" for f in reversed(frames)]
 
     def write(self) -> None:
-        """Replace the file with the current values (best-effort)."""
+        """Replace the file with the current values (best-effort; none once orphaned)."""
         with self._lock:
+            if self.orphaned:
+                return
             self._poll()
             now = time.time()
             record = {"rank": self.rank, "world_size": self.world_size, "pid": os.getpid(),
