@@ -37,8 +37,15 @@ COMMON = ["train", "--example", "housing", "--data-size", "200", "--batch-size",
 def _hang(tmp_path: Path, rank: int, step: int, *extra: str) -> tuple[int, str, float]:
     """Run with ``rank`` hanging before step ``step``; (exit code, stderr, seconds from the
     hang to the launcher's exit)."""
-    with Session([*COMMON, *extra, "--out", str(tmp_path / "run")], tmp_path,
-                 TORCHGPU_FAULT_HANG_AT_STEP=str(step), TORCHGPU_FAULT_RANK=str(rank)) as run:
+    return _until_exit(Session([*COMMON, *extra, "--out", str(tmp_path / "run")], tmp_path,
+                               TORCHGPU_FAULT_HANG_AT_STEP=str(step),
+                               TORCHGPU_FAULT_RANK=str(rank)))
+
+
+def _until_exit(session: Session) -> tuple[int, str, float]:
+    """Wait for ``session``'s planted hang, then for its exit; (exit code, stderr, seconds
+    from the hang to the exit). No process may be left."""
+    with session as run:
         deadline = time.monotonic() + 90
         while "fault injection: hanging" not in run.stdout():
             assert run.proc.poll() is None and time.monotonic() < deadline, run.stderr()[-3000:]
@@ -90,18 +97,8 @@ def test_a_hang_in_a_users_fit_script_under_launch_is_named(tmp_path: Path) -> N
     script = Path(__file__).with_name("fit_lm_script.py")
     args = ["launch", "--nproc", "2", str(script), str(tmp_path / "run"), "4", "samples=400",
             f"collective_timeout={TIMEOUT_S}"]
-    with Session(args, tmp_path, TORCHGPU_FAULT_HANG_AT_STEP="4",
-                 TORCHGPU_FAULT_RANK="1") as run:
-        deadline = time.monotonic() + 90
-        while "fault injection: hanging" not in run.stdout():
-            assert run.proc.poll() is None and time.monotonic() < deadline, run.stderr()[-3000:]
-            run.look()
-            time.sleep(0.05)
-        hung = time.monotonic()
-        code = run.wait(TIMEOUT_S + MARGIN_S + 30)
-        took = time.monotonic() - hung
-    assert not run.leftovers, f"processes left running: {run.leftovers}"
-    err = run.stderr()
+    code, err, took = _until_exit(Session(args, tmp_path, TORCHGPU_FAULT_HANG_AT_STEP="4",
+                                          TORCHGPU_FAULT_RANK="1"))
     assert code == 1, err[-3000:]
     assert took < TIMEOUT_S + MARGIN_S, f"the run ended {took:.1f} s after the hang"
     assert ("rank(s) 0 waited for 3 s in the gradient all-reduce of step 4, which rank(s) 1 "
