@@ -24,13 +24,16 @@ import statistics
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import SupportsIndex, TypeVar
 
 import torch
 from torch import nn
+from torch.autograd.graph import Node
 
 from torchgpu.errors import BalanceError
 from torchgpu.parallel.microbatch import map_tensors, tensors_in
+
+T = TypeVar("T")
 
 
 def even_balance(n_layers: int, parts: int) -> list[int]:
@@ -119,34 +122,35 @@ def validate_balance(
             f"at least one layer; use at most {n_layers} devices or split the model into more "
             "layers"
         )
-    if not all(isinstance(b, int) and not isinstance(b, bool) for b in values):
+    counts = [b for b in values if isinstance(b, int) and not isinstance(b, bool)]
+    if len(counts) != len(values):
         raise BalanceError(
             f"balance {values} must be a list of integers (layers per stage); {suggestion()}"
         )
-    if len(values) != parts:
+    if len(counts) != parts:
         raise BalanceError(
-            f"balance {values} has {len(values)} stages but {parts} devices were given: give one "
+            f"balance {counts} has {len(counts)} stages but {parts} devices were given: give one "
             f"layer count per device; {suggestion()}"
         )
-    if any(b <= 0 for b in values):
+    if any(b <= 0 for b in counts):
         raise BalanceError(
-            f"balance {values} has an empty stage: every stage needs at least one layer; "
+            f"balance {counts} has an empty stage: every stage needs at least one layer; "
             f"{suggestion()}"
         )
-    if sum(values) != n_layers:
+    if sum(counts) != n_layers:
         raise BalanceError(
-            f"balance {values} covers {sum(values)} layers but the model has {n_layers}: the "
+            f"balance {counts} covers {sum(counts)} layers but the model has {n_layers}: the "
             f"counts "
             f"must add up to {n_layers}; {suggestion()}"
         )
-    return values
+    return counts
 
 
-def _as_count(value: Any) -> Any:
+def _as_count(value: object) -> object:
     """``value`` as a Python int when it is an integer of any kind (numpy and 0-d torch
     integers included); anything else (a float, a bool, a string) unchanged, for the
     caller to refuse."""
-    if isinstance(value, bool):
+    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
         return value
     try:
         return operator.index(value)
@@ -157,11 +161,11 @@ def _as_count(value: Any) -> Any:
 # --------------------------------------------------------------------------- profiling
 
 
-def _tensors(obj: Any) -> list[torch.Tensor]:
+def _tensors(obj: object) -> list[torch.Tensor]:
     return tensors_in(obj)
 
 
-def _detach_to(obj: Any, device: torch.device, grad: bool) -> Any:
+def _detach_to(obj: T, device: torch.device, grad: bool) -> T:
     """A fresh copy of ``obj``'s tensors on ``device``, cut from any graph. With
     ``grad``, floating tensors are non-leaf tensors requiring grad, as a stage's input
     is in a pipeline: an in-place first layer (``ReLU(inplace=True)``) works on them
@@ -176,7 +180,7 @@ def _detach_to(obj: Any, device: torch.device, grad: bool) -> Any:
     return map_tensors(fresh, obj)
 
 
-def _sample_device(sample: Any) -> torch.device:
+def _sample_device(sample: object) -> torch.device:
     tensors = _tensors(sample)
     return tensors[0].device if tensors else torch.device("cpu")
 
@@ -186,18 +190,18 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _backward(out: Any) -> None:
+def _backward(out: object) -> None:
     outs = [t for t in _tensors(out) if t.requires_grad]
     if outs:
         torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
 
 
-def _grad_leaves(out: Any) -> list[torch.Tensor]:
+def _grad_leaves(out: object) -> list[torch.Tensor]:
     """The leaf tensors requiring grad that ``out``'s autograd graph reaches: the
     tensors a backward from ``out`` would accumulate a gradient into."""
     leaves = [t for t in _tensors(out) if t.requires_grad and t.grad_fn is None]
-    stack: list[Any] = [t.grad_fn for t in _tensors(out) if t.grad_fn is not None]
-    visited: list[Any] = []  # kept alive so that ids stay unique during the walk
+    stack: list[Node | None] = [t.grad_fn for t in _tensors(out) if t.grad_fn is not None]
+    visited: list[Node] = []  # kept alive so that ids stay unique during the walk
     seen: set[int] = set()
     while stack:
         node = stack.pop()
@@ -212,14 +216,14 @@ def _grad_leaves(out: Any) -> list[torch.Tensor]:
     return leaves
 
 
-def saved_bytes(layer: nn.Module, x: Any) -> tuple[int, Any]:
+def saved_bytes(layer: nn.Module, x: object) -> tuple[int, object]:
     """Bytes ``layer(x)`` saves for backward (unique storages, parameters excluded)
     and the output."""
     saved, _created, y = _profile_bytes(layer, x)
     return saved, y
 
 
-def _profile_bytes(layer: nn.Module, x: Any) -> tuple[int, int, Any]:
+def _profile_bytes(layer: nn.Module, x: object) -> tuple[int, int, object]:
     """``(saved, created, output)`` of ``layer(x)``: bytes saved for backward, and bytes
     of the tensors requiring grad that the layer made itself (a weight built in
     forward): like a parameter such a tensor lives until backward and gets a gradient
@@ -266,7 +270,7 @@ def _probe(layer: nn.Module, device: torch.device) -> nn.Module:
 
 
 def layer_sizes(
-    layers: Iterable[nn.Module], sample: Any | None = None, param_scale: float = 2.0
+    layers: Iterable[nn.Module], sample: object | None = None, param_scale: float = 2.0
 ) -> list[int]:
     """Bytes per layer: ``param_scale`` x parameter bytes, plus (with ``sample``) the
     bytes the layer saves for backward on that sample (unique storages, parameters
@@ -299,7 +303,7 @@ def layer_sizes(
 def balance_by_size(
     layers: Sequence[nn.Module],
     partitions: int,
-    sample: Any | None = None,
+    sample: object | None = None,
     param_scale: float = 2.0,
 ) -> list[int]:
     """Balance so each stage holds about the same bytes (see :func:`layer_sizes`)."""
@@ -309,7 +313,7 @@ def balance_by_size(
 
 def layer_times(
     layers: Iterable[nn.Module],
-    sample: Any,
+    sample: object,
     device: torch.device | str | None = None,
     runs: int = 5,
     warmup: int = 1,
@@ -326,7 +330,7 @@ def layer_times(
         for layer in layers:
             probe = _probe(layer, dev)
             samples: list[float] = []
-            y: Any = None
+            y: object = None
             for r in range(warmup + runs):
                 inp = _detach_to(x, dev, grad=True)
                 _sync(dev)
@@ -345,7 +349,7 @@ def layer_times(
 def balance_by_time(
     layers: Sequence[nn.Module],
     partitions: int,
-    sample: Any,
+    sample: object,
     device: torch.device | str | None = None,
     runs: int = 5,
     warmup: int = 1,

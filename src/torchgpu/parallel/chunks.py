@@ -83,7 +83,7 @@ class ChunkChoice:
             )
         return "\n".join(lines)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """JSON-ready form."""
         return {"chunks": self.chunks, "table": [vars(r) for r in self.table]}
 
@@ -173,7 +173,7 @@ class PipelineLike(Protocol):
     owner ``module``, ``devices``, ``output_device``, parameters and a call."""
 
     chunks: int
-    __call__: Callable[..., Any]
+    __call__: Callable[..., object]
 
     @property
     def module(self) -> nn.Module: ...
@@ -189,8 +189,8 @@ class PipelineLike(Protocol):
 
 def time_chunks(
     pipe: PipelineLike,
-    sample_input: Any,
-    sample_target: Any,
+    sample_input: object,
+    sample_target: object,
     loss_fn: Callable[[Any, Any], torch.Tensor],
     candidates: Sequence[int] | None = None,
     steps: int = 3,

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeAlias
+from typing import Any, TypeVar
 
 import torch
 
 from torchgpu.errors import ConfigError, MicroBatchTypeError
 
-Batch: TypeAlias = torch.Tensor | tuple[Any, ...] | list[Any] | dict[Any, Any]
+T = TypeVar("T")
 
 #: Non-tensor values passed through unchanged (they must agree between micro-batches).
 _PLAIN = (str, bytes, int, float, complex, bool, torch.dtype, torch.device)
@@ -39,7 +39,7 @@ _JOIN_RULE = (
 )
 
 
-def tensors_in(obj: Any) -> list[torch.Tensor]:
+def tensors_in(obj: object) -> list[torch.Tensor]:
     """The tensors inside ``obj`` (a tensor, or tuples, lists and dicts of them), in order."""
     if isinstance(obj, torch.Tensor):
         return [obj]
@@ -50,16 +50,16 @@ def tensors_in(obj: Any) -> list[torch.Tensor]:
     return []
 
 
-def map_tensors(fn: Callable[[torch.Tensor], Any], obj: Any) -> Any:
+def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], obj: T) -> T:
     """``obj`` with every tensor ``t`` inside it replaced by ``fn(t)``; same structure.
 
     A tensor object held at several places (``(h, h)``, one tensor under two keys) is
     mapped once and the result placed at each: a copy or a move keeps the aliasing, so
     a layer changing one in place changes "both", as in the plain model.
     """
-    memo: dict[int, Any] = {}  # id(tensor) -> fn(tensor); obj keeps the tensors alive
+    memo: dict[int, torch.Tensor] = {}  # id(tensor) -> fn(tensor); obj keeps the tensors alive
 
-    def walk(item: Any) -> Any:
+    def walk(item: object) -> Any:  # a rebuilt container: its type is only known at run time
         if isinstance(item, torch.Tensor):
             if id(item) not in memo:
                 memo[id(item)] = fn(item)
@@ -70,10 +70,11 @@ def map_tensors(fn: Callable[[torch.Tensor], Any], obj: Any) -> Any:
             return _rebuild_mapping(item, {k: walk(v) for k, v in item.items()})
         return item
 
-    return walk(obj)
+    result: T = walk(obj)
+    return result
 
 
-def batch_size(batch: Batch) -> int:
+def batch_size(batch: object) -> int:
     """The size of dim 0 shared by the tensors of ``batch``.
 
     Raises MicroBatchTypeError (a ConfigError and TypeError) when ``batch`` holds no
@@ -111,7 +112,7 @@ def chunk_sizes(total: int, chunks: int) -> list[int]:
     return [q + 1 if i < r else q for i in range(n)]
 
 
-def scatter(batch: Batch, chunks: int) -> list[Batch]:
+def scatter(batch: T, chunks: int) -> list[T]:
     """Split ``batch`` along dim 0 into ``min(chunks, batch size)`` micro-batches.
 
     Each micro-batch has the structure of ``batch``. Tensors are views of the input
@@ -123,27 +124,27 @@ def scatter(batch: Batch, chunks: int) -> list[Batch]:
     return [_split(batch, sizes, i) for i in range(len(sizes))]
 
 
-def _split(obj: Any, sizes: list[int], i: int) -> Any:
+def _split(obj: T, sizes: list[int], i: int) -> T:
     """Micro-batch ``i`` of ``obj`` (non-tensors unchanged)."""
     start = sum(sizes[:i])
     return map_tensors(lambda t: t[start : start + sizes[i]], obj)  # views, no copy
 
 
-def _rebuild_sequence(like: Sequence[Any], items: list[Any]) -> Any:
-    kind: Any = type(like)
+def _rebuild_sequence(like: Sequence[object], items: list[object]) -> object:
+    kind: Callable[..., object] = type(like)
     if hasattr(kind, "_fields"):  # a named tuple takes its fields positionally
         return kind(*items)
     return kind(items)
 
 
-def _rebuild_mapping(like: Mapping[Any, Any], values: dict[Any, Any]) -> Any:
-    kind: Any = type(like)
+def _rebuild_mapping(like: Mapping[object, object], values: dict[Any, object]) -> object:
+    kind: Callable[..., object] = type(like)
     if kind is dict:
         return values
     # Dataclass-like outputs (transformers' ModelOutput) take their fields as keywords;
     # OrderedDict, UserDict and BatchEncoding-like types take one mapping.
     keywords = dataclasses.is_dataclass(kind) and all(isinstance(k, str) for k in values)
-    attempts: list[Callable[[], Any]] = [lambda: kind(**values), lambda: kind(values)]
+    attempts: list[Callable[[], object]] = [lambda: kind(**values), lambda: kind(values)]
     errors: list[str] = []
     for attempt in attempts if keywords else attempts[::-1]:
         try:
@@ -151,14 +152,14 @@ def _rebuild_mapping(like: Mapping[Any, Any], values: dict[Any, Any]) -> Any:
         except TypeError as exc:
             errors.append(str(exc))
     raise MicroBatchTypeError(
-        f"cannot rebuild a {kind.__name__} from its micro-batch parts ({'; '.join(errors)}): "
+        f"cannot rebuild a {type(like).__name__} from its micro-batch parts ({'; '.join(errors)}): "
         "return or pass a plain dict instead"
     )
 
 
 def gather(
-    outputs: Sequence[Any], source: str = "the last layer", rows: Sequence[int] | None = None
-) -> Any:
+    outputs: Sequence[object], source: str = "the last layer", rows: Sequence[int] | None = None
+) -> object:
     """Concatenate micro-batch outputs along dim 0 (the inverse of ``scatter``).
 
     Tensors are concatenated, tuples/lists/dicts joined item by item (any depth), and
@@ -195,7 +196,7 @@ def gather(
     return _join(list(outputs), "the output", source, rows)
 
 
-def _describe(value: Any) -> str:
+def _describe(value: object) -> str:
     if value is None:
         return "None"
     text = repr(value)
@@ -221,7 +222,9 @@ def _check_rows(parts: list[torch.Tensor], rows: Sequence[int], path: str, sourc
         )
 
 
-def _join(parts: list[Any], path: str, source: str, rows: Sequence[int] | None = None) -> Any:
+def _join(
+    parts: list[object], path: str, source: str, rows: Sequence[int] | None = None
+) -> object:
     first = parts[0]
     if any(type(p) is not type(first) for p in parts):
         kinds = sorted({type(p).__name__ for p in parts})
@@ -230,33 +233,39 @@ def _join(parts: list[Any], path: str, source: str, rows: Sequence[int] | None =
             f"({', '.join(kinds)}): {_JOIN_RULE}; return the same structure for every input"
         )
     if isinstance(first, torch.Tensor):
-        if any(p.dim() == 0 for p in parts):
+        tensors = [p for p in parts if isinstance(p, torch.Tensor)]  # all of them (same type)
+        if any(p.dim() == 0 for p in tensors):
             raise MicroBatchTypeError(
                 f"{source} returned a 0-dimensional tensor at {path} (e.g. a loss or a sum over "
                 f"the batch), which has no batch dimension: {_JOIN_RULE}; return per-sample values "
                 "and reduce them outside the pipeline, e.g. loss_fn(pipe(x), y)"
             )
         if rows is not None:
-            _check_rows(parts, rows, path, source)
-        return torch.cat(parts, dim=0)
+            _check_rows(tensors, rows, path, source)
+        return torch.cat(tensors, dim=0)
     if isinstance(first, (tuple, list)):
-        if len({len(p) for p in parts}) != 1:
+        sequences = [p for p in parts if isinstance(p, (tuple, list))]
+        if len({len(p) for p in sequences}) != 1:
             raise MicroBatchTypeError(
                 f"{source} returned {type(first).__name__}s of different lengths at {path}: "
                 f"{_JOIN_RULE}; return the same structure for every input"
             )
         items = [
-            _join([p[k] for p in parts], f"{path}[{k}]", source, rows) for k in range(len(first))
+            _join([p[k] for p in sequences], f"{path}[{k}]", source, rows)
+            for k in range(len(first))
         ]
         return _rebuild_sequence(first, items)
     if isinstance(first, Mapping):
         keys = list(first)
-        if any(list(p) != keys for p in parts):
+        mappings = [p for p in parts if isinstance(p, Mapping)]
+        if any(list(p) != keys for p in mappings):
             raise MicroBatchTypeError(
                 f"{source} returned dicts with different keys at {path}: {_JOIN_RULE}; return "
                 "the same keys for every input"
             )
-        joined = {k: _join([p[k] for p in parts], f"{path}[{k!r}]", source, rows) for k in keys}
+        joined = {
+            k: _join([p[k] for p in mappings], f"{path}[{k!r}]", source, rows) for k in keys
+        }
         return _rebuild_mapping(first, joined)
     number = isinstance(first, (int, float, complex)) and not isinstance(first, bool)
     if rows is not None and number:

@@ -25,7 +25,7 @@ checkpoint of a split model loads into the plain model and back.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 from torch import nn
@@ -44,6 +44,8 @@ from torchgpu.parallel.balance import (
     validate_balance,
 )
 from torchgpu.parallel.microbatch import map_tensors
+
+T = TypeVar("T")
 
 DeviceLike = str | int | torch.device
 BalanceSpec = Sequence[int] | Literal["size", "time"] | None
@@ -170,7 +172,7 @@ def resolve_balance(
     layers: Sequence[nn.Module],
     devices: Sequence[torch.device],
     balance: BalanceSpec,
-    sample: Any | None = None,
+    sample: object | None = None,
 ) -> list[int]:
     """The layer counts per stage for ``balance`` (None: even by layer count)."""
     n, k = len(layers), len(devices)
@@ -201,7 +203,7 @@ def resolve_balance(
     return validate_balance(list(balance), n, k)  # a list, tuple or numpy array of counts
 
 
-def move(obj: Any, device: torch.device) -> Any:
+def move(obj: T, device: torch.device) -> T:
     """Tensors (also inside tuples, named tuples, lists and dicts) moved to ``device``;
     other values unchanged. Copies to CUDA are non-blocking (stream-ordered); copies to
     the CPU block, so the data is there on return."""
@@ -289,7 +291,7 @@ class SplitModel(nn.Module):
         """Where the output lives: move labels here (``y.to(model.output_device)``)."""
         return self.devices[-1]
 
-    def forward(self, x: Any) -> Any:
+    def forward(self, x: object) -> Any:  # the last layer's output
         for stage, device in zip(self.partitions, self.devices, strict=True):
             x = stage(move(x, device))
         return x
@@ -320,7 +322,7 @@ class SplitModel(nn.Module):
                 stage.to(dtype=dtype, non_blocking=non_blocking)
         return self
 
-    def cuda(self, device: Any = None) -> SplitModel:
+    def cuda(self, device: int | torch.device | None = None) -> SplitModel:
         raise _refuse_move(self, ".cuda()")
 
     def cpu(self) -> SplitModel:
@@ -334,7 +336,7 @@ def split_model(
     module: nn.Module | Sequence[nn.Module],
     devices: Sequence[DeviceLike],
     balance: BalanceSpec = None,
-    sample: Any | None = None,
+    sample: object | None = None,
 ) -> SplitModel:
     """Place ``module``'s layers over ``devices`` (one stage per entry; entries may repeat).
 

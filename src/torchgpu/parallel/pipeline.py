@@ -69,7 +69,7 @@ from torchgpu.parallel.model import (
 from torchgpu.parallel.schedule import clock_cycles
 
 CHECKPOINT_MODES = ("never", "except_last", "always")
-Stream = Any  # torch.cuda.Stream on CUDA devices, None on the CPU
+Stream = torch.cuda.Stream | None  # a stream on CUDA devices, None on the CPU
 
 
 # ------------------------------------------------------------------ stream helpers
@@ -99,7 +99,7 @@ def wait_stream(waiter: Stream, source: Stream) -> None:
         waiter.wait_stream(source)
 
 
-def record_stream(obj: Any, stream: Stream) -> None:
+def record_stream(obj: object, stream: Stream) -> None:
     """Mark CUDA tensors in ``obj`` (also inside tuples, lists, dicts) as used on
     ``stream`` (same device only)."""
     if stream is None:
@@ -109,7 +109,7 @@ def record_stream(obj: Any, stream: Stream) -> None:
             t.record_stream(stream)
 
 
-def _device_of(obj: Any) -> torch.device | None:
+def _device_of(obj: object) -> torch.device | None:
     tensors = tensors_in(obj)
     return tensors[0].device if tensors else None
 
@@ -166,9 +166,9 @@ class Pipeline(SplitModel):
         chunks: int | Literal["auto"] = 1,
         checkpoint: str = "except_last",
         deferred_batch_norm: bool = False,
-        sample: Any | None = None,
-        sample_target: Any | None = None,
-        loss_fn: Any | None = None,
+        sample: object | None = None,
+        sample_target: object | None = None,
+        loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
     ) -> None:
         if checkpoint not in CHECKPOINT_MODES:
             raise ConfigError(
@@ -197,11 +197,11 @@ class Pipeline(SplitModel):
         self._chunks = 1
         self._deferred: list[DeferredBatchNorm] = deferred_layers(owner)
         self._streams: list[Stream] = [new_stream(d) for d in devs]
-        self.chunk_choice: Any = None
+        self.chunk_choice: ChunkChoice | None = None
         if chunks == "auto":
             assert loss_fn is not None  # checked above
-            self.chunk_choice = time_chunks(self, sample, sample_target, loss_fn)
-            self._chunks = self.chunk_choice.chunks
+            choice = time_chunks(self, sample, sample_target, loss_fn)
+            self.chunk_choice, self._chunks = choice, choice.chunks
         else:
             self._chunks = _check_chunks(chunks)
 
@@ -227,7 +227,7 @@ class Pipeline(SplitModel):
             return 0
         return m if self.checkpoint == "always" else m - 1
 
-    def forward(self, x: Any) -> Any:
+    def forward(self, x: object) -> Any:  # the last layer's output
         micro = scatter(x, self._chunks)
         m, n = len(micro), len(self.partitions)
         if m > 1 and torch.is_grad_enabled():
@@ -239,7 +239,7 @@ class Pipeline(SplitModel):
         stop = self._checkpoint_stop(m)
         in_device = _device_of(x) or self.devices[0]
         source_streams = [current_stream(in_device)] * m  # where each micro-batch was made
-        batches: list[Any] = list(micro)
+        batches: list[object] = list(micro)
         track: AbstractContextManager[None] = (
             tracking(self._deferred) if self.training else nullcontext()
         )
@@ -263,7 +263,7 @@ class Pipeline(SplitModel):
             batches, f"the pipeline's last layer {self.layer_names[-1]!r} ({last})", rows
         )
 
-    def _run_task(self, j: int, x: Any, source: Stream, use_checkpoint: bool) -> Any:
+    def _run_task(self, j: int, x: object, source: Stream, use_checkpoint: bool) -> object:
         """Stage ``j`` on one micro-batch ``x`` that was produced on stream ``source``."""
         device, stream = self.devices[j], self._streams[j]
         same_device = source is not None and stream is not None and source.device == stream.device
@@ -300,7 +300,7 @@ class _CheckpointedStage:
         self.stage = stage
         self.calls = 0
 
-    def __call__(self, x: Any) -> Any:
+    def __call__(self, x: object) -> object:
         self.calls += 1
         copy = map_tensors(torch.clone, x)
         if self.calls == 1:
@@ -323,7 +323,7 @@ def _running_stats_frozen(module: nn.Module) -> Iterator[None]:
     and, for BatchNorm, no ``num_batches_tracked`` to count up. DeferredBatchNorm
     needs none of this (it accumulates only while the pipeline's forward tracks).
     """
-    changed: list[tuple[nn.Module, str, Any]] = []
+    changed: list[tuple[nn.Module, str, object]] = []
     try:
         for m in module.modules():
             if not (
@@ -346,13 +346,13 @@ def _running_stats_frozen(module: nn.Module) -> Iterator[None]:
 
 def choose_chunks(
     module_or_pipeline: nn.Module,
-    sample_input: Any,
-    sample_target: Any,
+    sample_input: object,
+    sample_target: object,
     loss_fn: Callable[[Any, Any], torch.Tensor],
     candidates: Sequence[int] | None = None,
     steps: int = 3,
     warmup: int = 1,
-    devices: Sequence[Any] | None = None,
+    devices: Sequence[DeviceLike] | None = None,
 ) -> ChunkChoice:
     """Measure training steps of a :class:`Pipeline` for each candidate M and return the
     fastest (the pipeline's ``chunks`` is left unchanged).
@@ -382,9 +382,9 @@ def build_pipeline_model(
     chunks: int | Literal["auto"] = 1,
     checkpoint: str = "except_last",
     deferred_batch_norm: bool = False,
-    sample: Any | None = None,
-    sample_target: Any | None = None,
-    loss_fn: Any | None = None,
+    sample: object | None = None,
+    sample_target: object | None = None,
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
 ) -> SplitModel:
     """One entry for the training loop: ``strategy="model"`` gives :func:`split_model`,
     ``"pipeline"`` a :class:`~torchgpu.parallel.pipeline.Pipeline` (``chunks="auto"``

@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -49,6 +49,14 @@ from torchgpu.parallel.model import (
     named_layers,
     resolve_balance,
 )
+
+if TYPE_CHECKING:
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import (
+        PipelineScheduleMulti,
+        PipelineScheduleSingle,
+    )
+    from torch.distributed.pipelining.stage import _PipelineStageBase
 
 __all__ = [
     "MAX_CACHED_SHAPES", "SCHEDULES", "StagePipeline", "check_schedule", "choose_stage_chunks",
@@ -139,8 +147,8 @@ class StagePipeline:
         chunks: int = 1,
         balance: BalanceSpec = None,
         stages_per_rank: int = 1,
-        sample: Any | None = None,
-        group: Any | None = None,
+        sample: object | None = None,
+        group: dist.ProcessGroup | None = None,
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
@@ -164,13 +172,15 @@ class StagePipeline:
         self.is_first = 0 in self.indices
         self.is_last = self.num_stages - 1 in self.indices
         # (training?, micro-batches, rows each) -> torch schedule over fresh stages
-        self._built: OrderedDict[tuple[bool, int, int], Any] = OrderedDict()
+        self._built: OrderedDict[
+            tuple[bool, int, int], PipelineScheduleSingle | PipelineScheduleMulti
+        ] = OrderedDict()
         self._chunks = chunks
         self._batch_rows = 0  # rows of the batch in flight: the loss weights' denominator
         self._weight = 1.0  # step(weight=): the batch loss's factor in the gradients
 
     def _agree_balance(
-        self, layers: list[nn.Module], balance: BalanceSpec, sample: Any
+        self, layers: list[nn.Module], balance: BalanceSpec, sample: object
     ) -> list[int]:
         devices = [self.device] * self.num_stages
         if balance is None or not isinstance(balance, str):
@@ -202,7 +212,9 @@ class StagePipeline:
             return "loopedbfs"
         return self.schedule_name
 
-    def _schedule(self, training: bool, count: int, each: int) -> Any:
+    def _schedule(
+        self, training: bool, count: int, each: int
+    ) -> PipelineScheduleSingle | PipelineScheduleMulti:
         """torch's schedule for ``count`` micro-batches of ``each`` rows, built once per
         shape on new ``PipelineStage``s over the same modules: a stage fixes its receive
         buffers' shapes at its first step, so another shape needs other stages."""
@@ -217,36 +229,40 @@ class StagePipeline:
             ScheduleLoopedBFS,
         )
 
-        stages: list[Any] = [
+        stages: list[_PipelineStageBase] = [
             _stage_class()(m, i, self.num_stages, self.device, group=self.group)
             for m, i in zip(self.modules, self.indices, strict=True)
         ]
         kind = self.group_schedule(count) if training else "gpipe"
         # scale_grads=False: the loss is pre-weighted by rows/batch rows, and torch's
         # division by the micro-batch count would also shrink gradients accumulated earlier.
-        opts: dict[str, Any] = (
-            {"loss_fn": self._weighted_loss(each), "scale_grads": False} if training else {}
-        )
-        sched: Any
+        # (Without training: torch's defaults, no loss and scale_grads=True.)
+        loss_fn = self._weighted_loss(each) if training else None
+        scale_grads = not training
+        sched: PipelineScheduleSingle | PipelineScheduleMulti
         if self.stages_per_rank > 1:
             multi = ScheduleInterleaved1F1B if kind == "interleaved1f1b" else ScheduleLoopedBFS
-            sched = multi(stages, n_microbatches=count, **opts)
+            sched = multi(stages, n_microbatches=count, loss_fn=loss_fn, scale_grads=scale_grads)
         elif kind == "1f1b":
-            sched = Schedule1F1B(stages[0], n_microbatches=count, **opts)
+            sched = Schedule1F1B(
+                stages[0], n_microbatches=count, loss_fn=loss_fn, scale_grads=scale_grads
+            )
         else:
-            sched = ScheduleGPipe(stages[0], n_microbatches=count, **opts)
+            sched = ScheduleGPipe(
+                stages[0], n_microbatches=count, loss_fn=loss_fn, scale_grads=scale_grads
+            )
         self._built[key] = sched
         if len(self._built) > MAX_CACHED_SHAPES:  # same order on every rank: same batches
             self._built.popitem(last=False)
         return sched
 
-    def _weighted_loss(self, each: int) -> Callable[[Any, Any], torch.Tensor]:
-        def loss(output: Any, target: Any) -> torch.Tensor:
+    def _weighted_loss(self, each: int) -> Callable[[object, object], torch.Tensor]:
+        def loss(output: object, target: object) -> torch.Tensor:
             return self.loss_fn(output, target) * (each * self._weight / self._batch_rows)
 
         return loss
 
-    def _rows(self, x: Any, target: Any, rows: int | None, training: bool) -> int:
+    def _rows(self, x: object, target: object, rows: int | None, training: bool) -> int:
         """The batch's rows, agreed on every rank (see :meth:`step`)."""
         if self.is_first and not isinstance(x, torch.Tensor):
             raise ConfigError(
@@ -258,8 +274,9 @@ class StagePipeline:
                 f"rank {self.rank} holds the last stage, so it needs the labels: call "
                 f"step(x, target) with a tensor, got {type(target).__name__}"
             )
-        seen = {"x": int(x.shape[0])} if self.is_first else {}
-        if training and self.is_last:
+        # (x and target are tensors where needed: checked just above)
+        seen = {"x": int(x.shape[0])} if self.is_first and isinstance(x, torch.Tensor) else {}
+        if training and self.is_last and isinstance(target, torch.Tensor):
             seen["target"] = int(target.shape[0])
         if rows is not None:
             if isinstance(rows, bool) or not isinstance(rows, int):
@@ -298,7 +315,7 @@ class StagePipeline:
         return agreed
 
     def step(
-        self, x: Any = None, target: Any = None, *, rows: int | None = None,
+        self, x: object = None, target: object = None, *, rows: int | None = None,
         weight: float = 1.0,
     ) -> torch.Tensor | None:
         """One forward+backward of the whole batch; the batch loss on the last rank.
@@ -320,8 +337,10 @@ class StagePipeline:
         start = 0
         for count, each in micro_batch_groups(n, self._chunks):
             sched, stop = self._schedule(True, count, each), start + count * each
-            args = (x[start:stop].to(self.device),) if self.is_first else ()
-            if self.is_last:
+            # (_rows checked that the first rank has a tensor x, the last a tensor target)
+            tensor_x = x if self.is_first and isinstance(x, torch.Tensor) else None
+            args = (tensor_x[start:stop].to(self.device),) if tensor_x is not None else ()
+            if self.is_last and isinstance(target, torch.Tensor):
                 got: list[torch.Tensor] = []
                 sched.step(*args, target=target[start:stop].to(self.device), losses=got)
                 losses += got
@@ -333,8 +352,8 @@ class StagePipeline:
         return torch.stack([loss.detach() for loss in losses]).sum() / self._weight
 
     def forward(
-        self, x: Any = None, *, rows: int | None = None, chunks: int | None = None
-    ) -> Any:
+        self, x: object = None, *, rows: int | None = None, chunks: int | None = None
+    ) -> Any:  # the last layer's output
         """The model's output for the batch ``x`` on the last rank (None elsewhere): the
         forward pass only, without gradients, in ``chunks`` micro-batches (default
         :attr:`chunks`; in a one-process group the stages simply run in order). ``rows``:
@@ -343,14 +362,16 @@ class StagePipeline:
         if isinstance(m, bool) or not isinstance(m, int) or m < 1:
             raise ConfigError(f"chunks={m!r} must be a positive integer (micro-batches)")
         n = self._rows(x, None, rows, training=False)
-        outputs: list[Any] = []
+        outputs: list[object] = []
         start = 0
         with torch.no_grad():
-            if self.world_size == 1:  # every stage is here: nothing to pipeline
+            # (_rows checked that the first rank, the only one with one stage, has a tensor)
+            if self.world_size == 1 and isinstance(x, torch.Tensor):  # nothing to pipeline
                 return nn.Sequential(*self.modules)(x.to(self.device))
             for count, each in micro_batch_groups(n, m):
                 stop = start + count * each
-                args = (x[start:stop].to(self.device),) if self.is_first else ()
+                tensor_x = x if self.is_first and isinstance(x, torch.Tensor) else None
+                args = (tensor_x[start:stop].to(self.device),) if tensor_x is not None else ()
                 outputs.append(self._schedule(False, count, each).step(*args))
                 start = stop
         if not self.is_last:
@@ -382,10 +403,10 @@ class StagePipeline:
         return self
 
 
-_STAGE_CLASS: list[type] = []
+_STAGE_CLASS: list[type[PipelineStage]] = []
 
 
-def _stage_class() -> type:
+def _stage_class() -> type[PipelineStage]:
     """torch's ``PipelineStage``, except that its shape inference leaves the module's
     buffers as they were: a new stage runs its module once before the first micro-batch
     to learn the shapes (on zeros or on that micro-batch, by torch version), which would
@@ -415,7 +436,7 @@ def _stage_class() -> type:
     return _STAGE_CLASS[0]
 
 
-def _concat(parts: list[Any]) -> Any:
+def _concat(parts: list[Any]) -> Any:  # the last layer's outputs
     """Join outputs along dim 0 (tensors, or tuples/lists of them)."""
     if isinstance(parts[0], torch.Tensor):
         return torch.cat(parts)
@@ -424,8 +445,8 @@ def _concat(parts: list[Any]) -> Any:
 
 def choose_stage_chunks(
     pipe: StagePipeline,
-    x: Any,
-    target: Any,
+    x: object,
+    target: object,
     candidates: Sequence[int],
     steps: int = 3,
     warmup: int = 1,
@@ -466,9 +487,8 @@ def choose_stage_chunks(
         with torch.no_grad():
             for buf, old in zip(buffers, saved, strict=True):
                 buf.copy_(old)
-    box: list[Any] = [choice]
+    box: list[ChunkChoice] = [choice]  # rank 0's choice on every rank after the broadcast
     if dist.is_initialized():
         dist.broadcast_object_list(box, src=0, group=pipe.group)
-    result: ChunkChoice = box[0]
-    return result
+    return box[0]
 
