@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import shutil
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -43,6 +44,19 @@ from torchgpu.checkpoint.rng import capture_rng_state, restore_rng_state
 from torchgpu.checkpoint.sources import read_file, verify_before_loading
 from torchgpu.distributed import RankInfo
 from torchgpu.errors import CheckpointError, CheckpointFormatError, CheckpointWriteError
+
+if TYPE_CHECKING:
+    from torch.serialization import MAP_LOCATION
+
+
+class Stateful(Protocol):
+    """What ``optimizer=``, ``scheduler=`` and ``scaler=`` must be: an object whose state
+    is saved with ``state_dict()`` and restored with ``load_state_dict(state)`` (a torch
+    optimizer, LR scheduler or GradScaler)."""
+
+    def state_dict(self) -> Mapping[str, object]: ...
+
+    def load_state_dict(self, state_dict: dict[str, object], /) -> object: ...
 
 
 @dataclass(frozen=True)
@@ -82,7 +96,7 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     return model
 
 
-def canonical_state(model: nn.Module) -> dict[str, Any]:
+def canonical_state(model: nn.Module) -> dict[str, object]:
     """The unwrapped model's state dict with ``_orig_mod`` components removed."""
     state = unwrap_model(model).state_dict()
     return {normalize(key): value for key, value in state.items()}
@@ -117,7 +131,7 @@ def _agree_step(step: int, dist: RankInfo) -> None:
 
 def _rank0_outcome(error: BaseException | None, dist: RankInfo) -> None:
     """Broadcast rank 0's success or failure; doubles as the barrier after the write."""
-    box: list[Any] = [None if error is None else f"{type(error).__name__}: {error}"]
+    box: list[str | None] = [None if error is None else f"{type(error).__name__}: {error}"]
     torch.distributed.broadcast_object_list(box, src=0)
     if error is None and box[0] is not None:
         raise CheckpointWriteError(f"rank 0 failed to write the checkpoint ({box[0]}); rank "
@@ -125,9 +139,10 @@ def _rank0_outcome(error: BaseException | None, dist: RankInfo) -> None:
 
 
 def save_checkpoint(
-    path: str | Path, *, model: nn.Module, optimizer: Any = None, scheduler: Any = None,
-    scaler: Any = None, step: int = 0, epoch: int = 0, extra: dict[str, Any] | None = None,
-    meta: dict[str, Any] | None = None, keep_last: int | None = None,
+    path: str | Path, *, model: nn.Module, optimizer: Stateful | None = None,
+    scheduler: Stateful | None = None, scaler: Stateful | None = None, step: int = 0,
+    epoch: int = 0, extra: Mapping[str, object] | None = None,
+    meta: Mapping[str, object] | None = None, keep_last: int | None = None,
     dist: RankInfo | None = None,
 ) -> Path:
     """Save a complete training state as checkpoint directory ``path``, atomically.
@@ -161,8 +176,9 @@ def save_checkpoint(
     return final
 
 
-def _write(final: Path, model: nn.Module, optimizer: Any, scheduler: Any, scaler: Any,
-           step: int, epoch: int, extra: dict[str, Any] | None, meta: dict[str, Any] | None,
+def _write(final: Path, model: nn.Module, optimizer: Stateful | None,
+           scheduler: Stateful | None, scaler: Stateful | None, step: int, epoch: int,
+           extra: Mapping[str, object] | None, meta: Mapping[str, object] | None,
            keep_last: int | None, world_size: int) -> None:
     _check_destination(final)
     model_data, model_extra = model_bytes(canonical_state(model))
@@ -237,8 +253,9 @@ def _pointer_failed(final: Path, replaced: bool, error: BaseException) -> Checkp
 
 
 def load_checkpoint(
-    path: str | Path, *, model: nn.Module | None = None, optimizer: Any = None,
-    scheduler: Any = None, scaler: Any = None, map_location: Any = "cpu", strict: bool = True,
+    path: str | Path, *, model: nn.Module | None = None, optimizer: Stateful | None = None,
+    scheduler: Stateful | None = None, scaler: Stateful | None = None,
+    map_location: MAP_LOCATION = "cpu", strict: bool = True,
     trust: bool = False, restore_rng: bool = True, verify: bool = True,
 ) -> LoadedCheckpoint:
     """Restore what :func:`save_checkpoint` saved into the objects given.

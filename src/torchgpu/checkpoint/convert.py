@@ -17,7 +17,7 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
@@ -53,7 +53,7 @@ class ConvertResult:
     container: str
 
 
-def _pick_state(obj: Any) -> tuple[str, dict[str, Any]]:
+def _pick_state(obj: object) -> tuple[str, dict[str, object]]:
     candidates = candidate_states(obj)
     if not candidates:
         raise CheckpointFormatError(
@@ -62,7 +62,7 @@ def _pick_state(obj: Any) -> tuple[str, dict[str, Any]]:
     return max(candidates, key=lambda c: len(c[1]))
 
 
-def canonical_keys(obj: Any) -> tuple[dict[str, Any], str, str]:
+def canonical_keys(obj: object) -> tuple[dict[str, object], str, str]:
     """``(state, stripped prefix, container)``: the state dict inside ``obj`` with wrapper
     (and, for Lightning, attribute) prefixes removed."""
     container, state = _pick_state(obj)

@@ -12,7 +12,7 @@ import json
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -53,8 +53,17 @@ _ST_DTYPES = {
 }
 
 
-def _tensor_rows_from_header(header: Mapping[str, Any]) -> list[dict[str, Any]]:
-    rows = []
+class TensorRow(TypedDict):
+    """One tensor in :func:`inspect_checkpoint`'s ``tensors`` list."""
+
+    key: str
+    shape: list[int]
+    dtype: str
+    bytes: int
+
+
+def _tensor_rows_from_header(header: Mapping[str, Any]) -> list[TensorRow]:
+    rows: list[TensorRow] = []
     for key, info in header.items():
         dtype, _ = _ST_DTYPES.get(str(info.get("dtype")), (str(info.get("dtype")).lower(), 0))
         start, end = info["data_offsets"]
@@ -63,8 +72,8 @@ def _tensor_rows_from_header(header: Mapping[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _tensor_rows(state: Mapping[str, Any]) -> list[dict[str, Any]]:
-    rows = []
+def _tensor_rows(state: Mapping[str, object]) -> list[TensorRow]:
+    rows: list[TensorRow] = []
     for key, value in state.items():
         if isinstance(value, torch.Tensor):
             rows.append({"key": key, "shape": list(value.shape),
@@ -102,7 +111,7 @@ def common_prefix(keys: list[str]) -> str:
     return "".join(f"{p}." for p in shared)
 
 
-def _summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def _summarise(rows: list[TensorRow]) -> dict[str, object]:
     keys = [r["key"] for r in rows]
     strip = "".join(wrapper_prefixes(keys))
     groups: dict[str, dict[str, int]] = {}
@@ -121,9 +130,9 @@ def _summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _inspect_file(path: Path) -> dict[str, Any]:
+def _inspect_file(path: Path) -> dict[str, object]:
     kind = sniff(path)
-    info: dict[str, Any] = {"path": str(path), "format": kind, "size_bytes": path.stat().st_size}
+    info: dict[str, object] = {"path": str(path), "format": kind, "size_bytes": path.stat().st_size}
     if kind == "safetensors":
         header, metadata = safetensors_header(path)
         info["metadata"] = {k: v for k, v in metadata.items() if k != ALIASES_KEY}
@@ -173,7 +182,7 @@ def _designated(located: Located) -> Path | None:
     return find_checkpoint(located.path)
 
 
-def _inspect_dir(directory: Path) -> dict[str, Any]:
+def _inspect_dir(directory: Path) -> dict[str, object]:
     try:
         info = _inspect_file(directory / MODEL_FILE)
     except CheckpointFormatError as error:  # a damaged checkpoint: say why, list no keys
@@ -190,7 +199,7 @@ def _inspect_dir(directory: Path) -> dict[str, Any]:
     return info
 
 
-def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
+def inspect_checkpoint(path: str | Path) -> dict[str, object]:
     """A JSON-ready description of the checkpoint at ``path`` (file or directory).
 
     Keys: ``path``, ``format`` (``torchgpu-dir``, ``safetensors``, ``torch-zip``,
@@ -221,7 +230,7 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
     if directory is not None:
         return _inspect_dir(directory)
     if files.exists(source / INDEX_FILE):
-        rows: list[dict[str, Any]] = []
+        rows: list[TensorRow] = []
         for shard in sorted(source.glob("*.safetensors")):
             rows += _tensor_rows_from_header(safetensors_header(shard)[0])
         return {"path": str(source), "format": "hf-sharded", **_summarise(rows)}

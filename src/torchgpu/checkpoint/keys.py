@@ -20,7 +20,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from torch import nn
@@ -72,7 +72,7 @@ def normalize(key: str) -> str:
     return ".".join(part for part in key.split(".") if part != _COMPILE)
 
 
-def is_state_dict(obj: Any) -> bool:
+def is_state_dict(obj: object) -> TypeGuard[Mapping[str, object]]:
     """A non-empty mapping of str keys whose values are mostly tensors."""
     if not isinstance(obj, Mapping) or not obj:
         return False
@@ -82,7 +82,7 @@ def is_state_dict(obj: Any) -> bool:
     return tensors > 0 and tensors >= len(obj) / 2
 
 
-def metadata_of(state: Any) -> Mapping[str, Any] | None:
+def metadata_of(state: object) -> Mapping[object, object] | None:
     """The ``_metadata`` a ``state_dict()`` carries (module path -> ``{"version": N}``),
     or ``None``. Torch's version-aware loading (``_load_from_state_dict`` reading
     ``local_metadata["version"]``) needs it to upgrade old layouts, e.g. a BatchNorm
@@ -91,23 +91,25 @@ def metadata_of(state: Any) -> Mapping[str, Any] | None:
     return metadata if isinstance(metadata, Mapping) else None
 
 
-def with_metadata(state: Mapping[str, Any],
-                  metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+def with_metadata(state: Mapping[str, object],
+                  metadata: Mapping[str, object] | Mapping[object, object] | None
+                  ) -> dict[str, object]:
     """A copy of ``state`` carrying ``metadata`` as ``_metadata`` (an ``OrderedDict``,
     like ``state_dict()`` returns, since a plain dict cannot hold the attribute)."""
-    copy: OrderedDict[str, Any] = OrderedDict(state)
+    copy: OrderedDict[str, object] = OrderedDict(state)
     if metadata is not None:
         copy._metadata = OrderedDict(metadata)  # type: ignore[attr-defined]
     return copy
 
 
-def remap_metadata(metadata: Mapping[str, Any], strip: str, add: str,
-                   modules: Mapping[str, str] | None = None) -> OrderedDict[str, Any]:
+def remap_metadata(metadata: Mapping[object, object], strip: str, add: str,
+                   modules: Mapping[str, str] | None = None
+                   ) -> OrderedDict[str, dict[object, object]]:
     """``metadata`` re-keyed the way keys are mapped: module path ``P`` (keys ``P.x``)
     becomes the path of ``add + (P. without strip)``, ``_orig_mod`` components ignored.
     With ``modules`` (normalised path -> real path of the target's modules), entries for
     modules the target lacks are dropped and the target's real paths are used."""
-    mapped: OrderedDict[str, Any] = OrderedDict()
+    mapped: OrderedDict[str, dict[object, object]] = OrderedDict()
     for path, info in metadata.items():
         if not isinstance(path, str) or not isinstance(info, Mapping):
             continue
@@ -122,12 +124,12 @@ def remap_metadata(metadata: Mapping[str, Any], strip: str, add: str,
     return mapped
 
 
-def candidate_states(obj: Any, max_depth: int = 2) -> list[tuple[str, dict[str, Any]]]:
+def candidate_states(obj: object, max_depth: int = 2) -> list[tuple[str, dict[str, object]]]:
     """Every mapping of tensors inside ``obj`` (itself included), with its location;
     each keeps the ``_metadata`` its source had."""
-    found: list[tuple[str, dict[str, Any]]] = []
+    found: list[tuple[str, dict[str, object]]] = []
 
-    def visit(value: Any, where: str, depth: int) -> None:
+    def visit(value: object, where: str, depth: int) -> None:
         if is_state_dict(value):
             found.append((where, with_metadata(value, metadata_of(value))))
         if depth < max_depth and isinstance(value, Mapping):
@@ -150,12 +152,12 @@ def _prefixes(keys: list[str]) -> list[str]:
     return ["", *frequent[:_MAX_CANDIDATES]]
 
 
-def _shape(value: Any) -> tuple[int, ...] | None:
+def _shape(value: object) -> tuple[int, ...] | None:
     return tuple(value.shape) if isinstance(value, torch.Tensor) else None
 
 
 def _evaluate(
-    source: Mapping[str, Any], source_norm: list[str], target: Mapping[str, Any],
+    source: Mapping[str, object], source_norm: list[str], target: Mapping[str, object],
     target_by_norm: Mapping[str, str], strip: str, add: str, container: str,
 ) -> tuple[KeyMapping, dict[str, str]]:
     """Score mapping (strip, add); returns the report and {source key: target key}."""
@@ -182,8 +184,8 @@ def _evaluate(
 
 
 def match_keys(
-    candidates: list[tuple[str, dict[str, Any]]], target: Mapping[str, Any],
-) -> tuple[KeyMapping, dict[str, str], dict[str, Any]]:
+    candidates: list[tuple[str, dict[str, object]]], target: Mapping[str, object],
+) -> tuple[KeyMapping, dict[str, str], dict[str, object]]:
     """The best (report, pairs, source) over all candidate containers and prefix maps.
 
     Score: most matched keys, then fewest shape mismatches, then fewest unexpected keys,
@@ -191,7 +193,7 @@ def match_keys(
     """
     target_by_norm = {normalize(k): k for k in target}
     target_norm = list(target_by_norm)
-    best: tuple[tuple[int, ...], KeyMapping, dict[str, str], dict[str, Any]] | None = None
+    best: tuple[tuple[int, ...], KeyMapping, dict[str, str], dict[str, object]] | None = None
     for container, source in candidates:
         source_norm = [normalize(k) for k in source]
         for strip in _prefixes(source_norm):
@@ -209,15 +211,15 @@ def match_keys(
     return best[1], best[2], best[3]
 
 
-def _fmt_keys(keys: tuple[str, ...], shapes: Mapping[str, Any]) -> str:
+def _fmt_keys(keys: tuple[str, ...], shapes: Mapping[str, object]) -> str:
     shown = [f"{k} {list(s) if (s := _shape(shapes.get(k))) is not None else '(non-tensor)'}"
              for k in keys[:_SHOW]]
     more = f" and {len(keys) - _SHOW} more" if len(keys) > _SHOW else ""
     return ", ".join(shown) + more
 
 
-def mapping_error(report: KeyMapping, source: Mapping[str, Any],
-                  target: Mapping[str, Any], origin: str) -> CheckpointError:
+def mapping_error(report: KeyMapping, source: Mapping[str, object],
+                  target: Mapping[str, object], origin: str) -> CheckpointError:
     """The error for a mapping that does not fit: the key/shape diff, one paragraph."""
     parts = [f"the weights in {origin} do not fit the model; the closest mapping tried was "
              f"{report.describe()}."]
@@ -239,7 +241,7 @@ def mapping_error(report: KeyMapping, source: Mapping[str, Any],
 
 
 def _legacy_keys(model: nn.Module, missing: tuple[str, ...],
-                 metadata: Mapping[str, Any]) -> set[str]:
+                 metadata: Mapping[str, Mapping[object, object]]) -> set[str]:
     """The ``missing`` target keys that torch's version-aware loading may supply: keys
     owned directly by a module whose class has a ``_version`` above 1 while the source
     records an older version (or none) for it -- BatchNorm's ``num_batches_tracked``,
@@ -260,7 +262,7 @@ def _legacy_keys(model: nn.Module, missing: tuple[str, ...],
 
 
 def load_state_dict(
-    model: nn.Module, state_or_path: Mapping[str, Any] | str | Path, strict: bool = True, *,
+    model: nn.Module, state_or_path: Mapping[str, object] | str | Path, strict: bool = True, *,
     trust: bool = False, verify: bool = True,
 ) -> KeyMapping:
     """Load weights saved from any wrapper (plain, DataParallel, DDP, FSDP full state,

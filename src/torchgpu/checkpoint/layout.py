@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, is_dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -48,7 +48,7 @@ RESERVED_META = ("format", "format_version", "step", "epoch", "versions", "creat
 _SAFE_SCALARS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
 
 
-def check_weights_only_safe(value: Any, where: str) -> None:
+def check_weights_only_safe(value: object, where: str) -> None:
     """Raise :class:`CheckpointError` naming the first entry of ``value`` that
     ``torch.load(weights_only=True)`` could not read back (numpy scalars, functions,
     custom classes...)."""
@@ -77,15 +77,15 @@ def check_weights_only_safe(value: Any, where: str) -> None:
 
 
 def split_shared(
-    state: Mapping[str, Any],
-) -> tuple[dict[str, torch.Tensor], dict[str, str], dict[str, Any]]:
+    state: Mapping[str, object],
+) -> tuple[dict[str, torch.Tensor], dict[str, str], dict[str, object]]:
     """Split a model state dict into ``(tensors, aliases, non_tensors)`` ready for
     safetensors: tensors sharing memory appear once (first name kept, the other names in
     ``aliases``), partly-overlapping views are cloned, all are contiguous CPU tensors."""
     tensors: dict[str, torch.Tensor] = {}
     aliases: dict[str, str] = {}
-    others: dict[str, Any] = {}
-    seen: dict[tuple[Any, ...], str] = {}
+    others: dict[str, object] = {}
+    seen: dict[tuple[object, ...], str] = {}
     storages: dict[tuple[str, int], list[str]] = {}
     for name, value in state.items():
         if not isinstance(value, torch.Tensor):
@@ -135,7 +135,7 @@ def apply_aliases(tensors: dict[str, torch.Tensor], metadata: Mapping[str, str])
             tensors[alias] = tensors[stored]
 
 
-def model_bytes(state: Mapping[str, Any]) -> tuple[bytes, dict[str, Any]]:
+def model_bytes(state: Mapping[str, object]) -> tuple[bytes, dict[str, object]]:
     """safetensors bytes for a canonical model state dict, and its non-tensor entries."""
     from safetensors.torch import save
 
@@ -170,14 +170,14 @@ def _sorted_metadata(data: bytes) -> bytes:
     return data[:8] + text + b" " * (size - len(text)) + data[8 + size:]
 
 
-def torch_bytes(obj: Any) -> bytes:
+def torch_bytes(obj: object) -> bytes:
     """``torch.save`` of ``obj`` into bytes."""
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     return buffer.getvalue()
 
 
-def _json_default(value: Any) -> Any:
+def _json_default(value: object) -> object:
     if isinstance(value, Path):
         return str(value)
     if is_dataclass(value) and not isinstance(value, type):
@@ -203,7 +203,7 @@ def versions() -> dict[str, str]:
     return found
 
 
-def meta_bytes(meta: Mapping[str, Any] | None, *, step: int, epoch: int,
+def meta_bytes(meta: Mapping[str, object] | None, *, step: int, epoch: int,
                world_size: int) -> bytes:
     """The ``meta.json`` text: the caller's ``meta`` plus the format's own fields."""
     user = dict(meta or {})
@@ -212,7 +212,7 @@ def meta_bytes(meta: Mapping[str, Any] | None, *, step: int, epoch: int,
         raise CheckpointError(
             f"meta= uses reserved key(s) {clash}; those are written by save_checkpoint itself. "
             "Rename them (e.g. put them under 'config')")
-    record: dict[str, Any] = {
+    record: dict[str, object] = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "step": step, "epoch": epoch,
         "world_size": world_size, "versions": versions(), "created_unix_s": round(time.time(), 3),
     }
@@ -249,10 +249,10 @@ class _DuplicateKeyError(ValueError):
     pass
 
 
-def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def _unique_object(pairs: list[tuple[str, object]]) -> dict[str, object]:
     """A JSON object that names each key once: with a key twice, which entry a reader
     takes is up to the reader, so a manifest holding one verifies nothing for certain."""
-    record: dict[str, Any] = {}
+    record: dict[str, object] = {}
     for key, value in pairs:
         if key in record:
             raise _DuplicateKeyError(f"the key {key!r} appears twice in one object")
@@ -260,7 +260,7 @@ def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return record
 
 
-def _no_constant(name: str) -> Any:
+def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not a JSON number")
 
 
@@ -270,7 +270,7 @@ def _bad_manifest(path: Path, problem: str) -> CheckpointCorruptError:
         "Use an earlier checkpoint, or save this one again")
 
 
-def _check_entry(path: Path, name: Any, info: Any) -> None:
+def _check_entry(path: Path, name: object, info: object) -> None:
     if (not isinstance(name, str) or not name or not name.isprintable() or "/" in name
             or "\\" in name or name.startswith(".") or name == MANIFEST_FILE):
         raise _bad_manifest(path, f"file name {files.show(repr(name))} is not a plain name "
@@ -411,7 +411,7 @@ def commit_order(directory: Path) -> tuple[float, int, float]:
     return (_sort_number(meta.get("created_unix_s")), mtime_ns, _sort_number(meta.get("step")))
 
 
-def _sort_number(value: Any) -> float:
+def _sort_number(value: object) -> float:
     """``value`` as a float sort key; anything that is not a finite number (a string, an
     integer too large for a float, NaN -- which would make the order arbitrary) sorts
     first, as if absent."""

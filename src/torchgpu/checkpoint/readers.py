@@ -23,12 +23,15 @@ import pickletools
 import struct
 import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from torchgpu.checkpoint import files
 from torchgpu.errors import CheckpointFormatError
+
+if TYPE_CHECKING:
+    from torch.serialization import MAP_LOCATION
 
 FileKind = Literal["torch-zip", "pickle", "safetensors"]
 
@@ -146,7 +149,7 @@ def safetensors_header(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     return header, {str(k): str(v) for k, v in metadata.items()}
 
 
-def _count(value: Any) -> bool:
+def _count(value: object) -> bool:
     """A JSON value usable as a size or offset: a non-negative int (not a bool, NaN...)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
@@ -220,7 +223,7 @@ def _pickle_stream_globals(path: Path, max_pickles: int = 5) -> set[str]:
 
 
 def read_pickle(
-    path: Path, *, map_location: Any = "cpu", trust: bool = False, mmap: bool = False
+    path: Path, *, map_location: MAP_LOCATION = "cpu", trust: bool = False, mmap: bool = False
 ) -> Any:
     """Load a torch.save / pickle file with the weights-only unpickler.
 

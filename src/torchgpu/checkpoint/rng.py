@@ -15,18 +15,46 @@ from __future__ import annotations
 
 import random
 import warnings
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
+from torch import Tensor
 
 from torchgpu.devices.cuda_status import cuda_initialized
 from torchgpu.errors import CheckpointError
 
 
-def capture_rng_state() -> dict[str, Any]:
+class PythonRngState(TypedDict):
+    """``random.getstate()`` as plain values."""
+
+    version: int
+    state: list[int]
+    gauss: float | None
+
+
+class NumpyRngState(TypedDict):
+    """numpy's legacy global RNG state, its key array as a tensor."""
+
+    kind: str
+    keys: torch.Tensor
+    pos: int
+    has_gauss: int
+    cached_gaussian: float
+
+
+class RngState(TypedDict):
+    """What :func:`capture_rng_state` returns."""
+
+    torch: Tensor
+    cuda: list[Tensor] | None
+    python: PythonRngState
+    numpy: NumpyRngState | None
+
+
+def capture_rng_state() -> RngState:
     """The state of every global RNG this process uses (see the module docstring)."""
     version, internal, gauss = random.getstate()
-    state: dict[str, Any] = {
+    state: RngState = {
         "torch": torch.get_rng_state(),
         "cuda": None,
         "python": {"version": int(version), "state": [int(x) for x in internal], "gauss": gauss},
@@ -38,7 +66,7 @@ def capture_rng_state() -> dict[str, Any]:
     return state
 
 
-def _capture_numpy() -> dict[str, Any] | None:
+def _capture_numpy() -> NumpyRngState | None:
     try:
         import numpy as np
     except ImportError:  # pragma: no cover - numpy is a dependency

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -28,11 +28,14 @@ from torchgpu.checkpoint.layout import (
 from torchgpu.checkpoint.readers import read_pickle, read_safetensors, sniff
 from torchgpu.errors import CheckpointCorruptError, CheckpointFormatError
 
+if TYPE_CHECKING:
+    from torch.serialization import MAP_LOCATION
+
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.bin", "model.pt", "model.pth")
 INDEX_FILE = "model.safetensors.index.json"
 
 
-def read_file(path: Path, *, trust: bool = False, map_location: Any = "cpu") -> Any:
+def read_file(path: Path, *, trust: bool = False, map_location: MAP_LOCATION = "cpu") -> Any:
     """A single checkpoint file: safetensors (aliases applied) or a weights-only pickle."""
     if sniff(path) == "safetensors":
         device = str(map_location) if isinstance(map_location, (str, torch.device)) else "cpu"
@@ -55,21 +58,21 @@ def verify_before_loading(directory: Path) -> dict[str, int]:
     return verify_directory(directory)
 
 
-def read_our_model(directory: Path, *, map_location: Any = "cpu",
-                   verify: bool = True) -> dict[str, Any]:
+def read_our_model(directory: Path, *, map_location: MAP_LOCATION = "cpu",
+                   verify: bool = True) -> dict[str, object]:
     """The model state dict of a torchgpu checkpoint directory, aliases and non-tensor
     entries included. ``verify`` checks every file against the manifest first; a missing
     manifest is then a :class:`CheckpointCorruptError` saying how to opt out."""
     if verify:
         verify_before_loading(directory)
-    state: dict[str, Any] = read_file(directory / MODEL_FILE, map_location=map_location)
+    state: dict[str, object] = read_file(directory / MODEL_FILE, map_location=map_location)
     extras = read_pickle(directory / STATE_FILE, map_location=map_location)
     if isinstance(extras, dict) and isinstance(extras.get("model_extra"), dict):
         state.update(extras["model_extra"])
     return state
 
 
-def _read_sharded(directory: Path, map_location: Any) -> dict[str, Any]:
+def _read_sharded(directory: Path, map_location: MAP_LOCATION) -> dict[str, object]:
     index_path = directory / INDEX_FILE
     try:
         weight_map = json.loads(files.read_bytes(index_path).decode("utf-8"))["weight_map"]
@@ -78,7 +81,7 @@ def _read_sharded(directory: Path, map_location: Any) -> dict[str, Any]:
         raise CheckpointFormatError(
             f"{index_path} is not a valid safetensors index ({error}); it must hold a "
             "'weight_map' of tensor name -> shard file") from None
-    state: dict[str, Any] = {}
+    state: dict[str, object] = {}
     for shard in shards:
         if not isinstance(shard, str) or "/" in shard or shard.startswith("."):
             raise CheckpointFormatError(f"{index_path} names shard {shard!r} outside its "
@@ -87,7 +90,7 @@ def _read_sharded(directory: Path, map_location: Any) -> dict[str, Any]:
     return state
 
 
-def read_weights(path: Path, *, trust: bool = False, map_location: Any = "cpu",
+def read_weights(path: Path, *, trust: bool = False, map_location: MAP_LOCATION = "cpu",
                  verify: bool = True) -> Any:
     """The weights object stored at ``path`` (file or directory, as
     :func:`~torchgpu.checkpoint.discover.locate` classifies it); see the module doc. A
