@@ -29,7 +29,7 @@ from torch.utils.hooks import RemovableHandle
 from torchgpu.errors import DataError
 
 
-def _leaves(obj: Any) -> list[Tensor]:
+def _leaves(obj: object) -> list[Tensor]:
     if isinstance(obj, Tensor):
         return [obj]
     if isinstance(obj, Mapping):
@@ -39,21 +39,22 @@ def _leaves(obj: Any) -> list[Tensor]:
     return []
 
 
-def _rebuild(obj: Any, fn: Callable[[Tensor], Any]) -> Any:
+def _rebuild(obj: object, fn: Callable[[Tensor], Tensor]) -> object:
     """``obj`` with ``fn`` applied to every tensor that has a batch dimension."""
     if isinstance(obj, Tensor):
         return fn(obj) if obj.dim() else obj
     if isinstance(obj, Mapping):
         return {k: _rebuild(v, fn) for k, v in obj.items()}
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
-        return type(obj)(*(_rebuild(v, fn) for v in obj))
+        namedtuple_type: Callable[..., object] = type(obj)
+        return namedtuple_type(*(_rebuild(v, fn) for v in obj))
     if isinstance(obj, Sequence) and not isinstance(obj, str | bytes):
         return type(obj)(_rebuild(v, fn) for v in obj) if isinstance(obj, tuple) else [
             _rebuild(v, fn) for v in obj]
     return obj
 
 
-def batch_rows(obj: Any) -> int:
+def batch_rows(obj: object) -> int:
     """Samples in ``obj``: the first dimension of its first tensor with one.
 
     Raises :class:`DataError` when ``obj`` holds no batched tensor.
@@ -68,7 +69,7 @@ def batch_rows(obj: Any) -> int:
     )
 
 
-def split_rows(obj: Any, count: int) -> list[Any]:
+def split_rows(obj: object, count: int) -> list[Any]:  # pieces of a batch of any structure
     """``obj`` cut into ``count`` consecutive pieces along the batch dimension
     (``Tensor.tensor_split`` on every batched tensor; other leaves are shared)."""
     if count <= 1:
@@ -79,12 +80,12 @@ def split_rows(obj: Any, count: int) -> list[Any]:
     return [_rebuild(obj, piece(i)) for i in range(count)]
 
 
-def take_rows(obj: Any, index: Tensor) -> Any:
+def take_rows(obj: object, index: Tensor) -> object:
     """The rows ``index`` of every batched tensor in ``obj`` (cyclic samples for probes)."""
     return _rebuild(obj, lambda t: t[index % t.shape[0]])
 
 
-def first_rows(obj: Any, n: int) -> Any:
+def first_rows(obj: object, n: int) -> object:
     """The first ``n`` rows of every batched tensor in ``obj``."""
     return _rebuild(obj, lambda t: t[:n])
 
@@ -98,13 +99,13 @@ class DictPairs:
 
         self.inner = inner or default_collate
 
-    def __call__(self, items: list[Any]) -> tuple[Any, Any]:
+    def __call__(self, items: list[Any]) -> tuple[object, object]:
         batch = self.inner(items)
         return batch, batch
 
 
-def _spread(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
-            ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+def _spread(module: nn.Module, args: tuple[object, ...], kwargs: dict[str, object]
+            ) -> tuple[tuple[object, ...], dict[str, object]] | None:
     if len(args) != 1 or kwargs:
         return None
     (only,) = args
@@ -127,7 +128,7 @@ def install_call_convention(model: nn.Module) -> RemovableHandle:
     return model.register_forward_pre_hook(_spread, with_kwargs=True, prepend=True)
 
 
-def output_loss(output: Any, batch: Any) -> Tensor:
+def output_loss(output: object, batch: object) -> Tensor:
     """The loss a model computed itself: ``output.loss``, ``output["loss"]`` or a scalar
     output. Raises :class:`DataError` naming the output's type otherwise."""
     loss = getattr(output, "loss", None)
@@ -146,7 +147,7 @@ def output_loss(output: Any, batch: Any) -> Tensor:
     return loss
 
 
-def float_output(output: Any) -> Tensor | None:
+def float_output(output: object) -> Tensor | None:
     """The tensor to compute built-in metrics on: the output itself, or its ``.logits``."""
     if isinstance(output, Tensor):
         return output.float()
@@ -156,7 +157,7 @@ def float_output(output: Any) -> Tensor | None:
     return logits.float() if isinstance(logits, Tensor) else None
 
 
-def is_empty(obj: Any) -> bool:
+def is_empty(obj: object) -> bool:
     """True for a batch with zero rows (a DDP rank's empty share of the last batch)."""
     try:
         return batch_rows(obj) == 0
@@ -164,13 +165,13 @@ def is_empty(obj: Any) -> bool:
         return False
 
 
-def _output_tensors(output: Any) -> list[Tensor]:
+def _output_tensors(output: object) -> list[Tensor]:
     if isinstance(output, Tensor | Mapping | Sequence):
         return _leaves(output)
     return _leaves(dict(getattr(output, "__dict__", {})))  # a dataclass-style output
 
 
-def zero_loss_like(output: Any) -> Tensor | None:
+def zero_loss_like(output: object) -> Tensor | None:
     """A loss of exactly zero connected to the parameters the forward used: the sum of the
     output's batched float tensors times zero (scalars such as a mean loss over no rows,
     which is NaN, are left out). None when the output holds no such tensor."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import math
 from pathlib import Path
-from typing import Any
+from typing import TextIO
 
 import numpy as np
 
@@ -107,7 +107,7 @@ def _check_header(file: Path, names: tuple[str, ...], first_lines: list[str]) ->
         seen[name] = col
 
 
-def _fast_values(f: Any, n_columns: int) -> np.ndarray | None:
+def _fast_values(f: TextIO, n_columns: int) -> np.ndarray | None:
     """The rest of ``f`` as float32 rows through numpy's C reader, or None for anything
     it does not read exactly as :func:`_slow_values` would (the slow reader then finds
     and reports the problem, or reads the unusual-but-valid table)."""

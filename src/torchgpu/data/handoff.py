@@ -21,9 +21,10 @@ from torchgpu.data.base import ExampleData
 _ARRAYS = ("x_train", "y_train", "x_test", "y_test")
 
 
-def save_example(data: ExampleData, path: str | Path, *, key: dict[str, Any]) -> None:
+def save_example(data: ExampleData, path: str | Path, *, key: dict[str, object]) -> None:
     """Write ``data`` (two-tensor train/test datasets) and ``key`` to ``path``."""
     tensors = (*data.train.tensors, *data.test.tensors)
+    # (numpy's stubs refuse **dict[str, ndarray] for savez, hence the loose value type)
     arrays: dict[str, Any] = {n: t.numpy() for n, t in zip(_ARRAYS, tensors, strict=True)}
     meta = {
         "key": key,
@@ -45,7 +46,8 @@ def _tuple(value: Any) -> tuple[Any, ...] | None:
     return None if value is None else tuple(value)
 
 
-def load_example(path: str | Path, *, expected_key: dict[str, Any]) -> ExampleData | None:
+def load_example(path: str | Path, *, expected_key: dict[str, object]
+                 ) -> ExampleData | None:
     """The ExampleData in ``path``, or None when the file is missing, unreadable or was
     made from something else than ``expected_key`` says (the caller then loads the
     data from its source)."""

@@ -129,13 +129,13 @@ class EmptyBatchCollate:
     def __init__(self, dataset: Dataset[Any]) -> None:
         self.dataset = dataset
 
-    def __call__(self, batch: list[Any]) -> Any:
+    def __call__(self, batch: list[Any]) -> object:
         if batch:
             return default_collate(batch)
         return _zero_rows(default_collate([self.dataset[0]]))
 
 
-def _zero_rows(value: Any) -> Any:
+def _zero_rows(value: object) -> object:
     if isinstance(value, torch.Tensor):
         return value[:0]
     if isinstance(value, Mapping):
