@@ -51,6 +51,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+from torch.utils.hooks import RemovableHandle
 
 from torchgpu.errors import DeviceSpecError, first_line
 
@@ -107,7 +108,7 @@ class PlacementReport:
         return "\n".join([head, *(f"  - {p}" for p in self.problems)])
 
 
-def _normal_device(device: Any) -> Any:
+def _normal_device(device: object) -> object:
     """``cuda`` without an index means cuda:0 (asking CUDA would fail without a GPU)."""
     if isinstance(device, str) and device == "cuda":
         return "cuda:0"
@@ -129,6 +130,7 @@ class _FakeCudaFunctions(TorchFunctionMode):
         kwargs = dict(kwargs or {})
         if func is torch.Tensor.cuda:
             wanted = args[1] if len(args) > 1 else kwargs.get("device")
+            device: object
             if wanted is None or isinstance(wanted, int):
                 device = torch.device("cuda", wanted or 0)
             else:
@@ -155,7 +157,7 @@ def _batch_norm_args(
     training: bool = False,
     momentum: float = 0.1,
     eps: float = 1e-5,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     return {
         "input": input, "running_mean": running_mean, "running_var": running_var,
         "weight": weight, "bias": bias, "training": training, "momentum": momentum, "eps": eps,
@@ -297,7 +299,7 @@ def check_placement(
     problems: list[str] = []
     running: list[str] = []
     flagged: set[str] = set()
-    handles: list[Any] = []
+    handles: list[RemovableHandle] = []
     counts: dict[str, int] = {}
     output_device: str | None = None
     off_list: dict[str, list[str]] = {}  # device not in `devices` -> tensor names
@@ -312,8 +314,10 @@ def check_placement(
         note(module_name, text)
         raise _StopForward
 
-    def pre_hook(name: str) -> Callable[[nn.Module, Any, Any], None]:
-        def hook(module: nn.Module, args: Any, kwargs: Any) -> None:
+    def pre_hook(
+        name: str,
+    ) -> Callable[[nn.Module, tuple[object, ...], dict[str, object]], None]:
+        def hook(module: nn.Module, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
             running.append(name)
             label = name or type(module).__name__
             inputs = {
@@ -335,7 +339,7 @@ def check_placement(
 
         return hook
 
-    def post_hook(_module: nn.Module, _args: Any, _out: Any) -> None:
+    def post_hook(_module: nn.Module, _args: tuple[object, ...], _out: object) -> None:
         if running:
             running.pop()
 

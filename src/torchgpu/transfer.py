@@ -19,7 +19,7 @@ import copy
 import dataclasses
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeGuard, TypeVar
 
 import torch
 from torch import nn
@@ -34,18 +34,24 @@ DeviceLike = str | int | torch.device
 NonBlocking = bool | Literal["auto"]
 
 
-def _movable(obj: Any) -> bool:
+class _Movable(Protocol):
+    """An object that moves itself: ``obj.to(device, non_blocking=...)``."""
+
+    def to(self, device: torch.device, /, **kwargs: bool) -> object: ...
+
+
+def _movable(obj: object) -> TypeGuard[_Movable]:
     """True for an object that moves itself: it has a callable ``.to`` (and is not a
     container or a type; ``nn.Module`` and tensors are handled before)."""
     return not isinstance(obj, type) and callable(getattr(obj, "to", None))
 
 
 def _map(
-    obj: Any,
-    fn: Callable[[torch.Tensor], Any],
-    on_module: Callable[[nn.Module], Any],
-    on_movable: Callable[[Any], Any] | None = None,
-) -> Any:
+    obj: object,
+    fn: Callable[[torch.Tensor], torch.Tensor],
+    on_module: Callable[[nn.Module], nn.Module],
+    on_movable: Callable[[_Movable], object] | None = None,
+) -> Any:  # obj's structure rebuilt: its type is only known at run time
     """Apply ``fn`` to every tensor (and ``on_module`` to every module) in ``obj``,
     rebuilding containers with their own types. ``on_movable`` (when given) takes any
     other object with a ``.to()`` method, containers with one included; other objects
@@ -83,7 +89,7 @@ def _map(
         return out
     if isinstance(obj, Mapping):
         items = [(k, _map(v, fn, on_module, on_movable)) for k, v in obj.items()]
-        mapping_type: Any = type(obj)
+        mapping_type: Callable[..., object] = type(obj)
         try:
             return mapping_type(items)
         except TypeError:
@@ -141,7 +147,7 @@ def to_device(obj: T, device: DeviceLike, non_blocking: NonBlocking = "auto") ->
     def move_module(m: nn.Module) -> nn.Module:
         return m.to(target)
 
-    def move_object(o: Any) -> Any:
+    def move_object(o: _Movable) -> object:
         try:
             moved = o.to(target, non_blocking=object_nb)
         except TypeError:  # a .to() without the non_blocking keyword
@@ -220,27 +226,27 @@ class Prefetcher(Generic[T]):
     def _cuda_iter(self) -> Iterator[T]:
         side = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
         iterator = iter(self.loader)
-        sentinel = object()
 
-        def preload() -> Any:
+        def preload() -> list[T]:
+            """The next batch, queued to the device ([] when the loader is exhausted)."""
             try:
                 batch = next(iterator)
             except StopIteration:
-                return sentinel
+                return []
             with torch.cuda.stream(side):
-                return to_device(pin(batch), self.device, non_blocking=True)
+                return [to_device(pin(batch), self.device, non_blocking=True)]
 
         upcoming = preload()
-        while upcoming is not sentinel:
+        while upcoming:
             compute = torch.cuda.current_stream(self.device)
             compute.wait_stream(side)
-            batch = upcoming
+            batch = upcoming[0]
             _record_stream(batch, compute)
             upcoming = preload()  # queued now, so it overlaps the caller's compute
             yield batch
 
 
-def _record_stream(batch: Any, stream: torch.cuda.Stream) -> None:
+def _record_stream(batch: object, stream: torch.cuda.Stream) -> None:
     """Tell the caching allocator each tensor of ``batch`` is used on ``stream``."""
 
     def record(t: torch.Tensor) -> torch.Tensor:
@@ -260,7 +266,7 @@ def _same(actual: torch.device, expected: torch.device) -> bool:
     return actual.index == expected.index
 
 
-def _input_tensors(obj: Any, path: str, out: list[tuple[str, torch.Tensor]]) -> None:
+def _input_tensors(obj: object, path: str, out: list[tuple[str, torch.Tensor]]) -> None:
     if isinstance(obj, torch.Tensor):
         out.append((path, obj))
     elif isinstance(obj, PackedSequence):  # batch_sizes lives on the CPU by design
@@ -317,7 +323,9 @@ def _fix(expected: torch.device, wrong: list[tuple[str, torch.device]]) -> str:
     return fix
 
 
-def check_devices(model: nn.Module, *inputs: Any, device: DeviceLike | None = None) -> torch.device:
+def check_devices(
+    model: nn.Module, *inputs: object, device: DeviceLike | None = None
+) -> torch.device:
     """Check that every parameter, buffer and input tensor is on one device; return it.
 
     ``device``: the expected device. By default, the device most of the model's
