@@ -222,13 +222,14 @@ def init_distributed(
             env.rank, env.local_rank, env.world_size, env.local_world_size,
             backend=str(dist.get_backend()), owns_group=False,
         )
-    kwargs: dict[str, Any] = {"backend": chosen, "timeout": timeout}
-    if chosen == "nccl":
-        # Binding the group to the device lets NCCL connect eagerly and stops barrier()
-        # from guessing a device.
-        kwargs["device_id"] = torch.device("cuda", env.local_rank)
     try:
-        dist.init_process_group(**kwargs)
+        if chosen == "nccl":
+            # Binding the group to the device lets NCCL connect eagerly and stops barrier()
+            # from guessing a device.
+            dist.init_process_group(backend=chosen, timeout=timeout,
+                                    device_id=torch.device("cuda", env.local_rank))
+        else:
+            dist.init_process_group(backend=chosen, timeout=timeout)
     except Exception as exc:
         raise DistributedError(
             f"could not form the {chosen} process group as rank {env.rank} of "
@@ -280,7 +281,7 @@ def current_rank() -> int:
         return 0
 
 
-def rank_zero_print(*args: Any, **kwargs: Any) -> None:
+def rank_zero_print(*args: object, **kwargs: Any) -> None:
     """``print`` on global rank 0 only; other ranks stay silent."""
     if current_rank() == 0:
         print(*args, **kwargs)
@@ -328,6 +329,6 @@ def broadcast_object(obj: T, src: int = 0) -> T:
     distributed). Collective."""
     if not _group_active():
         return obj
-    box: list[Any] = [obj]
+    box: list[T] = [obj]  # rank src's obj on every rank after the broadcast
     dist.broadcast_object_list(box, src=src)
-    return box[0]  # type: ignore[no-any-return]
+    return box[0]

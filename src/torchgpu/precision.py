@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -76,6 +76,13 @@ def resolve_mode(mode: str, device: torch.device | str) -> str:
             f"{dev.type}, or run on a CUDA device."
         )
     return mode
+
+
+class PrecisionState(TypedDict):
+    """What :meth:`Precision.state_dict` returns."""
+
+    mode: str
+    scaler: dict[str, Any] | None  # GradScaler.state_dict()
 
 
 class Precision:
@@ -154,7 +161,7 @@ class Precision:
         # gradients were found, i.e. when step() skipped optimizer.step().
         return not self.scaler.get_scale() < scale_before
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> PrecisionState:
         """``{"mode": str, "scaler": dict | None}``; only ints, floats and strings."""
         return {
             "mode": self.mode,

@@ -17,13 +17,12 @@ stable: new keys may be added, existing ones keep their meaning.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TypedDict
 
 from rich.console import Console
 from rich.table import Table
@@ -84,18 +83,91 @@ def _parser() -> ArgumentParser:
     return parser
 
 
-def device_dict(device: DeviceInfo) -> dict[str, Any]:
+class ProcessRecord(TypedDict):
+    """A process holding GPU memory, in the ``--json`` schema."""
+
+    pid: int
+    name: str | None
+    user: str | None
+    used_bytes: int | None
+
+
+class DeviceRecord(TypedDict):
+    """One device in the ``--json`` schema: :class:`DeviceInfo`'s fields and its spec."""
+
+    kind: str
+    index: int | None
+    name: str | None
+    total_bytes: int | None
+    free_bytes: int | None
+    used_bytes: int | None
+    uuid: str | None
+    pci_bus_id: str | None
+    nvml_index: int | None
+    cuda_ordinal: int | None
+    allocated_bytes: int | None
+    reserved_bytes: int | None
+    compute_capability: list[int] | None
+    bf16_supported: bool | None
+    utilization_pct: int | None
+    temperature_c: int | None
+    power_w: float | None
+    power_limit_w: float | None
+    processes: list[ProcessRecord] | None
+    mig: bool | None
+    cores: int | None
+    error: str | None
+    spec: str
+
+
+class TorchRecord(TypedDict):
+    version: str
+    cuda: str | None
+    cuda_usable: bool
+    cuda_unavailable_reason: str | None
+
+
+class NvmlRecord(TypedDict):
+    available: bool
+    error: str | None
+    driver_version: str | None
+    nvml_version: str | None
+    cuda_driver_version: str | None
+
+
+class Snapshot(TypedDict):
+    """Everything ``devices --json`` prints (see :data:`JSON_SCHEMA`)."""
+
+    schema: int
+    torch: TorchRecord
+    nvml: NvmlRecord
+    cuda_visible_devices: str | None
+    cuda_device_order: str | None
+    devices: list[DeviceRecord]
+
+
+def device_dict(device: DeviceInfo) -> DeviceRecord:
     """One device in the ``--json`` schema."""
-    data = dataclasses.asdict(device)
-    data["spec"] = device.spec
-    if device.compute_capability is not None:
-        data["compute_capability"] = list(device.compute_capability)
-    if device.processes is not None:
-        data["processes"] = [dataclasses.asdict(p) for p in device.processes]
-    return data
+    cc, processes = device.compute_capability, device.processes
+    return {
+        "kind": device.kind, "index": device.index, "name": device.name,
+        "total_bytes": device.total_bytes, "free_bytes": device.free_bytes,
+        "used_bytes": device.used_bytes, "uuid": device.uuid, "pci_bus_id": device.pci_bus_id,
+        "nvml_index": device.nvml_index, "cuda_ordinal": device.cuda_ordinal,
+        "allocated_bytes": device.allocated_bytes, "reserved_bytes": device.reserved_bytes,
+        "compute_capability": list(cc) if cc is not None else None,
+        "bf16_supported": device.bf16_supported, "utilization_pct": device.utilization_pct,
+        "temperature_c": device.temperature_c, "power_w": device.power_w,
+        "power_limit_w": device.power_limit_w,
+        "processes": None if processes is None else [
+            {"pid": p.pid, "name": p.name, "user": p.user, "used_bytes": p.used_bytes}
+            for p in processes
+        ],
+        "mig": device.mig, "cores": device.cores, "error": device.error, "spec": device.spec,
+    }  # fmt: skip
 
 
-def snapshot() -> dict[str, Any]:
+def snapshot() -> Snapshot:
     """Everything ``devices --json`` prints, as a dict."""
     inventory = nvml.read_inventory()
     reason = cuda_unavailable_reason()
@@ -122,11 +194,11 @@ def snapshot() -> dict[str, Any]:
     }
 
 
-def _num(value: Any, unit: str = "", fmt: str = "{}") -> str:
+def _num(value: object, unit: str = "", fmt: str = "{}") -> str:
     return "-" if value is None else fmt.format(value) + unit
 
 
-def _processes(device: dict[str, Any]) -> str:
+def _processes(device: DeviceRecord) -> str:
     processes = device["processes"]
     if processes is None:
         return "-"
@@ -140,14 +212,14 @@ def _processes(device: dict[str, Any]) -> str:
     return "; ".join(shown) + more
 
 
-def _memory(device: dict[str, Any]) -> str:
+def _memory(device: DeviceRecord) -> str:
     used, total = device["used_bytes"], device["total_bytes"]
     if used is None and total is None:
         return "-"
     return f"{format_bytes(used)} / {format_bytes(total)}"
 
 
-def build_table(data: dict[str, Any]) -> Table:
+def build_table(data: Snapshot) -> Table:
     """The human view of a :func:`snapshot`."""
     table = Table(title="devices (torch numbering; smi = nvidia-smi's index)")
     for column in (
@@ -197,7 +269,7 @@ def build_table(data: dict[str, Any]) -> Table:
     return table
 
 
-def _notes(data: dict[str, Any]) -> list[str]:
+def _notes(data: Snapshot) -> list[str]:
     notes = []
     gpus = [d for d in data["devices"] if d["kind"] == "cuda"]
     reason = data["torch"]["cuda_unavailable_reason"]
@@ -219,7 +291,7 @@ def _notes(data: dict[str, Any]) -> list[str]:
     return notes
 
 
-def render(data: dict[str, Any], console: Console) -> None:
+def render(data: Snapshot, console: Console) -> None:
     """Print the table and notes of ``data`` on ``console``."""
     console.print(build_table(data))
     for note in _notes(data):
@@ -232,7 +304,7 @@ def run(
     *,
     iterations: int | None = None,
     sleep: Callable[[float], None] = time.sleep,
-    collect: Callable[[], dict[str, Any]] = snapshot,
+    collect: Callable[[], Snapshot] = snapshot,
 ) -> int:
     """The verb's body. ``iterations`` bounds ``--watch`` (for tests); None = until Ctrl-C."""
     console = make_console()

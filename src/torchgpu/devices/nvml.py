@@ -118,7 +118,7 @@ class _Lost(Exception):
         self.message = message
 
 
-def _text(value: Any) -> str | None:
+def _text(value: object) -> str | None:
     if value is None:
         return None
     if isinstance(value, bytes):
@@ -173,7 +173,7 @@ class PynvmlBackend:
             ),
         )
 
-    def _field(self, nv: Any, fn: Callable[..., Any] | None, *args: Any) -> Any:
+    def _field(self, nv: object, fn: Callable[..., Any] | None, *args: object) -> Any:
         """``fn(*args)``, or None when unsupported/unreadable; _Lost when the GPU is gone."""
         if fn is None:
             return None
@@ -185,7 +185,7 @@ class PynvmlBackend:
             return None
 
     def _read_gpu(self, nv: Any, index: int) -> NvmlGpu:
-        seen: dict[str, Any] = {}
+        seen: dict[str, str | None] = {}
         try:
             handle = nv.nvmlDeviceGetHandleByIndex(index)
         except Exception as error:
@@ -195,9 +195,12 @@ class PynvmlBackend:
             seen["name"] = _text(self._field(nv, nv.nvmlDeviceGetName, handle))
             return self._read_details(nv, index, handle, seen)
         except _Lost as lost:
-            return NvmlGpu(nvml_index=index, error=lost.message, **seen)
+            return NvmlGpu(nvml_index=index, error=lost.message, uuid=seen.get("uuid"),
+                           name=seen.get("name"), pci_bus_id=seen.get("pci_bus_id"))
 
-    def _read_details(self, nv: Any, index: int, handle: Any, seen: dict[str, Any]) -> NvmlGpu:
+    def _read_details(
+        self, nv: Any, index: int, handle: object, seen: dict[str, str | None]
+    ) -> NvmlGpu:
         pci = self._field(nv, nv.nvmlDeviceGetPciInfo, handle)
         seen["pci_bus_id"] = _text(getattr(pci, "busId", None)) if pci is not None else None
         memory = self._field(nv, nv.nvmlDeviceGetMemoryInfo, handle)
@@ -230,7 +233,7 @@ class PynvmlBackend:
             mig_devices=self._mig_devices(nv, handle) if mig_enabled else (),
         )
 
-    def _processes(self, nv: Any, handle: Any) -> tuple[GpuProcess, ...] | None:
+    def _processes(self, nv: Any, handle: object) -> tuple[GpuProcess, ...] | None:
         raw = self._field(nv, nv.nvmlDeviceGetComputeRunningProcesses, handle)
         if raw is None:
             return None
@@ -242,7 +245,7 @@ class PynvmlBackend:
             processes.append(GpuProcess(pid=pid, name=name, user=user, used_bytes=_int(used)))
         return tuple(processes)
 
-    def _mig_devices(self, nv: Any, handle: Any) -> tuple[NvmlGpu, ...]:
+    def _mig_devices(self, nv: Any, handle: object) -> tuple[NvmlGpu, ...]:
         count = self._field(nv, getattr(nv, "nvmlDeviceGetMaxMigDeviceCount", None), handle)
         devices = []
         for slot in range(int(count or 0)):
