@@ -57,7 +57,7 @@ class TrainSettings:
     balance: str | None = None
     chunks: int | None = None
 
-    def config_changes(self) -> dict[str, Any]:
+    def config_changes(self) -> dict[str, object]:
         """TrainConfig field -> value for every setting the plan decides."""
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 

@@ -26,12 +26,13 @@ from typing import Any
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
+from torch.utils.hooks import RemovableHandle
 
 from torchgpu.errors import DataError, TorchGpuError, UsageError, first_line
 from torchgpu.planning.footprint import Footprint
 
 
-def _on_cpu(device: Any) -> Any:
+def _on_cpu(device: object) -> object:
     """``device`` with CUDA replaced by the CPU; anything else unchanged."""
     if isinstance(device, str) and device.strip().lower().startswith("cuda"):
         return "cpu"
@@ -122,7 +123,7 @@ def shape_sample(shape: tuple[int, ...], dtype: torch.dtype, batch: int) -> torc
     return torch.empty(batch, *shape[1:], dtype=dtype, device="meta")
 
 
-def sample_from_data(spec: str, batch: int) -> tuple[Any, bool]:
+def sample_from_data(spec: str, batch: int) -> tuple[object, bool]:
     """The model's inputs for ``batch`` items of the training data ``spec`` names
     (:func:`torchgpu.factories.resolve_data`), and whether they are a dict batch.
 
@@ -168,7 +169,7 @@ def sample_from_data(spec: str, batch: int) -> tuple[Any, bool]:
     )
 
 
-def describe_sample(sample: Any) -> str:
+def describe_sample(sample: object) -> str:
     """``shape 2,9`` for a tensor; ``input_ids 2x12 int64, labels 2x12 int64`` for a
     dict; the tensors in order for a tuple."""
     from torchgpu.estimate.activations import tensor_leaves
@@ -209,7 +210,7 @@ def build_custom_model(spec: str) -> nn.Module:
 def measure_custom_model(
     model: nn.Module,
     spec: str,
-    sample_batch: Any,
+    sample_batch: object,
     optimizer: str = "adam",
     precision: str = "fp32",
     source: str = "--input-shape",
@@ -223,15 +224,15 @@ def measure_custom_model(
     from torchgpu.planning.measure import measure_footprint
 
     running: list[str] = []
-    handles: list[Any] = []
+    handles: list[RemovableHandle] = []
 
-    def enter(name: str) -> Callable[[nn.Module, Any], None]:
-        def hook(_module: nn.Module, _args: Any) -> None:
+    def enter(name: str) -> Callable[[nn.Module, tuple[object, ...]], None]:
+        def hook(_module: nn.Module, _args: tuple[object, ...]) -> None:
             running.append(name)
 
         return hook
 
-    def leave(_module: nn.Module, _args: Any, _out: Any) -> None:
+    def leave(_module: nn.Module, _args: tuple[object, ...], _out: object) -> None:
         if running:
             running.pop()
 

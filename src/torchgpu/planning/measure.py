@@ -13,8 +13,6 @@ each storage counted once, on the first layer that saved it.
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import nn
 
 from torchgpu.planning.footprint import Footprint, LayerFootprint
@@ -22,7 +20,7 @@ from torchgpu.planning.footprint import Footprint, LayerFootprint
 
 def measure_footprint(
     model: nn.Module,
-    sample_batch: Any,
+    sample_batch: object,
     optimizer: str = "adam",
     precision: str = "fp32",
 ) -> Footprint:

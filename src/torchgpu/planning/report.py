@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 from torchgpu.planning.decide import Plan, Workload
 from torchgpu.planning.footprint import Footprint
@@ -44,7 +43,7 @@ from torchgpu.planning.targets import HEADROOM, DeviceTarget
 SCHEMA_VERSION = 1
 
 
-def candidate_dict(c: Candidate) -> dict[str, Any]:
+def candidate_dict(c: Candidate) -> dict[str, object]:
     """One strategy row as JSON-ready values (``time_factor`` null when not applicable)."""
     return {
         "label": c.label,
@@ -73,7 +72,7 @@ def document(
     plan: Plan | None,
     error: str | None = None,
     headroom: float = HEADROOM,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The ``--json`` document (schema in the module docstring)."""
     return {
         "schema": SCHEMA_VERSION,
