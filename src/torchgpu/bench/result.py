@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from torchgpu.bench.timer import Measurement, Ratio
 
@@ -21,7 +21,7 @@ class Series:
     names: tuple[str, ...]
     x: tuple[float, ...]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"label": self.label, "names": list(self.names), "x": list(self.x)}
 
 
@@ -64,7 +64,7 @@ class Plot:
             names.append(self.reference)
         return tuple(names)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "filename": self.filename,
             "kind": self.kind,
@@ -98,7 +98,7 @@ class SuiteResult:
     ratios: tuple[Ratio, ...] = ()
     plots: tuple[Plot, ...] = ()
     notes: tuple[str, ...] = ()
-    config: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, object] = field(default_factory=dict)
     verdicts: tuple[str, ...] = ()
 
     def by_name(self) -> Mapping[str, Measurement]:

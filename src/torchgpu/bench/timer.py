@@ -57,7 +57,7 @@ class Measurement:
     unit: str = "s"
     n: int = 0
     threads: int = 1
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # figures the suites read back
 
     @classmethod
     def from_samples(
@@ -66,7 +66,7 @@ class Measurement:
         samples: Sequence[float],
         unit: str = "s",
         threads: int | None = None,
-        extra: Mapping[str, Any] | None = None,
+        extra: Mapping[str, object] | None = None,
     ) -> Measurement:
         """Summarise ``samples`` (at least one). ``threads`` defaults to torch's current count."""
         values = tuple(float(s) for s in samples)
@@ -102,7 +102,7 @@ class Measurement:
             extra=self.extra,
         )
 
-    def with_extra(self, **values: Any) -> Measurement:
+    def with_extra(self, **values: object) -> Measurement:
         """A copy with ``values`` merged into ``extra``."""
         return Measurement(**{**self.__dict__, "extra": {**self.extra, **values}})
 
@@ -110,7 +110,7 @@ class Measurement:
         """A copy recording ``threads`` (e.g. the worker processes' count, not the parent's)."""
         return Measurement(**{**self.__dict__, "threads": threads})
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         """A JSON-safe dict; :meth:`from_json` inverts it."""
         return {
             "name": self.name,
@@ -163,7 +163,7 @@ class Ratio:
     def name(self) -> str:
         return f"{self.numerator}/{self.denominator}"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "name": self.name,
             "numerator": self.numerator,
@@ -391,7 +391,7 @@ class CpuPressure:
     wall_s: float
     stalled_fraction: float
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return dict(self.__dict__)
 
     @property
@@ -440,12 +440,12 @@ class PressureMonitor:
         )
 
 
-def dumps(data: Any) -> str:
+def dumps(data: object) -> str:
     """JSON text for results (indent 2, infinities as strings so the file stays valid JSON)."""
     return json.dumps(_finite(data), indent=2, sort_keys=False)
 
 
-def _finite(value: Any) -> Any:
+def _finite(value: object) -> object:
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, dict):

@@ -33,11 +33,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.multiprocessing as mp
 from torch.multiprocessing import parent_process
+
+if TYPE_CHECKING:
+    from multiprocessing.context import ForkServerContext, SpawnContext
+    from multiprocessing.process import BaseProcess
+    from multiprocessing.queues import Queue
 
 Step = Callable[[], None]
 Stats = Callable[[], dict[str, Any]]
@@ -45,7 +50,7 @@ Stats = Callable[[], dict[str, Any]]
 _POLL_S = 0.2
 
 
-def _context() -> Any:
+def _context() -> ForkServerContext | SpawnContext:
     """Start method for workers: forkserver where the platform has it, else spawn.
 
     Both are safe with CUDA and with OpenMP threads in the parent (plain fork is not: a
@@ -102,7 +107,7 @@ def _resolve(factory: str) -> Callable[..., tuple[Step, Stats]]:
 
 def _worker(
     rank: int, world_size: int, port: int, factory: str, device: str, spec: dict[str, Any],
-    threads: int, commands: Any, results: Any,
+    threads: int, commands: Queue[str], results: Queue[tuple[str, int, Any]],
 ) -> None:
     """Body of one worker process (module level so the start method can pickle it)."""
     if hasattr(signal, "pthread_sigmask"):  # a spawned child inherits the launch's mask
@@ -171,9 +176,9 @@ class WorkerGroup:
         self.world_size = len(self.devices)
         self.threads, self.timeout_s = threads, timeout_s
         self._ctx = _context()
-        self._results: Any = self._ctx.Queue()
-        self._commands: list[Any] = []
-        self._procs: list[Any] = []
+        self._results: Queue[tuple[str, int, Any]] = self._ctx.Queue()  # (kind, rank, value)
+        self._commands: list[Queue[str]] = []
+        self._procs: list[BaseProcess] = []
         self._ready = False
 
     def __enter__(self) -> WorkerGroup:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from torchgpu.bench.result import Plot, SuiteResult
 from torchgpu.bench.suites.common import gpus, rounds_for, sync_for
@@ -81,12 +81,12 @@ def plan_for(cuda: Sequence[torch.device]) -> DdpPlan:
     return DdpPlan("cpu", "cpu", ("cpu", "cpu"), False, RSS, why)
 
 
-def _work(quick: bool, batch: int, device: torch.device) -> tuple[nn.Module, Any, Any]:
+def _work(quick: bool, batch: int, device: torch.device) -> tuple[nn.Module, Tensor, Tensor]:
     work = workload(quick, batch, FULL_IMAGE_PX, device)
     return work.model, work.inputs, work.labels
 
 
-def _step(model: nn.Module, x: Any, y: Any) -> Step:
+def _step(model: nn.Module, x: Tensor, y: Tensor) -> Step:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.001)
     loss_fn = nn.CrossEntropyLoss()
 
@@ -143,7 +143,7 @@ def _peaks(devices: Sequence[torch.device], fn: Callable[[], None]) -> list[int]
     return [int(torch.cuda.max_memory_allocated(d)) for d in devices]
 
 
-def _single_sample(name: str, value: float, unit: str, **extra: Any) -> Measurement:
+def _single_sample(name: str, value: float, unit: str, **extra: object) -> Measurement:
     return Measurement.from_samples(name, [value], unit=unit, extra=extra)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 import torch
 
@@ -39,7 +39,11 @@ def split_label(split_size: int, run: ResNetRun) -> str:
     return f"split {split_size} ({run.chunks_for(split_size)} chunks)"
 
 
-def _with_chunks(pipe: Any, chunks: int, step: Callable[[], None]) -> Callable[[], None]:
+class _Chunked(Protocol):
+    chunks: int
+
+
+def _with_chunks(pipe: _Chunked, chunks: int, step: Callable[[], None]) -> Callable[[], None]:
     def run() -> None:
         pipe.chunks = chunks
         step()

@@ -18,11 +18,15 @@ field with the ones a real ``train()`` call builds, so the two cannot drift apar
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from torchgpu.train.loop import LoopParts
+    from torchgpu.train.state import TrainState
 
 Batches = Sequence[tuple[Tensor, Tensor]]
 
@@ -30,7 +34,8 @@ Batches = Sequence[tuple[Tensor, Tensor]]
 def loop_parts(model: nn.Module, device: torch.device, *, batch_size: int, lr: float,
                task: str = "regression", precision: str = "fp32", accumulate: int = 1,
                clip_norm: float | None = None, on_nonfinite: str = "stop",
-               mode: str = "single", state: Any = None, samples: int | None = None) -> Any:
+               mode: str = "single", state: TrainState | None = None,
+               samples: int | None = None) -> LoopParts:
     """``LoopParts`` for ``model`` on ``device``, exactly as the runner builds them for one
     process of strategy ``mode`` (``state``: the TrainState the back-off reports from;
     ``samples``: the epoch's sample count, for the loader's shard layout)."""
@@ -101,7 +106,7 @@ class TrainEpoch:
         state = self.state
         state.begin_epoch(state.epoch)
         self.buffer.steps.clear()
-        batches: Any = self.batches
+        batches: Iterable[tuple[Tensor, Tensor]] = self.batches
         if self.device.type == "cuda":  # copies overlap compute on a side stream
             batches = iter(Prefetcher(batches, self.device))
         run_epoch(self.parts, batches, state, batches_per_epoch=len(self.batches),
