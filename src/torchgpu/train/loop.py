@@ -245,8 +245,10 @@ def run_epoch(
     if records is None:
         records = []
     backoff = parts.backoff
-    # The window's batches, held until its boundary so an OOM back-off can replay it.
-    held: list[tuple[Tensor, Tensor]] | None = [] if backoff is not None else None
+    # The window's batches, held until its boundary so an OOM back-off can replay it. A
+    # window of one batch is the current (x, y): no list to fill and clear every step.
+    held: list[tuple[Tensor, Tensor]] | None = (
+        [] if backoff is not None and window > 1 else None)
     agreement: RankAgreement | None = None
     guard: FiniteGuard | None = None
     if parts.agree:
@@ -292,8 +294,8 @@ def run_epoch(
             try:
                 if held is not None:
                     held.append((x, y))
-                    if routed:  # backed off (or poisoned): the pieces run in the back-off
-                        replaced = backoff.run_batch(x, y)  # type: ignore[union-attr]
+                if routed:  # backed off (or poisoned): the pieces run in the back-off
+                    replaced = backoff.run_batch(x, y)  # type: ignore[union-attr]
                 if replaced is None and plain:  # no context to enter (fp32, no window)
                     loss = loss_fn(model(x), y)
                     value = loss.item()
@@ -310,25 +312,25 @@ def run_epoch(
                 acc.reset()
                 if loss is None:  # raised inside the back-off's pieces: no local value here
                     value = math.nan
-                replaced = (backoff.after_nonfinite(held) if backoff is not None and held
+                replaced = (backoff.after_nonfinite(held or [(x, y)]) if backoff is not None
                             else None) or _DROPPED
             except Exception as error:
-                if backoff is None or held is None or not is_oom(error):
+                if backoff is None or not is_oom(error):
                     raise
                 in_backward = loss is not None
                 loss = None  # the failed step's graph: free it before retrying
-                replaced = backoff.recover(error, held, in_backward)
+                replaced = backoff.recover(error, held or [(x, y)], in_backward)
             if replaced is not None:
                 routed = backoff is not None and backoff.active
                 stepped = replaced.stepped
                 if not replaced.dropped:
                     value = replaced.value
                     bad = not math.isfinite(value)
-            if (not stepped and guard is not None and backoff is not None and held
+            if (not stepped and guard is not None and backoff is not None
                     and acc.pending == 0 and (replaced is None or not replaced.dropped)):
                 # A skipped step the guard did not see (the fp16 GradScaler's): another
                 # rank's out-of-memory poison looks the same, so agree (collective).
-                again = backoff.after_nonfinite(held)
+                again = backoff.after_nonfinite(held or [(x, y)])
                 routed = backoff.active
                 if again is not None:
                     replaced, stepped = again, again.stepped
