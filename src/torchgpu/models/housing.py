@@ -27,9 +27,13 @@ class HousingNet(nn.Module):
         self.layer3 = nn.Sequential(nn.Linear(n_hidden_2, out_dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.relu(self.layer1(x))
-        x = F.relu(self.layer2(x))
-        out: torch.Tensor = self.layer3(x)
+        # The submodules from _modules: ``self.layer1`` goes through nn.Module.__getattr__
+        # (~0.5 us each, three per step, in a loop whose steps take ~300 us). The same
+        # objects, so hooks, wrappers set with setattr and replicas behave alike.
+        layers = self._modules
+        x = F.relu(layers["layer1"](x))  # type: ignore[misc]
+        x = F.relu(layers["layer2"](x))  # type: ignore[misc]
+        out: torch.Tensor = layers["layer3"](x)  # type: ignore[misc]
         return out
 
     def as_sequential(self) -> nn.Sequential:
