@@ -29,29 +29,55 @@ def _records() -> list[EpochRecord]:
             for x, a, b in zip(XS, TRAIN, TEST, strict=True)]
 
 
-def test_worker_draws_the_same_png_as_drawing_here(tmp_path: Path) -> None:
+def _hide_matplotlib(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As in a run that has not imported matplotlib (other tests in this process may
+    have): the worker is then the one that draws. Undone when the test ends."""
+    monkeypatch.delitem(sys.modules, "matplotlib", raising=False)
+
+
+def test_worker_draws_the_same_png_as_drawing_here(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     worker = PlotWorker.start()
-    assert worker.render(tmp_path / "worker.png", XS, TRAIN, TEST, TITLE)
+    with monkeypatch.context() as hidden:
+        _hide_matplotlib(hidden)
+        assert worker.render(tmp_path / "worker.png", XS, TRAIN, TEST, TITLE)
     render(tmp_path / "here.png", XS, TRAIN, TEST, TITLE)
     assert (tmp_path / "worker.png").read_bytes() == (tmp_path / "here.png").read_bytes()
     assert not worker.render(tmp_path / "again.png", XS, TRAIN, TEST, TITLE)  # used once
     worker.close()  # no-op after render
 
 
-def test_a_failed_worker_falls_back_to_drawing_here(tmp_path: Path) -> None:
+def test_a_worker_is_not_used_once_matplotlib_is_imported_here(tmp_path: Path) -> None:
+    import matplotlib  # noqa: F401 - its settings here may differ from the worker's
+
+    worker = PlotWorker.start()
+    process = worker._process
+    assert not worker.render(tmp_path / "loss.png", XS, TRAIN, TEST, TITLE)
+    assert not (tmp_path / "loss.png").exists()  # the caller draws it
+    assert process is not None and process.returncode is not None  # ended
+
+
+def test_a_failed_worker_falls_back_to_drawing_here(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     broken = PlotWorker(subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE))
+    with monkeypatch.context() as hidden:
+        _hide_matplotlib(hidden)
+        assert not broken.render(tmp_path / "loss.png", XS, TRAIN, TEST, TITLE)
     path = tmp_path / "loss.png"
-    plot_losses(path, _records(), TITLE, broken)
+    plot_losses(path, _records(), TITLE, PlotWorker(None))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    plot_losses(tmp_path / "none.png", _records(), TITLE, PlotWorker(None))
-    assert (tmp_path / "none.png").is_file()
 
 
-def test_the_worker_reports_an_error_and_the_run_raises_it_here(tmp_path: Path) -> None:
+def test_the_worker_reports_an_error_and_the_run_raises_it_here(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     missing = tmp_path / "no-such-dir" / "loss.png"
     worker = PlotWorker.start()
-    assert not worker.render(missing, XS, TRAIN, TEST, TITLE)
+    process = worker._process
+    with monkeypatch.context() as hidden:
+        _hide_matplotlib(hidden)
+        assert not worker.render(missing, XS, TRAIN, TEST, TITLE)
+    assert process is not None and process.returncode == 1  # it answered with its error
     with pytest.raises(FileNotFoundError):
         plot_losses(missing, _records(), TITLE, PlotWorker.start())
 
