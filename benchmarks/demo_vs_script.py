@@ -6,12 +6,23 @@ hand-written script that trains the same network on the same data the same way (
 0.01, batch 16, MSE, shuffled each epoch, test loss each epoch, the weights saved at the
 end). Rounds are interleaved, and a second copy of the plain script gives the noise row.
 
-usage: python benchmarks/demo_vs_script.py [--epochs 200] [--rounds 5] [--out FILE.json]
+Both sides import torchgpu (the plain script for the same data), so its sources are
+byte-compiled first, as in any installed or once-run package: where
+PYTHONDONTWRITEBYTECODE is set, every run would otherwise compile the ~90 modules that
+``torchgpu train`` imports (~60 ms) but the plain script not (``--no-compile`` keeps that).
+
+usage: python benchmarks/demo_vs_script.py [--epochs 200] [--rounds 5] [--json FILE.json]
+       [--quick] [--no-compile]
+
+With ``--json`` (alias ``--out``) it runs through ``python -m torchgpu.bench.extra`` into
+benchmarks/results/<machine>/extra/demo_vs_script.json (``EXTRAS=demo_vs_script
+benchmarks/run.sh``), rendered by benchmarks/summarize.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import statistics
 import subprocess
@@ -65,8 +76,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--out", type=Path)
+    parser.add_argument("--json", "--out", dest="out", type=Path)
+    parser.add_argument("--quick", action="store_true", help="20 epochs, 2 rounds")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="do not byte-compile torchgpu's sources first")
     args = parser.parse_args()
+    if args.quick:
+        args.epochs, args.rounds = 20, 2
+    compiled = False
+    if not args.no_compile:
+        import torchgpu  # the package the timed processes import (same sys.path)
+
+        compiled = bool(compileall.compile_dir(Path(torchgpu.__file__).parent, quiet=2))
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "plain.py"
         script.write_text(PLAIN)
@@ -87,14 +108,17 @@ def main() -> int:
         rows.append({"name": name, "median_s": statistics.median(values),
                      "min_s": min(values), "max_s": max(values),
                      "ratio_to_plain": statistics.median(ratios),
-                     "ratio_min": min(ratios), "ratio_max": max(ratios)})
+                     "ratio_min": min(ratios), "ratio_max": max(ratios), "samples": values})
     print(f"whole process, housing, {args.epochs} epochs, {args.rounds} interleaved rounds "
-          "(ratio: median of per-round ratios to the plain script)")
+          "(ratio: median of per-round ratios to the plain script; torchgpu "
+          f"{'byte-compiled first' if compiled else 'not byte-compiled first'})")
     for row in rows:
         print(f"  {row['name']:28s} {row['median_s']:7.2f} s  x{row['ratio_to_plain']:.3f} "
               f"[{row['ratio_min']:.3f} .. {row['ratio_max']:.3f}]")
     if args.out:
         args.out.write_text(json.dumps({"epochs": args.epochs, "rounds": args.rounds,
+                                        "compiled": compiled, "target_ratio": 1.05,
+                                        "threads": "torch's default",
                                         "rows": rows}, indent=2))
     return 0
 

@@ -1,6 +1,7 @@
 """Run one of the stand-alone CPU benchmarks (``benchmarks/ddp_cpu.py``,
-``pipeline_cpu.py``) and keep its ``--json`` output with the context ``torchgpu bench``
-records: versions, git revision, CPU, command line, CPU pressure over the run.
+``pipeline_cpu.py``, ``demo_vs_script.py``) and keep its ``--json`` output with the
+context ``torchgpu bench`` records: versions, git revision, CPU, command line, CPU
+pressure over the run.
 
     python -m torchgpu.bench.extra benchmarks/pipeline_cpu.py OUT.json [SCRIPT ARGS...]
 
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA = "torchgpu.bench-extra/1"
-EXTRAS = ("ddp_cpu", "pipeline_cpu")
+EXTRAS = ("ddp_cpu", "pipeline_cpu", "demo_vs_script")
 
 
 def run_extra(script: Path, out: Path, args: Sequence[str] = (),
