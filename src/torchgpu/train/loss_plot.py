@@ -27,14 +27,15 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO
 
 MIN_OVERLAP_S = 1.0  # training time left that hides the worker's ~0.45 s start-up
 WAIT_S = 120.0  # the longest the run waits for the worker's answer before drawing itself
 _ROOT = str(Path(__file__).resolve().parent.parent.parent)  # the directory holding torchgpu
 
 
-def render(path: Path, xs: Sequence[int], train: Sequence[float], test: Sequence[float],
-           title: str) -> None:
+def render(path: Path | IO[bytes], xs: Sequence[int], train: Sequence[float],
+           test: Sequence[float], title: str) -> None:
     """Save a PNG of train and test loss per epoch (matplotlib's Agg canvas; no pyplot,
     so no global figure state and no GUI backend). Log scale when every loss is positive
     and there are several epochs."""
@@ -148,7 +149,7 @@ def _warm_up() -> None:
     import io
 
     decades = [10.0**k for k in range(-3, 5)]
-    render(io.BytesIO(), list(range(1, len(decades) + 1)), decades,  # type: ignore[arg-type]
+    render(io.BytesIO(), list(range(1, len(decades) + 1)), decades,
            [2 * v for v in decades], "warm-up")
 
 
