@@ -31,9 +31,9 @@ class HousingNet(nn.Module):
         # (~0.5 us each, three per step, in a loop whose steps take ~300 us). The same
         # objects, so hooks, wrappers set with setattr and replicas behave alike.
         layers = self._modules
-        x = F.relu(layers["layer1"](x))  # type: ignore[misc]
-        x = F.relu(layers["layer2"](x))  # type: ignore[misc]
-        out: torch.Tensor = layers["layer3"](x)  # type: ignore[misc]
+        layer1, layer2, layer3 = layers["layer1"], layers["layer2"], layers["layer3"]
+        assert layer1 is not None and layer2 is not None and layer3 is not None
+        out: torch.Tensor = layer3(F.relu(layer2(F.relu(layer1(x)))))
         return out
 
     def as_sequential(self) -> nn.Sequential:
