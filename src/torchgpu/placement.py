@@ -48,11 +48,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.hooks import RemovableHandle
 
+from torchgpu.device_rewrite import DeviceRewrite
 from torchgpu.errors import DeviceSpecError, first_line
 
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
@@ -117,29 +117,24 @@ def _normal_device(device: object) -> object:
     return device
 
 
-class _FakeCudaFunctions(TorchFunctionMode):
+class _FakeCudaFunctions(DeviceRewrite):
     """Rewrites the calls a CPU-only build cannot run on fake CUDA (see module docs)."""
 
-    def __torch_function__(
-        self,
-        func: Callable[..., Any],
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        kwargs = dict(kwargs or {})
-        if func is torch.Tensor.cuda:
-            wanted = args[1] if len(args) > 1 else kwargs.get("device")
-            device: object
-            if wanted is None or isinstance(wanted, int):
-                device = torch.device("cuda", wanted or 0)
-            else:
-                device = _normal_device(torch.device(wanted))
-            return args[0].to(device)
-        if func is torch.Tensor.to:
-            args = tuple(_normal_device(a) for a in args)
-            if "device" in kwargs:
-                kwargs["device"] = _normal_device(kwargs["device"])
+    def device(self, value: object, index_is_device: bool) -> object:
+        return _normal_device(value)
+
+    def cuda(self, tensor: torch.Tensor, device: object) -> object:
+        if device is None or isinstance(device, int):
+            return tensor.to(torch.device("cuda", device or 0))
+        if not isinstance(device, (str, torch.device)):
+            raise TypeError(f"Tensor.cuda() got device {device!r}")
+        wanted = torch.device(device)
+        if wanted.index is None:  # cuda means cuda:0 (asking CUDA would fail without a GPU)
+            wanted = torch.device(wanted.type, 0)
+        return tensor.to(wanted)
+
+    def call(self, func: Callable[..., Any], args: tuple[Any, ...],
+             kwargs: dict[str, Any]) -> Any:
         if func is F.batch_norm:
             bound = _batch_norm_args(*args, **kwargs)
             if bound["training"]:

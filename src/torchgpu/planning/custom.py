@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 from torch.utils.hooks import RemovableHandle
 
+from torchgpu.device_rewrite import DeviceRewrite
 from torchgpu.errors import DataError, TorchGpuError, UsageError, first_line
 from torchgpu.planning.footprint import Footprint
 
@@ -41,29 +40,16 @@ def _on_cpu(device: object) -> object:
     return device
 
 
-class _KeepOnCpu(TorchFunctionMode):
+class _KeepOnCpu(DeviceRewrite):
     """Rewrites CUDA device arguments to the CPU (see the module docstring)."""
 
-    def __torch_function__(
-        self,
-        func: Callable[..., Any],
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        kwargs = dict(kwargs or {})
-        if func is torch.Tensor.cuda:
-            return args[0]  # stays where it is: on the CPU (or meta)
-        if func is torch.Tensor.to:
-            args = tuple(
-                "cpu" if i == 1 and isinstance(a, int) and not isinstance(a, bool) else _on_cpu(a)
-                for i, a in enumerate(args)
-            )
-        if "device" in kwargs:
-            device = kwargs["device"]
-            is_index = isinstance(device, int) and not isinstance(device, bool)
-            kwargs["device"] = "cpu" if is_index else _on_cpu(device)
-        return func(*args, **kwargs)
+    def device(self, value: object, index_is_device: bool) -> object:
+        if index_is_device and isinstance(value, int) and not isinstance(value, bool):
+            return "cpu"  # a GPU index
+        return _on_cpu(value)
+
+    def cuda(self, tensor: torch.Tensor, device: object) -> object:
+        return tensor  # stays where it is: on the CPU (or meta)
 
 
 @contextlib.contextmanager
