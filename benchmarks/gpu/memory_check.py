@@ -149,7 +149,7 @@ def measured_peak(case: Case, model: nn.Module, device: torch.device) -> int:
 
 def check(case: Case, device: torch.device) -> dict[str, Any]:
     """One row: estimated and (on CUDA) measured peak bytes, and the error."""
-    from torchgpu.estimate import estimate_memory
+    from torchgpu.memory.estimate import estimate_memory
 
     torch.manual_seed(0)
     model = case.build()

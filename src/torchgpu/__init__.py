@@ -29,8 +29,8 @@ if TYPE_CHECKING:  # the public API, one name per line (read by _public_names)
     from torchgpu.devices import select_devices as select_devices
     from torchgpu.devices import set_visible_devices as set_visible_devices
     from torchgpu.distributed import init_distributed as init_distributed
-    from torchgpu.estimate import estimate_memory as estimate_memory
     from torchgpu.memory import apply_activation_checkpointing as apply_activation_checkpointing
+    from torchgpu.memory.estimate import estimate_memory as estimate_memory
     from torchgpu.parallel.data import unwrap as unwrap
     from torchgpu.parallel.data import wrap_data_parallel as wrap_data_parallel
     from torchgpu.parallel.model import split_model as split_model

@@ -258,7 +258,7 @@ def test_split_sweep_quick(tmp_path: Path) -> None:
     assert plot["reference"] == "single device" and plot["xscale"] == "log"
 
 
-@needs("torchgpu.memory")
+@needs("torchgpu.memory.activation_checkpointing")
 @pytest.mark.slow
 def test_checkpointing_quick_saves_memory(tmp_path: Path) -> None:
     doc = run_quick("checkpointing", tmp_path)

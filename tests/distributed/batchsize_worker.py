@@ -13,9 +13,9 @@ import sys
 
 import torch
 
-from torchgpu.batchsize import find_batch_size
 from torchgpu.distributed import init_distributed
-from torchgpu.oom import OOMBackoff
+from torchgpu.memory.batch_size_search import find_batch_size
+from torchgpu.memory.oom import OOMBackoff
 
 
 def main() -> None:

@@ -111,7 +111,7 @@ def _check_accumulation(opt_name: str, rank: int) -> dict[str, Any]:
 def _check_checkpointing_under_ddp() -> dict[str, Any]:
     import torch
 
-    from torchgpu.memory import apply_activation_checkpointing
+    from torchgpu.memory.activation_checkpointing import apply_activation_checkpointing
     from torchgpu.parallel.data import wrap_data_parallel
 
     plain = wrap_data_parallel(_deep_model(), "ddp")

@@ -93,7 +93,7 @@ def test_torchrun_leaves_sigterm_and_sigint_to_the_launcher() -> None:
     tears the workers down on SIGTERM); the agent keeps the other signals."""
     from torch.distributed.run import get_args_parser
 
-    from torchgpu.train.launch import LaunchSpec, agent_signals, torchrun_args
+    from torchgpu.launcher import LaunchSpec, agent_signals, torchrun_args
 
     args = get_args_parser().parse_args(torchrun_args(LaunchSpec(nproc=2), "x.py", []))
     assert hasattr(args, "signals_to_handle")

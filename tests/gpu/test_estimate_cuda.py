@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from torchgpu.estimate import estimate_memory
+from torchgpu.memory.estimate import estimate_memory
 from torchgpu.models import HousingNet, resnet50
 
 pytestmark = pytest.mark.gpu

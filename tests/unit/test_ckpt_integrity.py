@@ -29,7 +29,7 @@ from torchgpu.checkpoint import (
 from torchgpu.cli.main import main
 from torchgpu.errors import CheckpointCorruptError, CheckpointError, CheckpointFormatError
 from torchgpu.models.housing import HousingNet
-from torchgpu.train import metrics
+from torchgpu.train import outputs
 
 ROOT = os.geteuid() == 0 if hasattr(os, "geteuid") else False
 
@@ -182,7 +182,7 @@ def test_final_model_has_the_mode_of_the_other_files(
     assert len(set(modes.values())) == 1, modes
     old = os.umask(0o027)
     try:
-        metrics.save_model(tmp_path / "model.safetensors", {"w": torch.ones(2)})
+        outputs.save_model(tmp_path / "model.safetensors", {"w": torch.ones(2)})
         (tmp_path / "plain.txt").write_text("x")
     finally:
         os.umask(old)

@@ -9,9 +9,14 @@ import torch
 from torch import nn
 
 from torchgpu.errors import BalanceError, ConfigError
-from torchgpu.estimate import estimate_memory, measure_activations
-from torchgpu.estimate.activations import ActivationProfile
-from torchgpu.estimate.arithmetic import (
+from torchgpu.memory.activation_checkpointing import (
+    apply_activation_checkpointing,
+    segment_bounds,
+    sqrt_segments,
+)
+from torchgpu.memory.estimate import estimate_memory, measure_activations
+from torchgpu.memory.estimate.activations import ActivationProfile
+from torchgpu.memory.estimate.arithmetic import (
     checkpointed_bytes,
     optimizer_kind,
     retained_bytes,
@@ -19,12 +24,7 @@ from torchgpu.estimate.arithmetic import (
     state_bytes,
     training_peak_bytes,
 )
-from torchgpu.memory import (
-    apply_activation_checkpointing,
-    saved_tensor_bytes,
-    segment_bounds,
-    sqrt_segments,
-)
+from torchgpu.memory.saved_tensors import saved_tensor_bytes
 from torchgpu.models import HousingNet, LeNet5, resnet50
 
 # ---------------------------------------------------------------- pure arithmetic

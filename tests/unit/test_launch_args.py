@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from torchgpu.train import launch
+from torchgpu import launcher
 
 
 def test_worker_flags_that_abbreviate_torchrun_options_pass_through(
@@ -17,7 +17,7 @@ def test_worker_flags_that_abbreviate_torchrun_options_pass_through(
 
     monkeypatch.setattr(torchrun, "run", seen.append)
     worker = ["train", "--log", "tensorboard", "--log-dir", "x", "--nproc", "3", "--rdzv"]
-    code = launch.run(launch.LaunchSpec(nproc=2, module=True), "torchgpu", worker)
+    code = launcher.run(launcher.LaunchSpec(nproc=2, module=True), "torchgpu", worker)
     assert code == 0
     (args,) = seen
     assert args.training_script == "torchgpu" and args.module

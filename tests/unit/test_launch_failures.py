@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from torchgpu.train import launch
+from torchgpu import launcher
 
 
 def test_every_failed_rank_is_named_with_its_signal(
@@ -21,8 +21,8 @@ def test_every_failed_rank_is_named_with_its_signal(
         raise ChildFailedError("train.py", failures)
 
     monkeypatch.setattr("torch.distributed.run.run", torchrun)
-    spec = launch.LaunchSpec(nproc=2)
-    assert launch.run(spec, "train.py", []) == 1  # killed by signals: no exit code of its own
+    spec = launcher.LaunchSpec(nproc=2)
+    assert launcher.run(spec, "train.py", []) == 1  # killed by signals: no exit code of its own
     err = capsys.readouterr().err
     assert "worker rank 0 of train.py failed (signal 6)" in err
     assert "worker rank 1 of train.py failed (signal 9)" in err
@@ -38,5 +38,5 @@ def test_an_exit_code_is_passed_on(
         raise ChildFailedError("train.py", {1: failure})
 
     monkeypatch.setattr("torch.distributed.run.run", torchrun)
-    assert launch.run(launch.LaunchSpec(nproc=2), "train.py", []) == 3
+    assert launcher.run(launcher.LaunchSpec(nproc=2), "train.py", []) == 3
     assert "worker rank 1 of train.py failed (exit code 3)" in capsys.readouterr().err

@@ -15,7 +15,7 @@ import pytest
 
 from torchgpu.train import loss_plot
 from torchgpu.train.loss_plot import PlotWorker, render, worth_a_worker
-from torchgpu.train.metrics import EpochRecord, MetricsBuffer, plot_losses
+from torchgpu.train.outputs import EpochRecord, MetricsBuffer, plot_losses
 
 XS = list(range(1, 31))
 TRAIN = [500.0 / x for x in XS]

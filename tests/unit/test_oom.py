@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from torchgpu.errors import ConfigError, OutOfMemoryBackoffError
-from torchgpu.oom import (
+from torchgpu.memory.oom import (
     BatchSplit,
     OOMBackoff,
     is_oom,

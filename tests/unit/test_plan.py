@@ -417,7 +417,7 @@ def test_real_device_commands() -> None:
 def test_measured_footprint_matches_saved_tensor_bytes() -> None:
     import torch
 
-    from torchgpu.memory import saved_tensor_bytes
+    from torchgpu.memory.saved_tensors import saved_tensor_bytes
     from torchgpu.models import build_model
     from torchgpu.planning.measure import measure_footprint
 

@@ -238,7 +238,7 @@ def test_search_is_capped_by_the_data_and_keeps_the_effective_batch(housing: Any
 def test_ranks_agree_on_the_smaller_limit(housing: Any) -> None:
     """The other rank fits 12: with agree = min over both ranks, this one (fits 30) gets 12.
     (Two real gloo ranks: tests/distributed/test_train_auto_batch_gloo.py.)"""
-    from torchgpu.batchsize import find_batch_size
+    from torchgpu.memory.batch_size_search import find_batch_size
     from torchgpu.train.auto_batch import make_probe
 
     probe = make_probe(nn.Linear(13, 1), nn.MSELoss(), *housing.train.tensors,

@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from torchgpu.train.metrics import EpochRecord
+from torchgpu.train.outputs import EpochRecord
 from torchgpu.train.progress import (
     PlainProgress,
     RichProgress,

@@ -15,13 +15,13 @@ from torch import Tensor, nn
 
 from tests.user_models import Block, TinyCausalLM, TokenDataset
 from torchgpu.errors import ConfigError
-from torchgpu.memory import (
+from torchgpu.memory.activation_checkpointing import (
     apply_activation_checkpointing,
     checkpointing_report,
-    find_repeated_blocks,
     remove_activation_checkpointing,
-    saved_tensor_bytes,
 )
+from torchgpu.memory.repeated_blocks import find_repeated_blocks
+from torchgpu.memory.saved_tensors import saved_tensor_bytes
 
 
 class Bottleneck(nn.Module):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from torchgpu.cli.common import ArgumentParser
 from torchgpu.errors import UsageError
-from torchgpu.train.launch import DEFAULT_STOP_TIMEOUT_S
+from torchgpu.launcher import DEFAULT_STOP_TIMEOUT_S
 
 
 def _parser() -> ArgumentParser:
@@ -52,7 +52,7 @@ def _parser() -> ArgumentParser:
 
 def main(argv: list[str]) -> int:
     """``torchgpu launch [flags] SCRIPT [ARGS]``; returns the first failed worker's code."""
-    from torchgpu.train.launch import LaunchSpec, check_spec, run
+    from torchgpu.launcher import LaunchSpec, check_spec, run
 
     ns = _parser().parse_args(argv)
     spec = LaunchSpec(

@@ -178,7 +178,7 @@ def _check_gpus(config: TrainConfig) -> None:
 
 
 def _relaunch(config: TrainConfig, nproc: int, on_cuda: bool) -> int:
-    from torchgpu.train.launch import LaunchSpec, run
+    from torchgpu.launcher import LaunchSpec, run
 
     spec = LaunchSpec(
         nproc=nproc, nnodes=config.nnodes, node_rank=config.node_rank,

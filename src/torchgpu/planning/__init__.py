@@ -2,7 +2,8 @@
 
 - :mod:`~torchgpu.planning.targets`: device specs (``auto``, ``4x80GiB``, ``cuda:0,cuda:1``)
 - :mod:`~torchgpu.planning.footprint`: a model's training memory, device-independent
-- :mod:`~torchgpu.planning.measure`: the footprint from :func:`torchgpu.estimate.estimate_memory`
+- :mod:`~torchgpu.planning.measure`: the footprint from
+  :func:`torchgpu.memory.estimate.estimate_memory`
 - :mod:`~torchgpu.planning.strategies`: memory per device and step time of every strategy
 - :mod:`~torchgpu.planning.decide`: the choice ("fit with the least slowdown")
 - :mod:`~torchgpu.planning.commands`: a plan as ``torchgpu train`` settings, command or Python

@@ -158,7 +158,7 @@ def sample_from_data(spec: str, batch: int) -> tuple[object, bool]:
 def describe_sample(sample: object) -> str:
     """``shape 2,9`` for a tensor; ``input_ids 2x12 int64, labels 2x12 int64`` for a
     dict; the tensors in order for a tuple."""
-    from torchgpu.estimate.activations import tensor_leaves
+    from torchgpu.memory.estimate.activations import tensor_leaves
 
     def one(t: torch.Tensor) -> str:
         dtype = str(t.dtype).removeprefix("torch.")

@@ -1,4 +1,4 @@
-"""Measure a model's :class:`Footprint` with :func:`torchgpu.estimate.estimate_memory`.
+"""Measure a model's :class:`Footprint` with :func:`torchgpu.memory.estimate.estimate_memory`.
 
 Everything comes from the estimator: exact arithmetic for parameters (and buffers),
 gradients and optimizer state; activations measured once on fake tensors (so the
@@ -25,15 +25,15 @@ def measure_footprint(
     precision: str = "fp32",
 ) -> Footprint:
     """The :class:`Footprint` of training ``model`` on ``sample_batch`` (the model's
-    inputs of any structure, batch first, as :func:`~torchgpu.estimate.estimate_memory`
+    inputs of any structure, batch first, as :func:`~torchgpu.memory.estimate.estimate_memory`
     takes them; real, meta or fake: only shapes and dtypes are read).
 
     Raises :class:`ConfigError` (exit 2) for an unknown optimizer or precision, or a
     forward the estimator cannot run on fake tensors.
     """
-    from torchgpu.estimate import estimate_memory, measure_activations, optimizer_kind
-    from torchgpu.estimate.activations import sequential_layers
-    from torchgpu.estimate.arithmetic import CUDA_BLOCK_BYTES, module_tensors, state_bytes
+    from torchgpu.memory.estimate import estimate_memory, measure_activations, optimizer_kind
+    from torchgpu.memory.estimate.activations import sequential_layers
+    from torchgpu.memory.estimate.arithmetic import CUDA_BLOCK_BYTES, module_tensors, state_bytes
 
     kind = optimizer_kind(optimizer)
     profile = measure_activations(model, sample_batch, precision)

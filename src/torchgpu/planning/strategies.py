@@ -16,7 +16,7 @@ checkpointing, ``T(b)`` = the peak's temporaries, ``N`` devices, ``B`` the batch
   chunks but the last: stage ``S_i + In_i(B) + 2 A_i(B/M) + T(B/M)`` (every chunk's
   stage input kept, one chunk recomputed at a time, the last chunk's activations kept).
 
-``+ accumulation`` halves the micro-batch (the :class:`torchgpu.oom.OOMBackoff`
+``+ accumulation`` halves the micro-batch (the :class:`torchgpu.memory.oom.OOMBackoff`
 sequence) until it fits, keeping the effective batch; ``+ checkpointing`` uses ``Ack``.
 
 Step time is estimated relative to the whole batch on one device (:data:`COSTS`),
@@ -32,7 +32,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from torchgpu.oom import split_batch
+from torchgpu.memory.oom import split_batch
 from torchgpu.planning.footprint import Footprint, LayerFootprint
 from torchgpu.planning.targets import DeviceTarget
 
@@ -108,7 +108,7 @@ class Candidate:
 
 def halvings(micro: int, effective: int) -> list[tuple[int, int]]:
     """The back-off sequence ``[(micro, accumulate), ...]`` from ``micro`` down to 1,
-    keeping ``effective`` samples per step (the rule of :func:`torchgpu.oom.split_batch`)."""
+    keeping ``effective`` samples per step (the rule of :func:`torchgpu.memory.oom.split_batch`)."""
     out = [(micro, max(1, effective // micro))]
     while micro > 1:
         split = split_batch(effective, math.ceil(micro / 2))

@@ -28,6 +28,7 @@ from torch import nn
 
 from torchgpu.distributed import DistEnv
 from torchgpu.errors import UsageError
+from torchgpu.launcher import check_process_count
 from torchgpu.precision import resolve_mode
 from torchgpu.train import build, strategies
 from torchgpu.train.auto_batch import simulated_limit
@@ -35,7 +36,6 @@ from torchgpu.train.auto_strategy import decide_strategy
 from torchgpu.train.checkpointing import RunStart, plan_resume
 from torchgpu.train.config import TrainConfig, resolve, validate
 from torchgpu.train.faults import crash_plan_from_env, hang_plan_from_env
-from torchgpu.train.launch import check_process_count
 from torchgpu.train.memory_snapshot import refuse_off_cuda
 from torchgpu.train.out_dir import check_creatable, check_out_dir
 from torchgpu.train.task import Task, task_for_config

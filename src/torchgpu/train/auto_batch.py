@@ -1,10 +1,10 @@
 """``torchgpu train --batch-size auto``: the largest micro-batch that fits, agreed by all ranks.
 
-:func:`search_batch_size` runs :func:`torchgpu.batchsize.find_batch_size` (grow by
-doubling, then binary-search) with a probe that does one real forward and backward of
+:func:`search_batch_size` runs :func:`torchgpu.memory.batch_size_search.find_batch_size`
+(grow by doubling, then binary-search) with a probe that does one real forward and backward of
 ``n`` training samples on the run's device, holding as much extra memory as Adam's state
 (two tensors per parameter) while it runs, so what fits leaves room for the optimizer.
-Out-of-memory (:func:`torchgpu.oom.is_oom`) means "does not fit"; every other error is
+Out-of-memory (:func:`torchgpu.memory.oom.is_oom`) means "does not fit"; every other error is
 raised. After each probe the ranks agree on the minimum (``agree_min``), so every rank
 walks the same probes and trains with the same micro-batch: with GPUs of different sizes,
 what the smallest one fits. The probe runs on the unwrapped model (no DDP all-reduce,
@@ -18,7 +18,8 @@ the cap is what it finds.
 
 ``--effective-batch-size E`` keeps ``E`` samples per optimizer step over all processes:
 the micro-batch is at most what fits and accumulation makes up the rest
-(:func:`torchgpu.batchsize.keep_effective`); without it the accumulation is ``--accumulate``.
+(:func:`torchgpu.memory.batch_size_search.keep_effective`); without it the accumulation is
+``--accumulate``.
 
 Testing without a GPU: ``limit_samples`` makes every probe above that many samples raise
 ``torch.OutOfMemoryError`` (before any work), as a device of that size would. The CLI
@@ -38,9 +39,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from torchgpu.batchsize import BatchSearchResult, find_batch_size, keep_effective
 from torchgpu.errors import UsageError
-from torchgpu.oom import Agree
+from torchgpu.memory.batch_size_search import BatchSearchResult, find_batch_size, keep_effective
+from torchgpu.memory.oom import Agree
 from torchgpu.train.config import TrainConfig
 
 #: Test-only: a simulated memory limit in samples (``N`` or ``N0,N1,...`` per rank).

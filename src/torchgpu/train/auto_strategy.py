@@ -60,7 +60,7 @@ def step_bound_bytes(model: nn.Module, sample: Any, batch: int) -> int:
     first is used.
     """
     from torchgpu.data.batches import first_rows
-    from torchgpu.memory import saved_tensor_bytes
+    from torchgpu.memory.saved_tensors import saved_tensor_bytes
 
     one = first_rows(sample, 1)
 

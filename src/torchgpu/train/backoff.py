@@ -1,7 +1,7 @@
 """Out-of-memory back-off inside the training loop: same data, smaller pieces.
 
 On ``torch.OutOfMemoryError`` in a forward or backward, :class:`LoopBackoff` frees the
-failed step, halves the micro-batch (:class:`torchgpu.oom.OOMBackoff` does the
+failed step, halves the micro-batch (:class:`torchgpu.memory.oom.OOMBackoff` does the
 arithmetic and the agreement), zeroes the accumulation window and runs the window again
 from its first batch, each loader batch now cut into ``ceil(n / micro_batch)``
 consecutive pieces. The effective batch is unchanged and the data order is kept: piece
@@ -55,7 +55,14 @@ from torchgpu.data.batches import (
     zero_loss_like,
 )
 from torchgpu.errors import OutOfMemoryBackoffError
-from torchgpu.oom import FIX_HINT, Agree, OOMBackoff, is_oom, release_failed_step, release_memory
+from torchgpu.memory.oom import (
+    FIX_HINT,
+    Agree,
+    OOMBackoff,
+    is_oom,
+    release_failed_step,
+    release_memory,
+)
 from torchgpu.parallel.data import find_ddp
 
 Batch = tuple[Tensor, Tensor]
@@ -357,12 +364,12 @@ def for_run(model: nn.Module, accumulator: Any, loss_fn: LossFn, precision: Any,
     def log(event: BackoffEvent) -> None:
         if out_dir is None:
             return
-        from torchgpu.train import metrics
+        from torchgpu.train import outputs
 
         step, epoch = position()
         print(f"{event.describe()} (step {step + 1}, epoch {epoch + 1})", file=sys.stderr)
         line = {"kind": "oom_backoff", "step": step + 1, "epoch": epoch, **event.as_dict()}
-        metrics.append_lines(out_dir / metrics.METRICS_FILE, [json.dumps(line)])
+        outputs.append_lines(out_dir / outputs.METRICS_FILE, [json.dumps(line)])
 
     return LoopBackoff(model, accumulator, loss_fn, batch_size=batch_size,
                        accumulate=accumulate, autocast=autocast, device=device,

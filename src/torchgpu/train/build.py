@@ -201,7 +201,10 @@ def wrap_model(
     """
     notes: tuple[str, ...] = ()
     if config.activation_checkpointing:
-        from torchgpu.memory import apply_activation_checkpointing, checkpointing_report
+        from torchgpu.memory.activation_checkpointing import (
+            apply_activation_checkpointing,
+            checkpointing_report,
+        )
 
         model = apply_activation_checkpointing(model)
         notes = (checkpointing_report(model).describe(),)

@@ -106,11 +106,11 @@ from torchgpu.checkpoint import (
 from torchgpu.checkpoint.atomic import write_pointer
 from torchgpu.checkpoint.discover import LATEST, later_checkpoints, newest_verified, set_aside
 from torchgpu.errors import CheckpointCorruptError, ResumeError
-from torchgpu.train import loop, metrics
+from torchgpu.train import loop, outputs
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.faults import CrashPlan, HangPlan
 from torchgpu.train.heartbeat import Heartbeat
-from torchgpu.train.metrics import EpochRecord, MetricsBuffer
+from torchgpu.train.outputs import EpochRecord, MetricsBuffer
 from torchgpu.train.state import StopFlag, TrainState
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -308,7 +308,7 @@ class RunCheckpoints:
             from torchgpu.checkpoint.atomic import write_file_atomic
 
             lines = history_lines(state, self.records)
-            write_file_atomic(self.out_dir / metrics.METRICS_FILE,
+            write_file_atomic(self.out_dir / outputs.METRICS_FILE,
                               "".join(line + "\n" for line in lines).encode())
         return state
 
@@ -473,7 +473,7 @@ class RunCheckpoints:
             self.save(state)
         if self.out_dir is None:
             return
-        metrics.append_lines(self.out_dir / metrics.METRICS_FILE, buffer.take_lines())
+        outputs.append_lines(self.out_dir / outputs.METRICS_FILE, buffer.take_lines())
         print(
             f"stopped by {self.stop.signal_name or 'request'} after step {state.step} (epoch "
             f"{state.epoch + 1}, batch {state.batch_in_epoch} of {batches_per_epoch}); "

@@ -307,7 +307,7 @@ def validate(config: TrainConfig) -> None:
             "node's agent meets at (the same on every node), e.g. --rdzv-endpoint 10.0.0.1:29400."
         )
     if config.rdzv_endpoint is not None:
-        from torchgpu.train.launch import check_endpoint
+        from torchgpu.launcher import check_endpoint
 
         check_endpoint(config.rdzv_endpoint)  # the check `torchgpu launch` makes too
     _at_least("max_restarts", config.max_restarts, 0)

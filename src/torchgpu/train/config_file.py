@@ -207,7 +207,7 @@ def write_config(out_dir: Path, config: TrainConfig, *, world_size: int, local_w
     objects) still records its settings; the file says it cannot be re-run from the
     command line, and :func:`read_settings` refuses it.
     """
-    from torchgpu.train.metrics import versions
+    from torchgpu.train.outputs import versions
 
     from_fit = (config.model or "").startswith("fit:")
 

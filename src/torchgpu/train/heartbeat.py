@@ -1,6 +1,6 @@
 """Heartbeats: where every rank is, so a hung collective is named instead of waited out.
 
-A multi-process run started by :func:`torchgpu.train.launch.run` gets a directory in
+A multi-process run started by :func:`torchgpu.launcher.run` gets a directory in
 ``TORCHGPU_HEARTBEAT_DIR``; each rank's :class:`Heartbeat` keeps one small JSON file
 there (``rank<R>.json``, replaced atomically), written by a background thread about
 four times a second from values the training loop already keeps (``state.step``), so

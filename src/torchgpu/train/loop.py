@@ -47,7 +47,7 @@ from torch import Tensor, nn
 
 from torchgpu.data.batches import batch_rows
 from torchgpu.errors import NonFiniteLossError
-from torchgpu.oom import is_oom
+from torchgpu.memory.oom import is_oom
 from torchgpu.train.agreement import FiniteGuard, NonFiniteGradients, RankAgreement
 from torchgpu.train.backoff import BatchOutcome
 from torchgpu.train.state import StopFlag, TrainState

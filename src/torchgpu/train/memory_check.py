@@ -43,7 +43,7 @@ def from_estimator(config: TrainConfig, task: Any, mode: str, world: int, device
                    ) -> dict[str, Any]:
     """:func:`torchgpu.estimate_memory` for the run's settings on a fresh model
     (``device``: the run's, naming the one device of ``single``)."""
-    from torchgpu.estimate import estimate_memory
+    from torchgpu.memory.estimate import estimate_memory
 
     # The strategy that ran -> estimate_memory's name for it (declared by the strategy;
     # dp, one process driving every GPU through nn.DataParallel, has no estimator model).

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from torchgpu.train.config import TrainConfig
-from torchgpu.train.metrics import EpochRecord
+from torchgpu.train.outputs import EpochRecord
 from torchgpu.train.state import TrainState
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from torchgpu.errors import UsageError
-from torchgpu.train import metrics
+from torchgpu.train import outputs
 
 FIX = "pass a directory you can write to, e.g. --out runs/my-run"
 
@@ -121,7 +121,7 @@ def check_out_dir(out: str, resuming: bool) -> Path:
             f"--out {out} exists and is not a directory: pass a new directory for the run."
         )
     if not resuming and path.is_dir():
-        taken = [n for n in (metrics.SUMMARY_FILE, metrics.METRICS_FILE) if (path / n).exists()]
+        taken = [n for n in (outputs.SUMMARY_FILE, outputs.METRICS_FILE) if (path / n).exists()]
         if taken:
             raise UsageError(
                 f"--out {out} already holds a run ({', '.join(taken)}): pass a new --out "

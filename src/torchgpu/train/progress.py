@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from torchgpu.train.metrics import EpochRecord
+from torchgpu.train.outputs import EpochRecord
 from torchgpu.train.state import TrainState
 
 MemoryReader = Callable[[], str]  # "" when there is nothing to show

@@ -18,11 +18,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchgpu.train import metrics
+from torchgpu.train import outputs
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.config_file import write_config as write_config_file
 from torchgpu.train.evaluation import EvalResult
-from torchgpu.train.metrics import EpochRecord
+from torchgpu.train.outputs import EpochRecord
 from torchgpu.train.progress import read_process_rss
 from torchgpu.train.state import StopFlag, TrainState
 
@@ -136,6 +136,6 @@ def summary_of(config: TrainConfig, data: Any, mode: str, world: int, state: Tra
         "stop_steps_by_rank": (stop.steps_by_rank or [state.step]) if stopped else None,
         "devices": [{"rank": r, "device": d, "name": n, "peak_memory_bytes": b}
                     for r, (d, n, b) in enumerate(peaks)],
-        "versions": metrics.versions(),
+        "versions": outputs.versions(),
         "config": {k: v for k, v in dataclasses.asdict(config).items()},
     }

@@ -24,7 +24,7 @@ from torch import nn
 from torchgpu.data.batches import install_call_convention
 from torchgpu.distributed import init_distributed
 from torchgpu.errors import CollectiveTimeoutError, DistributedError, TorchGpuError, first_line
-from torchgpu.train import build, metrics
+from torchgpu.train import build, outputs
 from torchgpu.train.agreement import RankAgreement
 from torchgpu.train.assemble import Assembly, assemble, settle, with_stop_at
 from torchgpu.train.auto_batch import apply_auto_batch
@@ -35,8 +35,8 @@ from torchgpu.train.evaluation import evaluate
 from torchgpu.train.heartbeat import Heartbeat, collective_failure
 from torchgpu.train.loop import LoopParts, run_epoch, sync_now
 from torchgpu.train.loss_plot import PlotWorker, worth_a_worker
-from torchgpu.train.metrics import EpochRecord, MetricsBuffer
 from torchgpu.train.observers import Observers
+from torchgpu.train.outputs import EpochRecord, MetricsBuffer
 from torchgpu.train.progress import NullProgress, make_progress
 from torchgpu.train.report import (
     TrainResult,
@@ -264,7 +264,7 @@ def _run(
                 state.begin_epoch(epoch + 1)
                 watch.epoch(buffer.steps, record)
                 if out_dir is not None:
-                    metrics.flush_epoch(out_dir, buffer, record)
+                    outputs.flush_epoch(out_dir, buffer, record)
                 progress.end_epoch(record, config.epochs)
     except BaseException:
         if plot_worker is not None:
@@ -285,6 +285,6 @@ def _run(
     if out_dir is not None:
         watch.report(summary, config, planned, data, mode, world)
     if out_dir is not None:
-        metrics.write_outputs(out_dir, records, final_state, summary,
+        outputs.write_outputs(out_dir, records, final_state, summary,
                               f"{config.run_name}: {mode}, {world} process(es)", plot_worker)
     return TrainResult(config, summary, state, tuple(records), unwrap(model), out_dir, notes)

@@ -144,7 +144,7 @@ def build_split_model(
     if kind == "model":
         split = build_pipeline_model(model, "model", devices, balance=balance, sample=x)
         if config.activation_checkpointing:
-            from torchgpu.memory import apply_activation_checkpointing
+            from torchgpu.memory.activation_checkpointing import apply_activation_checkpointing
 
             for stage in split.partitions:
                 if len(stage) > 1:

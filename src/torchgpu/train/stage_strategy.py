@@ -43,11 +43,11 @@ from torch import Tensor, nn
 
 from torchgpu.distributed import DistEnv
 from torchgpu.errors import UsageError
-from torchgpu.train import build, metrics
+from torchgpu.train import build, outputs
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.evaluation import EvalResult, evaluate
 from torchgpu.train.loop import LoopParts, run_epoch, start_epoch
-from torchgpu.train.metrics import EpochRecord, MetricsBuffer
+from torchgpu.train.outputs import EpochRecord, MetricsBuffer
 from torchgpu.train.progress import NullProgress, make_progress
 from torchgpu.train.report import (
     TrainResult,
@@ -192,7 +192,7 @@ class StageTrainer:
         """Held-out metrics on every rank (computed on the last, broadcast from it). Each
         batch runs forward-only in the largest equal split up to one micro-batch per stage,
         so every row of every batch counts once."""
-        outputs: list[tuple[Tensor, Tensor]] = []
+        last_outputs: list[tuple[Tensor, Tensor]] = []
         pipe = self.pipe
         pipe.train(False)
         try:
@@ -201,12 +201,12 @@ class StageTrainer:
                 m = chunks_for_rows(self.stages, rows, "gpipe", self.ranks, self.stages) or 1
                 out = pipe.forward(x if pipe.is_first else None, rows=rows, chunks=m)
                 if pipe.is_last:
-                    outputs.append((out.detach(), y.to(self.device)))
+                    last_outputs.append((out.detach(), y.to(self.device)))
         finally:
             pipe.train(True)
         result: EvalResult | None = None
         if pipe.is_last:
-            result = evaluate(nn.Identity(), outputs, self.loss_fn, task=task,
+            result = evaluate(nn.Identity(), last_outputs, self.loss_fn, task=task,
                               device=self.device)
         box: list[Any] = [result]
         dist.broadcast_object_list(box, src=self.last_rank)
@@ -384,7 +384,7 @@ def train_stages(config: TrainConfig, env: DistEnv, device: torch.device, data: 
                 records.append(record)
                 state.epoch_losses.append((record.train_loss, record.test_loss))
                 if out_dir is not None:
-                    metrics.flush_epoch(out_dir, buffer, record)
+                    outputs.flush_epoch(out_dir, buffer, record)
                 progress.end_epoch(record, config.epochs)
     finally:
         progress.close()
@@ -400,6 +400,6 @@ def train_stages(config: TrainConfig, env: DistEnv, device: torch.device, data: 
                            "schedule": trainer.schedule, "balance": trainer.balance,
                            "chunks": trainer.chunks}
     if out_dir is not None:
-        metrics.write_outputs(out_dir, records, final_state, summary,
+        outputs.write_outputs(out_dir, records, final_state, summary,
                               f"{config.run_name}: pipeline, {env.world_size} process(es)")
     return TrainResult(config, summary, state, tuple(records), model, out_dir, notes)

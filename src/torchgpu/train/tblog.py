@@ -1,7 +1,7 @@
 """``--log tensorboard``: the run's records as TensorBoard event files under ``--out``.
 
 The same values ``metrics.jsonl`` holds (which is still written), written at the same
-moments: the loop keeps step losses in memory (:class:`~torchgpu.train.metrics.MetricsBuffer`)
+moments: the loop keeps step losses in memory (:class:`~torchgpu.train.outputs.MetricsBuffer`)
 and :meth:`TensorBoardLog.write_epoch` turns them into scalars once per epoch, with the
 epoch's evaluation metrics, throughput and peak memory. Nothing runs per step.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from torchgpu.errors import ConfigError
-from torchgpu.train.metrics import EpochRecord
+from torchgpu.train.outputs import EpochRecord
 
 TB_DIR = "tensorboard"  # under --out
 

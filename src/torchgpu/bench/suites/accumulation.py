@@ -5,8 +5,8 @@ One ResNet-50 (a 16-layer MLP with ``--quick``) and one :class:`torchgpu.GradAcc
 each variant sets k and trains one effective batch as k micro-batches of ``effective / k``
 samples. Time is per effective batch (per optimizer step); memory is the bytes autograd
 saves for one micro-batch's backward (the activation peak,
-:func:`torchgpu.memory.saved_tensor_bytes`) and, on a GPU, ``max_memory_allocated`` over
-one effective batch.
+:func:`torchgpu.memory.saved_tensors.saved_tensor_bytes`) and, on a GPU,
+``max_memory_allocated`` over one effective batch.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def micro_label(micro: int, effective: int) -> str:
 def run(quick: bool, devices: Sequence[torch.device], out: Path, threads: int) -> SuiteResult:
     """Interleave one optimizer step per micro-batch size; record memory per size."""
     from torchgpu.accumulate import GradAccumulator
-    from torchgpu.memory import saved_tensor_bytes
+    from torchgpu.memory.saved_tensors import saved_tensor_bytes
 
     cfg = QUICK_RUN if quick else FULL_RUN
     plan = rounds_for(quick)

@@ -4,8 +4,9 @@ ResNet-50 as 18 layers (stem, 16 blocks, head; a 16-layer MLP with ``--quick``) 
 batch per sample; each variant
 cuts it into k segments with :func:`torchgpu.apply_activation_checkpointing` (all but the
 last segment recompute their activations in backward). Memory is the bytes autograd saves
-for backward during one forward (:func:`torchgpu.memory.saved_tensor_bytes`, exact on any
-device) and, on a GPU, the peak of ``torch.cuda.max_memory_allocated`` over one step.
+for backward during one forward
+(:func:`torchgpu.memory.saved_tensors.saved_tensor_bytes`, exact on any device) and, on
+a GPU, the peak of ``torch.cuda.max_memory_allocated`` over one step.
 The seed's claim: checkpointing trades time for memory ("slow, but useful").
 """
 
@@ -36,12 +37,12 @@ def segment_label(segments: int | str) -> str:
 
 def run(quick: bool, devices: Sequence[torch.device], out: Path, threads: int) -> SuiteResult:
     """One model; each variant re-applies checkpointing with its segment count, then steps."""
-    from torchgpu.memory import (
+    from torchgpu.memory.activation_checkpointing import (
         apply_activation_checkpointing,
         remove_activation_checkpointing,
-        saved_tensor_bytes,
         sqrt_segments,
     )
+    from torchgpu.memory.saved_tensors import saved_tensor_bytes
 
     cfg = QUICK_RUN if quick else FULL_RUN
     plan = rounds_for(quick)

@@ -84,7 +84,7 @@ class TrainEpoch:
 
     def __init__(self, model: nn.Module, device: torch.device, batches: Batches, *,
                  batch_size: int, lr: float) -> None:
-        from torchgpu.train.metrics import MetricsBuffer
+        from torchgpu.train.outputs import MetricsBuffer
         from torchgpu.train.progress import NullProgress
         from torchgpu.train.state import StopFlag, TrainState
 

@@ -1,4 +1,4 @@
-"""Trading compute for memory: activation checkpointing, and measuring what it saves.
+"""Trading compute for memory: activation checkpointing.
 
 :func:`apply_activation_checkpointing` keeps only the inputs of a few segments or
 blocks during the forward and recomputes the rest during backward
@@ -10,7 +10,8 @@ gradients are bitwise those of the plain model, dropout included).
   layer's saved input *is* the previous layer's saved output.
 - Any other model has its repeated block checkpointed: the module class repeated in
   an ``nn.ModuleList`` / ``nn.Sequential`` that holds the largest share of the
-  parameters (a transformer block, a ResNet bottleneck; :func:`find_repeated_blocks`).
+  parameters (a transformer block, a ResNet bottleneck;
+  :func:`~torchgpu.memory.repeated_blocks.find_repeated_blocks`).
   ``blocks=`` names the class (or a predicate) instead.
 
 The model is changed in place and its ``state_dict`` keys stay the same (no wrapper
@@ -18,7 +19,8 @@ prefixes), so checkpoints load into the plain model and back. It works under DDP
 checkpoint before wrapping (or pass the wrapped model: it is unwrapped first).
 :func:`checkpointing_report` says what a model has checkpointed (for logs).
 
-:func:`saved_tensor_bytes` measures the bytes autograd keeps for backward.
+:func:`~torchgpu.memory.saved_tensors.saved_tensor_bytes` measures the bytes autograd
+keeps for backward, so what checkpointing saves can be checked.
 """
 
 from __future__ import annotations
@@ -35,19 +37,17 @@ from torch.nn.modules.batchnorm import _NormBase
 from torch.utils.checkpoint import checkpoint
 
 from torchgpu.errors import ConfigError
+from torchgpu.memory.repeated_blocks import (
+    NO_FORWARD,
+    find_repeated_blocks,
+    outermost,
+    unique_numel,
+)
 from torchgpu.parallel.data import unwrap
 
 Predicate = Callable[[str, nn.Module], bool]
 #: What ``blocks=`` accepts: a module class, a tuple of classes, or a predicate.
 BlockSpec = type | tuple[type, ...] | Predicate
-
-# Containers whose children are a model's repeated layers.
-_CONTAINERS = (nn.Sequential, nn.ModuleList)
-# Modules without a forward of their own: never blocks.
-_NO_FORWARD = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
-# A candidate within this fraction of the best parameter share is "as good": a model's
-# own block class then beats a plain Sequential holding the same layers.
-NEAR_BEST = 0.9
 
 
 def _running_stats(module: nn.Module) -> list[torch.Tensor]:
@@ -119,105 +119,6 @@ def is_sequential(model: nn.Module) -> bool:
     return isinstance(model, nn.Sequential) or callable(getattr(model, "as_sequential", None))
 
 
-# ---- repeated blocks ---------------------------------------------------------------------
-@dataclass(frozen=True)
-class RepeatedBlocks:
-    """The modules :func:`find_repeated_blocks` (or ``blocks=``) picked.
-
-    ``class_name``: their class (``GPT2Block``; ``Sequential`` for plain Sequential
-    blocks); ``names``: their names in ``model.named_modules()``; ``parameter_share``:
-    the fraction of the model's parameters (tied ones counted once) inside them.
-    """
-
-    class_name: str
-    names: tuple[str, ...]
-    parameter_share: float
-
-    @property
-    def count(self) -> int:
-        """How many blocks."""
-        return len(self.names)
-
-
-def _signature(module: nn.Module) -> object:
-    # Blocks are "the same" when their classes are; plain Sequentials when their layers'
-    # classes are (a stage of three conv-bn-relu Sequentials is a repeat, a stem is not).
-    if type(module) is nn.Sequential:
-        return (nn.Sequential, tuple(type(c) for c in module.children()))
-    return type(module)
-
-
-def _unique_numel(modules: list[nn.Module]) -> int:
-    seen: dict[int, int] = {}
-    for module in modules:
-        for p in module.parameters():
-            seen[id(p)] = p.numel()
-    return sum(seen.values())
-
-
-def _outermost(named: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
-    """``named`` less the modules nested inside another of them (wrapped once)."""
-    names = [n for n, _ in named]
-    return [(n, m) for n, m in named if not any(n.startswith(o + ".") for o in names if o != n)]
-
-
-def _block_candidates(model: nn.Module) -> list[tuple[object, list[tuple[str, nn.Module]]]]:
-    groups: dict[object, list[tuple[str, nn.Module]]] = {}
-    seen: set[int] = set()
-    for name, container in model.named_modules():
-        if not isinstance(container, _CONTAINERS):
-            continue
-        siblings: dict[object, list[tuple[str, nn.Module]]] = {}
-        for child_name, child in container.named_children():
-            # a block runs a composite forward: a lone Linear or ReLU is a layer, and
-            # checkpointing one saves nothing (its saved input is what checkpoint keeps)
-            if isinstance(child, _NO_FORWARD) or next(child.children(), None) is None:
-                continue
-            full = f"{name}.{child_name}" if name else child_name
-            siblings.setdefault(_signature(child), []).append((full, child))
-        for key, members in siblings.items():
-            if len(members) >= 2:
-                for full, child in members:
-                    if id(child) not in seen:
-                        seen.add(id(child))
-                        groups.setdefault(key, []).append((full, child))
-    return [(key, _outermost(members)) for key, members in groups.items()]
-
-
-def find_repeated_blocks(model: nn.Module) -> RepeatedBlocks | None:
-    """The repeated block of ``model``, or None when it has none.
-
-    Candidates are modules with children of their own, repeated (>= 2 of one class, or
-    plain Sequentials of the same layer classes) among the children of an
-    ``nn.ModuleList`` or ``nn.Sequential`` anywhere in the model; blocks of one class
-    in several containers (a ResNet's stages) count together. The candidate holding the
-    largest share of the parameters wins; among candidates within :data:`NEAR_BEST` of
-    that share, a model's own class beats plain Sequentials, then the one with more
-    blocks. Blocks without parameters are never chosen.
-    """
-    model = unwrap(model)
-    total = _unique_numel([model])
-    if total == 0:
-        return None
-    scored = []
-    for index, (key, members) in enumerate(_block_candidates(model)):
-        if len(members) < 2:
-            continue
-        share = _unique_numel([m for _, m in members]) / total
-        if share > 0:
-            scored.append((share, key, members, index))
-    if not scored:
-        return None
-    best = max(share for share, *_ in scored)
-    near = [row for row in scored if row[0] >= NEAR_BEST * best]
-    share, key, members, _ = max(
-        near, key=lambda r: (not isinstance(r[1], tuple), len(r[2]), r[0], -r[3])
-    )
-    cls = key[0] if isinstance(key, tuple) else key
-    assert isinstance(cls, type)
-    return RepeatedBlocks(cls.__name__, tuple(n for n, _ in members), share)
-
-
 def _matching(model: nn.Module, blocks: BlockSpec) -> list[tuple[str, nn.Module]]:
     classes = blocks if isinstance(blocks, tuple) else (blocks,) if isinstance(blocks, type) else ()
     test: Predicate
@@ -230,8 +131,8 @@ def _matching(model: nn.Module, blocks: BlockSpec) -> list[tuple[str, nn.Module]
             f"blocks={blocks!r} is not allowed: give an nn.Module subclass, a tuple of "
             "them, or a predicate (name, module) -> bool"
         )
-    return _outermost([
-        (n, m) for n, m in model.named_modules() if test(n, m) and type(m) not in _NO_FORWARD
+    return outermost([
+        (n, m) for n, m in model.named_modules() if test(n, m) and type(m) not in NO_FORWARD
     ])
 
 
@@ -448,7 +349,7 @@ def checkpointing_report(model: nn.Module) -> CheckpointingReport:
     """Which modules of ``model`` are checkpointed (see :class:`CheckpointingReport`)."""
     target = unwrap(model)
     wrapped = list(_wrapped(target))
-    total = _unique_numel([target])
+    total = unique_numel([target])
     if not wrapped:
         return CheckpointingReport("none", "", 0, 0.0)
     if isinstance(target, _SegmentCheckpointing):
@@ -456,12 +357,12 @@ def checkpointing_report(model: nn.Module) -> CheckpointingReport:
         count = min(target._torchgpu_ckpt_segments, len(layers))
         bounds = segment_bounds(len(layers), count) if layers else [(0, 0)]
         recomputed = layers[: bounds[-1][0]]
-        share = _unique_numel(recomputed) / total if total else 0.0
+        share = unique_numel(recomputed) / total if total else 0.0
         base: type = target._torchgpu_ckpt_base
         return CheckpointingReport("segments", base.__name__, count, share, ("",))
     classes = sorted({base.__name__ for _, base in wrapped})
     modules = dict(target.named_modules())
-    share = _unique_numel([modules[n] for n, _ in wrapped]) / total if total else 0.0
+    share = unique_numel([modules[n] for n, _ in wrapped]) / total if total else 0.0
     return CheckpointingReport(
         "blocks", "/".join(classes), len(wrapped), share, tuple(n for n, _ in wrapped)
     )
@@ -475,35 +376,3 @@ def remove_activation_checkpointing(model: nn.Module) -> nn.Module:
             del module._torchgpu_ckpt_base
             module.__dict__.pop("_torchgpu_ckpt_segments", None)
     return model
-
-
-def saved_tensor_bytes(fn: Callable[[], Any]) -> int:
-    """Bytes autograd saves for backward while ``fn()`` runs (run the forward only).
-
-    Counted through ``torch.autograd.graph.saved_tensors_hooks``: each saved tensor's
-    whole storage, each unique storage once (a ReLU's saved output that is also the
-    next Linear's saved input counts once). Not counted: leaf tensors that require grad
-    (parameters, and views of them such as a Linear's transposed weight), whose memory
-    exists whether or not autograd keeps them. Under activation checkpointing the
-    tensors saved inside a checkpointed segment are not kept (they are recomputed), but
-    each segment's inputs are, and are counted.
-    """
-    sizes: dict[tuple[str, int], int] = {}
-    alive: list[Any] = []  # keep storages alive so a freed pointer is not reused and miscounted
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        base = tensor._base if tensor._base is not None else tensor
-        if base.is_leaf and base.requires_grad:
-            return tensor
-        storage = tensor.untyped_storage()
-        pointer = storage.data_ptr()
-        key = (str(tensor.device), pointer if pointer else id(storage))
-        sizes[key] = storage.nbytes()
-        alive.append(storage)
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        fn()
-    alive.clear()
-    return sum(sizes.values())
-

@@ -11,14 +11,14 @@ import torch
 from torch import nn
 
 from torchgpu.errors import ConfigError
-from torchgpu.memory import (
+from torchgpu.memory.activation_checkpointing import (
     CheckpointedSequential,
     apply_activation_checkpointing,
     remove_activation_checkpointing,
-    saved_tensor_bytes,
     segment_bounds,
     sqrt_segments,
 )
+from torchgpu.memory.saved_tensors import saved_tensor_bytes
 
 WIDTH, BATCH = 64, 32
 

@@ -5,9 +5,9 @@ parameters and of the sample batch (``torch.func.functional_call``, so the model
 is untouched and nothing is allocated at its real size). A
 ``torch.autograd.graph.saved_tensors_hooks`` pack hook records each saved tensor's
 storage; every storage counts once, with its full size, as
-:func:`torchgpu.memory.saved_tensor_bytes` counts real tensors. Parameters (leaves that
-require grad) are not activations and are not counted; autocast's low-precision copies
-of them are.
+:func:`torchgpu.memory.saved_tensors.saved_tensor_bytes` counts real tensors.
+Parameters (leaves that require grad) are not activations and are not counted;
+autocast's low-precision copies of them are.
 
 The sample batch may have any structure, as the training engine takes it: a tensor
 (``model(x)``), a tuple or list (``model(*inputs)``), a dict (``model(**batch)``),
@@ -52,7 +52,7 @@ class ActivationProfile:
     or ``as_sequential()``), ``layer_saved[i]``/``layer_inputs[i]`` are the storages
     layer ``i`` saved / took as input; without one, they are empty. Without a view,
     ``block_names``/``block_saved``/``block_inputs`` are the same for the model's
-    repeated blocks (:func:`torchgpu.memory.find_repeated_blocks`), which activation
+    repeated blocks (:func:`torchgpu.memory.repeated_blocks.find_repeated_blocks`), which activation
     checkpointing recomputes; empty when it has none.
     """
 
@@ -187,7 +187,7 @@ def measure_activations(
     Raises :class:`ConfigError` for a bad precision or sample, or a forward whose
     control flow reads tensor values (it cannot run on fake tensors).
     """
-    from torchgpu.memory import find_repeated_blocks
+    from torchgpu.memory.repeated_blocks import find_repeated_blocks
     from torchgpu.parallel.data import unwrap
 
     if precision not in PRECISIONS:

@@ -2,7 +2,7 @@
 
 :func:`find_batch_size` calls ``try_step(n)`` -- one forward/backward (and optimizer
 step, if you want its memory counted) at micro-batch ``n`` -- and treats an
-out-of-memory error (:func:`torchgpu.oom.is_oom`) as "does not fit"; any other error is
+out-of-memory error (:func:`torchgpu.memory.oom.is_oom`) as "does not fit"; any other error is
 re-raised untouched. After every probe the ranks agree: a probe failed if it failed on
 *any* rank (one collective, the minimum over ranks of "1 if it fit"). Every rank
 therefore walks the same sequence of probes and returns the same size, and with GPUs of
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from torchgpu.errors import ConfigError, OutOfMemoryBackoffError
-from torchgpu.oom import FIX_HINT, Agree, default_agree, is_oom, release_memory, split_batch
+from torchgpu.memory.oom import FIX_HINT, Agree, default_agree, is_oom, release_memory, split_batch
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ def keep_effective(
     batch fits in one micro-batch it is used as is. Otherwise accumulation makes up the
     difference, exactly when the effective batch has a divisor within a factor 2 of
     ``micro`` (always with ``require_exact``), else rounded up by less than one sample
-    per micro-step -- the rule of :func:`torchgpu.oom.split_batch`.
+    per micro-step -- the rule of :func:`torchgpu.memory.oom.split_batch`.
 
     >>> keep_effective(256, 100)
     (64, 4)

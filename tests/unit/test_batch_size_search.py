@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from torchgpu.batchsize import find_batch_size, keep_effective
 from torchgpu.errors import ConfigError, OutOfMemoryBackoffError
+from torchgpu.memory.batch_size_search import find_batch_size, keep_effective
 
 
 def identity(value: int) -> int:

@@ -1,4 +1,4 @@
-"""Run records: metrics JSONL, summary JSON and the loss plot.
+"""A run's output files: the metrics JSONL, the summary JSON, the loss plot and the model.
 
 Per-step values are kept in memory by the loop (plain tuples, no I/O on the hot
 path) and written here once per epoch. Only rank 0 calls the writers.

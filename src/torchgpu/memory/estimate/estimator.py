@@ -1,8 +1,8 @@
 """estimate_memory: per-device training memory for a model, batch and strategy.
 
 Parameters, gradients and optimizer state are exact arithmetic
-(:mod:`torchgpu.estimate.arithmetic`); activations are measured on fake tensors
-(:mod:`torchgpu.estimate.activations`); nothing is allocated at the model's size.
+(:mod:`torchgpu.memory.estimate.arithmetic`); activations are measured on fake tensors
+(:mod:`torchgpu.memory.estimate.activations`); nothing is allocated at the model's size.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import torch
 from torch import nn
 
 from torchgpu.errors import ConfigError
-from torchgpu.estimate.activations import (
+from torchgpu.memory.estimate.activations import (
     ActivationProfile,
     as_call,
     measure_activations,
     sequential_layers,
 )
-from torchgpu.estimate.arithmetic import (
+from torchgpu.memory.estimate.arithmetic import (
     CUDA_BLOCK_BYTES,
     StateBytes,
     block_checkpointed_bytes,
@@ -44,7 +44,7 @@ class DeviceMemory:
     ``extra_bytes``: DDP gradient buckets, or FSDP's gathered (unsharded) weights of the
     two largest units. ``total_bytes`` is the sum of the five categories; ``peak_bytes``
     is the predicted high-water mark (it adds backward/step temporaries, see
-    :func:`~torchgpu.estimate.arithmetic.training_peak_bytes`) and is the number to
+    :func:`~torchgpu.memory.estimate.arithmetic.training_peak_bytes`) and is the number to
     compare with a device's memory. CUDA context (~0.3-0.5 GiB) is not included.
     ``layers`` is the ``[start, end)`` range of sequential layers a stage holds.
     """
@@ -132,7 +132,7 @@ def _device_names(n: int, devices: Sequence[str] | None) -> list[str]:
 
 def _ckpt_bounds(n_layers: int) -> list[tuple[int, int]]:
     # The same cut as apply_activation_checkpointing(segments="sqrt").
-    from torchgpu.memory import segment_bounds, sqrt_segments
+    from torchgpu.memory.activation_checkpointing import segment_bounds, sqrt_segments
 
     return segment_bounds(n_layers, sqrt_segments(n_layers)) if n_layers else []
 
@@ -190,7 +190,7 @@ def _shard_units(model: nn.Module, view: nn.Sequential | None) -> list[nn.Module
 
 def _sample_slice(sample: Any, rows: int) -> Any:
     """``sample`` with ``rows`` rows in every batched tensor (meta: shapes only)."""
-    from torchgpu.estimate.activations import map_tensors
+    from torchgpu.memory.estimate.activations import map_tensors
 
     def meta(t: torch.Tensor) -> torch.Tensor:
         shape = (rows, *t.shape[1:]) if t.dim() else ()
@@ -244,7 +244,7 @@ def estimate_memory(
       integers. Only shapes and dtypes are read, so ``torch.empty(..., device="meta")``
       tensors are enough. A loss the model computes (``output.loss``) is measured
       with the forward; ``loss_fn(output)`` adds one computed from the output.
-    - ``optimizer``: a name in :data:`~torchgpu.estimate.arithmetic.OPTIMIZERS`
+    - ``optimizer``: a name in :data:`~torchgpu.memory.estimate.arithmetic.OPTIMIZERS`
       ("adam", "adamw", "sgd", "sgd_momentum", ...), an optimizer class or instance.
     - ``precision``: "fp32", or "bf16"/"fp16" autocast (fp32 master weights, gradients
       and optimizer state; activations measured under autocast).

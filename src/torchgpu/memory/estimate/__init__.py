@@ -5,7 +5,7 @@ optimizer state with activation bytes measured on fake tensors (no real allocati
 the model's size). Example::
 
     import torch
-    from torchgpu.estimate import estimate_memory
+    from torchgpu.memory.estimate import estimate_memory
     from torchgpu.models import resnet50
 
     est = estimate_memory(resnet50(), torch.empty(64, 3, 224, 224, device="meta"),
@@ -16,9 +16,9 @@ the model's size). Example::
 
 from __future__ import annotations
 
-from torchgpu.estimate.activations import ActivationProfile, measure_activations
-from torchgpu.estimate.arithmetic import OPTIMIZERS, optimizer_kind, state_bytes
-from torchgpu.estimate.core import (
+from torchgpu.memory.estimate.activations import ActivationProfile, measure_activations
+from torchgpu.memory.estimate.arithmetic import OPTIMIZERS, optimizer_kind, state_bytes
+from torchgpu.memory.estimate.estimator import (
     STRATEGIES,
     DeviceMemory,
     MemoryEstimate,
