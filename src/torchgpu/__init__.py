@@ -8,7 +8,8 @@ first use (PEP 562), so ``import torchgpu`` stays cheap and never initialises CU
 More lives in the submodules, documented there: ``torchgpu.devices`` (``DeviceInfo``,
 ``parse_visible_devices``, ``default_device``), ``torchgpu.transfer`` (``pin``),
 ``torchgpu.distributed`` (``DistEnv``), ``torchgpu.checkpoint`` (inspect, verify,
-convert), ``torchgpu.parallel.*`` and ``torchgpu.train``.
+convert), ``torchgpu.memory`` (estimates, batch-size search, OOM back-off, activation
+checkpointing), ``torchgpu.parallel.*`` and ``torchgpu.train``.
 """
 
 from __future__ import annotations
