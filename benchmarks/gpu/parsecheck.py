@@ -6,7 +6,14 @@
   suite and size checked.
 - ``python3 path/to/script.py ...``: the script exists, compiles, and its own argparse
   accepts the arguments.
-- ``python3 -m pytest ...``: every path it names exists.
+- ``python3 -m pytest ...``: pytest itself parses the flags, with its plugins and the
+  repository's ini and conftest (:mod:`pytest_argcheck`, in a subprocess, stopped before
+  collection), and every test path it names exists.
+- every ``--device``/``--devices`` value (comma-separated lists too) has a form torchgpu
+  accepts (``cpu``, ``cuda``, ``cuda:N``...; availability is not checked), and
+  ``--model``/``--data``/``--loss`` specs (``path.py:attr``, ``module:attr``) resolve with
+  :func:`torchgpu.factories.resolve_spec` (imported, not called: no data is built);
+- the step's environment names only variables the code reads (:func:`known_env_names`).
 
 Each check raises :class:`CommandError` naming the command and what is wrong. Parsers are
 stopped right after parsing (nothing is trained, benchmarked or printed).
@@ -15,14 +22,27 @@ stopped right after parsing (nothing is trained, benchmarked or printed).
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import importlib
 import importlib.util
 import io
+import json
+import os
+import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+HERE = Path(__file__).resolve().parent
+# Variables a step may set that no torchgpu constant names: Python's, CUDA's, torch's.
+STANDARD_ENV = frozenset({
+    "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONPATH", "MPLBACKEND", "OMP_NUM_THREADS",
+    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_LAUNCH_BLOCKING",
+    "PYTORCH_CUDA_ALLOC_CONF", "TORCH_NCCL_TRACE_BUFFER_SIZE", "NCCL_DEBUG",
+})
+SPEC_FLAGS = {"model": "model", "data": "data", "loss": "loss"}  # namespace attr -> what
 
 
 class CommandError(Exception):
@@ -67,7 +87,8 @@ def parse_with(main: Any, argv: Sequence[str], what: str) -> argparse.Namespace:
     raise CommandError(f"{what}: returned without parsing its arguments")
 
 
-def check_torchgpu(argv: Sequence[str]) -> argparse.Namespace:
+def check_torchgpu(argv: Sequence[str], repo: Path = HERE.parent.parent
+                   ) -> argparse.Namespace:
     """``argv`` after ``python3 -m torchgpu``."""
     from torchgpu.cli.main import VERBS
 
@@ -89,7 +110,40 @@ def check_torchgpu(argv: Sequence[str]) -> argparse.Namespace:
                 check_size(check_suite(namespace.suite), namespace.size)
     except Exception as error:  # a TorchGpuError or argparse's exit: either way, refused
         raise CommandError(f"{what}: refused: {error}") from error
+    check_devices(namespace, what)
+    check_specs(namespace, what, repo)
     return namespace
+
+
+def check_devices(namespace: argparse.Namespace, what: str) -> None:
+    """Every ``--device``/``--devices`` value has a form torchgpu accepts (each item of a
+    comma-separated list; repeated flags too). Whether such a device exists here is not
+    asked: the kit's commands name GPUs this machine may not have."""
+    from torchgpu.devices.spec import _SPEC, ACCEPTED_SPECS
+
+    for attr in ("device", "devices"):
+        value = getattr(namespace, attr, None)
+        values = value if isinstance(value, list) else [value]
+        for item in (v for text in values if isinstance(text, str) for v in text.split(",")):
+            if _SPEC.match(item.strip()) is None:
+                raise CommandError(f"{what}: --{attr} {item!r} is not a device (use one of "
+                                   f"{ACCEPTED_SPECS})")
+
+
+def check_specs(namespace: argparse.Namespace, what: str, repo: Path) -> None:
+    """``--model``/``--data``/``--loss`` values in spec form resolve, from the repository
+    root as the kit runs them: the module or file imports and has the attribute."""
+    from torchgpu.factories import resolve_spec
+
+    for attr, kind in SPEC_FLAGS.items():
+        value = getattr(namespace, attr, None)
+        if not isinstance(value, str) or ":" not in value or value.endswith(".csv"):
+            continue  # a built-in name (mse), a CSV file, or not given
+        try:
+            with contextlib.chdir(repo):
+                resolve_spec(value, kind)
+        except Exception as error:
+            raise CommandError(f"{what}: --{attr} {value}: {error}") from error
 
 
 def check_script(repo: Path, path: str, argv: Sequence[str]) -> argparse.Namespace:
@@ -114,33 +168,79 @@ def check_script(repo: Path, path: str, argv: Sequence[str]) -> argparse.Namespa
         sys.modules.pop(spec.name, None)
     if not hasattr(module, "main"):
         raise CommandError(f"{path}: has no main(argv) to check its arguments with")
-    return parse_with(module.main, argv, f"{path} {' '.join(argv)}")
+    what = f"{path} {' '.join(argv)}"
+    namespace = parse_with(module.main, argv, what)
+    check_devices(namespace, what)
+    return namespace
 
 
-def check_pytest(repo: Path, argv: Sequence[str]) -> None:
-    """Every path-like argument of a pytest command exists."""
-    value_flags = {"-m", "-k", "-p", "-n", "--timeout", "--dist", "--junitxml", "-c"}
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
-        if arg in value_flags:
-            skip = True
-            continue
-        if arg.startswith("-"):
-            continue
+def check_pytest(repo: Path, argv: Sequence[str], timeout_s: float = 120) -> list[str]:
+    """pytest parses ``argv`` as the kit would run it (every plugin's flags, the ini
+    file, the conftests of the paths), its ``-m`` expression compiles, and every test path
+    exists. Returns the paths. Runs pytest in a subprocess with :mod:`pytest_argcheck`,
+    which stops it before collection (nothing is imported from the tests but conftest)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(HERE), str(repo / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env.pop("PYTEST_ADDOPTS", None)
+    env.pop("PYTEST_XDIST_WORKER", None)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "pytest_argcheck", *argv],
+                          cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=timeout_s, check=False)
+    from pytest_argcheck import MARK
+
+    line = next((x for x in done.stdout.splitlines() if x.startswith(MARK)), None)
+    if done.returncode != 0 or line is None:
+        said = (done.stderr.strip() or done.stdout.strip()).splitlines()
+        raise CommandError(f"pytest {' '.join(argv)}: pytest refused the arguments (exit "
+                           f"{done.returncode}): {' '.join(said[-3:])}")
+    parsed = json.loads(line[len(MARK):])
+    if parsed["problem"]:
+        raise CommandError(f"pytest: {parsed['problem']}")
+    for arg in parsed["args"]:
         if not (repo / arg.split("::")[0]).exists():
             raise CommandError(f"pytest: {arg}: no such test path")
+    return list(parsed["args"])
 
 
-def check_command(repo: Path, argv: Sequence[str]) -> str:
-    """Check one kit command (its argv, interpreter first); returns what was checked."""
+def known_env_names(repo: Path) -> set[str]:
+    """The environment variables the code reads by a named constant (``X_ENV = "NAME"``
+    in src/torchgpu and tests/conftest.py), and :data:`STANDARD_ENV`."""
+    names = set(STANDARD_ENV)
+    files = [*sorted((repo / "src" / "torchgpu").rglob("*.py")), repo / "tests" / "conftest.py"]
+    for path in files:
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (OSError, SyntaxError):
+            continue
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+                    and isinstance(node.value.value, str)
+                    and any(isinstance(t, ast.Name) and t.id.endswith("_ENV")
+                            for t in node.targets)):
+                names.add(node.value.value)
+    return names
+
+
+def check_env(repo: Path, env: Mapping[str, str]) -> None:
+    """Every variable a step sets is one the code reads (a misspelt name does nothing)."""
+    known = known_env_names(repo)
+    for name in env:
+        if name not in known:
+            close = sorted(k for k in known if k.split("_")[:2] == name.split("_")[:2])
+            raise CommandError(f"environment {name}={env[name]}: no code reads {name}"
+                               + (f" (did you mean {', '.join(close)}?)" if close else ""))
+
+
+def check_command(repo: Path, argv: Sequence[str], env: Mapping[str, str] | None = None
+                  ) -> str:
+    """Check one kit command (its argv, interpreter first, and the variables it sets);
+    returns what was checked."""
     if len(argv) < 2:
         raise CommandError(f"{argv}: not a kit command")
+    check_env(repo, env or {})
     rest = list(argv[1:])
     if rest[:2] == ["-m", "torchgpu"]:
-        check_torchgpu(rest[2:])
+        check_torchgpu(rest[2:], repo)
         return "torchgpu " + (rest[2] if len(rest) > 2 else "")
     if rest[:2] == ["-m", "pytest"]:
         check_pytest(repo, rest[2:])

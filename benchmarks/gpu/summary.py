@@ -5,6 +5,7 @@ Reads only files in the results directory (``benchmarks/results/<gpu-tag>/``), s
 run in separate device calls, unpacked into one directory, add up:
 
 - ``kit/steps-<part>.json``: each step's record (status, exit code, time, output tail);
+- ``kit/machine.json``: the GPU, torch, CUDA, driver and git revision the kit ran with;
 - ``transfer/results.json``: pinned H2D GB/s, the share of copy time the Prefetcher hides;
 - ``resnet50-step/results.json``: bf16 vs fp32 ResNet-50 step, torchgpu loop vs raw loop;
 - ``memory/estimate.json``: ``estimate_memory`` against ``torch.cuda.max_memory_allocated``;
@@ -176,12 +177,18 @@ def build(results: Path, multi: Sequence[tuple[str, str, str]] = (),
     suites = [_load(p) or {} for p in sorted(results.glob("*/results.json"))]
     found_names = sorted({n for d in suites for n in d.get("device_names", [])
                           if not n.lower().startswith(("amd", "intel"))})
+    machine = _load(results / "kit" / "machine.json") or {}  # the kit's own record
     return {
         "schema": SCHEMA,
         "tag": results.name,
-        "device_name": device_name or (found_names[0] if found_names else None),
-        "torch": next((d.get("torch") for d in suites if d.get("torch")), None),
-        "git": next((d.get("git") for d in suites if d.get("git")), None),
+        "device_name": device_name or machine.get("gpu") or (
+            found_names[0] if found_names else None),
+        "torch": machine.get("torch") or next(
+            (d.get("torch") for d in suites if d.get("torch")), None),
+        "cuda": machine.get("cuda"),
+        "driver": machine.get("driver"),
+        "git": machine.get("git") or next((d.get("git") for d in suites if d.get("git")),
+                                          None),
         "counts": counts,
         "figures": [*transfer_figures(results), *step_figures(results),
                     estimate_figure(results)],
@@ -189,10 +196,10 @@ def build(results: Path, multi: Sequence[tuple[str, str, str]] = (),
         "claims": claims(results),
         "steps": [{k: v for k, v in r.items() if k != "tail"} for r in steps],
         "failures": [{"name": r["name"], "problem": r.get("problem"), "tail": r.get("tail")}
-                     for r in steps if r["status"] in ("fail", "timeout")],
+                     for r in steps if r["status"] in ("fail", "timeout", "interrupted")],
         "needs_2_gpus": [{"name": n, "command": c, "note": note} for n, c, note in multi
-                         if n not in names or any(r["name"] == n and r["status"] == "not run"
-                                                  for r in steps)],
+                         if n not in names or any(r["name"] == n and r["status"] in (
+                             "not run", "needs 2 GPUs") for r in steps)],
     }
 
 
@@ -222,10 +229,12 @@ def mib(value: float | None) -> str:
 
 def render(doc: Doc) -> str:
     """summary.md: figures, claims, training runs, steps, what needs 2 GPUs, failures."""
+    cuda = (f" (CUDA {doc['cuda']}" + (f", driver {doc['driver']}" if doc.get("driver") else "")
+            + ")") if doc.get("cuda") else ""
     lines = [f"# GPU check: {doc['tag']}", "",
              f"{doc.get('device_name') or 'GPU name unknown'}; torch {doc.get('torch') or '?'}"
-             f", git {doc.get('git') or '?'}; steps: "
-             + ", ".join(f"{n} {k}" for k, n in doc["counts"].items()), "",
+             f"{cuda}, git {doc.get('git') or '?'}; steps: "
+             + (", ".join(f"{n} {k}" for k, n in doc["counts"].items()) or "none yet"), "",
              "## Figures", "", "| figure | value | goal | verdict | detail |",
              "|---|---|---|---|---|"]
     for f in doc["figures"]:
@@ -243,11 +252,11 @@ def render(doc: Doc) -> str:
             lines.append(f"| {t['step']} | {t['strategy']} | {t['precision']} | "
                          f"{t['batch_size']} | {speed} | {mib(t['peak_memory_bytes'])} | "
                          f"{mib(t['estimated_peak_bytes'])} | {t['oom_backoffs']} |")
-    lines += ["", "## Steps", "", "| part | step | status | time / budget | problem |",
+    lines += ["", "## Steps", "", "| part | step | status | time / limit | problem |",
               "|---|---|---|---|---|"]
     for r in doc["steps"]:
         lines.append(f"| {r['part']} | {r['name']} | {r['status']} | {r.get('seconds', 0):.0f}"
-                     f" / {r['budget_s']} s | {r.get('problem') or ''} |")
+                     f" / {r.get('timeout_s') or r['budget_s']} s | {r.get('problem') or ''} |")
     if doc["needs_2_gpus"]:
         lines += ["", "## Needs 2 GPUs", "",
                   "Not run here. On a machine with 2+ GPUs: `make gpu-check PART=multi`, or "

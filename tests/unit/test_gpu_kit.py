@@ -65,7 +65,7 @@ def test_make_dry_run_prints_the_commands() -> None:
 @pytest.mark.parametrize("step", steps.STEPS, ids=lambda s: s.name)
 def test_every_command_parses_with_the_real_parser(step: steps.Step) -> None:
     argv = step.command(CTX)
-    checked = parsecheck.check_command(REPO, argv)
+    checked = parsecheck.check_command(REPO, argv, step.environment(CTX))
     assert checked
 
 
@@ -80,10 +80,90 @@ def test_every_command_parses_with_the_real_parser(step: steps.Step) -> None:
     ["py", "benchmarks/gpu/resnet_step.py", "--out", "x", "--no-such-flag"],
     ["py", "benchmarks/gpu/no_such_script.py"],
     ["py", "-m", "pytest", "tests/no_such_test.py"],
+    # pytest's own parser, with its plugins: flags, choices, the -m grammar
+    ["py", "-m", "pytest", "--bogus-flag", "tests/gpu"],
+    ["py", "-m", "pytest", "-n", "8", "--dist", "loadgrp", "tests/gpu"],
+    ["py", "-m", "pytest", "--timout", "120", "tests/gpu"],
+    ["py", "-m", "pytest", "-m", "gpu or", "tests/gpu"],
+    # device values, in every form the commands take them
+    ["py", "-m", "torchgpu", "bench", "transfer", "--device", "gpu0"],
+    ["py", "-m", "torchgpu", "bench", "split-sweep", "--device", "cuda:0,cuda1"],
+    ["py", "-m", "torchgpu", "train", "--strategy", "pipeline", "--devices", "cuda:0,gpu:1"],
+    ["py", "benchmarks/gpu/resnet_step.py", "--device", "cuda0", "--out", "x"],
+    # user-model specs resolve (imported, not called)
+    ["py", "-m", "torchgpu", "train", "--model", "tests/user_models.py:lm_factroy", "--data",
+     "tests/user_models.py:lm_data"],
+    ["py", "-m", "torchgpu", "train", "--model", "tests/user_models.py:lm_factory", "--data",
+     "tests/no_such.py:lm_data"],
 ])
 def test_the_parse_check_refuses_what_would_fail(argv: list[str]) -> None:
     with pytest.raises(parsecheck.CommandError):
         parsecheck.check_command(REPO, argv)
+
+
+@pytest.mark.parametrize("env", [{"TORCHGPU_TEST_DEVCE": "cuda"},
+                                 {"TORCHGPU_FAULT_HANG_STEP": "3"}])
+def test_the_parse_check_refuses_variables_nothing_reads(env: dict[str, str]) -> None:
+    with pytest.raises(parsecheck.CommandError, match="no code reads"):
+        parsecheck.check_command(REPO, ["py", "-m", "torchgpu", "env"], env)
+    assert {"TORCHGPU_TEST_DEVICE", "TORCHGPU_FAULT_HANG_AT_STEP",
+            "TORCHGPU_FAULT_RANK"} <= parsecheck.known_env_names(REPO)
+
+
+def test_the_parse_check_returns_the_pytest_paths() -> None:
+    step = next(s for s in steps.STEPS if s.name == "tests-gpu")
+    assert parsecheck.check_pytest(REPO, step.command(CTX)[3:]) == ["tests"]
+    assert not (REPO / "benchmarks" / "results" / "test-gpu").exists()  # nothing ran
+
+
+def planner_consulted(argv: list[str], tmp_path: Path) -> bool:
+    """Whether `torchgpu train argv` would let the planner (``--strategy auto``) decide
+    the run's batch: decide_strategy as the CLI calls it, with a planner that only says
+    it was asked (and a tiny data set: only one sample's shape is read)."""
+    import dataclasses
+
+    from torchgpu.cli.train import config_from_argv
+    from torchgpu.train.auto_strategy import decide_strategy
+    from torchgpu.train.config import resolve, validate
+    from torchgpu.train.task import task_for_config
+
+    class Asked(Exception):
+        pass
+
+    def planner(*args: Any, **kwargs: Any) -> Any:
+        raise Asked
+
+    config = config_from_argv(argv)
+    validate(config)
+    config = dataclasses.replace(resolve(config), out=str(tmp_path / "run"))
+    small = dataclasses.replace(config, data_size=48, batch_size=16, device="cpu")
+    try:
+        decision = decide_strategy(config, 1, task_for_config(small), plan_fn=planner,
+                                   small_step_bytes=0)
+    except Asked:
+        return True
+    assert decision.config == config  # nothing rewritten
+    return False
+
+
+def test_the_oom_step_reaches_the_loop_with_its_batch(tmp_path: Path) -> None:
+    """train-oom-backoff must really run out of memory: 8192 samples in one micro-batch,
+    in fp32, with nothing (the planner, accumulation, a batch search) changing that."""
+    step = next(s for s in steps.STEPS if s.name == "train-oom-backoff")
+    argv = step.command(CTX)
+    assert argv[1:4] == ["-m", "torchgpu", "train"]
+    from torchgpu.cli.train import config_from_argv
+
+    config = config_from_argv(argv[4:])
+    assert (config.strategy, config.batch_size, config.precision) == ("single", 8192, "fp32")
+    assert config.accumulate == 1 and config.effective_batch_size is None
+    assert not config.auto_batch_size and config.data_size is not None
+    assert config.data_size - config.data_size // 3 >= config.batch_size  # one full batch
+    assert not planner_consulted(argv[4:], tmp_path)
+    # The check catches the step as it was: under the default --strategy auto the planner
+    # would re-plan 8192 as micro-batches that fit, and nothing would run out of memory.
+    i = argv.index("--strategy")
+    assert planner_consulted(argv[4:i] + argv[i + 2:], tmp_path)
 
 
 def test_scripts_exist_and_compile() -> None:
@@ -95,13 +175,51 @@ def test_scripts_exist_and_compile() -> None:
 
 
 def test_budgets_fit_nine_minutes_and_each_part_a_device_call() -> None:
-    one_gpu = [s for s in steps.STEPS if s.part in steps.ONE_GPU_PARTS]
-    assert sum(s.budget_s for s in one_gpu) <= steps.ALL_DEADLINE_S - steps.RESERVE_S
     assert steps.ALL_DEADLINE_S <= 9 * 60
+    assert steps.PART_DEADLINE_S <= 9.5 * 60  # one device call: 600 s
+    usable = steps.PART_DEADLINE_S - steps.RESERVE_S - steps.STOP_GRACE_S
     for part in steps.PARTS:
         total = sum(s.budget_s for s in steps.STEPS if s.part == part)
-        assert total <= steps.PART_DEADLINE_S - steps.RESERVE_S, part
+        assert total <= usable, part
+        assert total >= 0.9 * usable, part  # a part uses most of its call
+    assert kit.DUMP_WAIT_S + kit.INT_WAIT_S + kit.TERM_WAIT_S <= steps.STOP_GRACE_S
+    for step in steps.STEPS:
+        assert 0 < step.expect_s < step.budget_s, step.name
+        if "pytest" in step.argv:  # a hung test fails alone, well inside the step
+            timeout = int(step.argv[step.argv.index("--timeout") + 1])
+            assert timeout == steps.TEST_TIMEOUT_S and 2 * timeout <= step.budget_s
+    # PART=all: the priority-1 steps' expected times fit its deadline with room to spare
+    first = [s for s in steps.make_plan("all").steps if s.priority == 1]
+    assert sum(s.expect_s for s in first) <= (steps.ALL_DEADLINE_S - steps.RESERVE_S) / 2
     assert len({s.name for s in steps.STEPS}) == len(steps.STEPS)
+
+
+def test_all_runs_by_priority_and_a_part_alone_keeps_its_order() -> None:
+    plan = steps.make_plan("all")
+    assert not plan.fill and plan.deadline_s == steps.ALL_DEADLINE_S
+    priorities = [s.priority for s in plan.steps]
+    assert priorities == sorted(priorities)
+    assert plan.steps[0].name == "tests-gpu"
+    assert {s.name for s in plan.steps if s.priority == 3} == {"tests-cuda-aware",
+                                                                 "bench-split-sweep"}
+    bench = steps.make_plan("bench")
+    assert bench.fill and bench.deadline_s == steps.PART_DEADLINE_S
+    assert bench.steps[-1].name == "bench-split-sweep"
+
+
+def test_step_limits_fill_a_part_and_keep_budgets_in_all() -> None:
+    a = steps.Step("a", "bench", 100, ("{py}",), expect_s=30)
+    b = steps.Step("b", "bench", 300, ("{py}",), expect_s=200)
+    part = steps.Plan((a, b), deadline_s=600)
+    grace = steps.STOP_GRACE_S
+    # alone in its call, `a` gets its share of all the time left: 100/400 of it
+    assert kit.step_limit(part, a, 300, 800 + grace) == pytest.approx(200)
+    # time `a` did not use goes to `b`
+    assert kit.step_limit(part, b, 0, 700 + grace) == pytest.approx(700)
+    everything = steps.Plan((a, b), deadline_s=600, fill=False)
+    assert kit.step_limit(everything, a, 300, 800 + grace) == 100  # its own budget
+    assert kit.step_limit(everything, b, 0, 250 + grace) == 250  # cut to the deadline
+    assert kit.step_limit(everything, b, 0, 150 + grace) is None  # expects 200: skipped
 
 
 def test_the_plan_covers_the_spec() -> None:
@@ -304,28 +422,99 @@ def test_check_functions_read_the_runs_outputs(tmp_path: Path) -> None:
     assert kit.check_auto_batch(run, log, CTX) is None
 
 
-def test_a_step_past_its_budget_is_stopped_and_recorded(tmp_path: Path) -> None:
-    step = steps.Step("sleepy", "bench", 1, ("{py}", "-c", "import time; time.sleep(30)"))
-    ctx = steps.Ctx(device="cpu", py=sys.executable, repo=REPO, results=str(tmp_path),
-                    scratch=str(tmp_path / "scratch"))
-    record = kit.run_step(step, ctx, tmp_path, timeout_s=1)
+def cpu_ctx(tmp_path: Path) -> steps.Ctx:
+    return steps.Ctx(device="cpu", py=sys.executable, repo=REPO, results=str(tmp_path),
+                     scratch=str(tmp_path / "scratch"))
+
+
+def test_a_step_past_its_budget_is_stopped_with_its_stacks(tmp_path: Path) -> None:
+    step = steps.Step("sleepy", "bench", 1, ("{py}", "-c", "import time\n"
+                                              "print('started')\ntime.sleep(30)"))
+    record = kit.run_step(step, cpu_ctx(tmp_path), tmp_path, timeout_s=3)
     assert record["status"] == "timeout" and record["rc"] is None
-    assert record["seconds"] < 15
+    assert record["seconds"] < 3 + kit.DUMP_WAIT_S + kit.INT_WAIT_S
+    log = (tmp_path / "kit" / "logs" / "sleepy.log").read_text()
+    assert "started" in log  # unbuffered: what it printed is there
+    assert "the stacks of pid" in log and 'File "<string>", line 3' in log  # where it hung
+    assert "KeyboardInterrupt" in log  # then SIGINT
+
+
+def test_a_stopped_pytest_step_still_writes_its_junit_xml(tmp_path: Path) -> None:
+    """A tests step cut off at its limit keeps its results: -v lines in the log as tests
+    end, and the junit XML pytest writes when SIGINT ends its session."""
+    tests = tmp_path / "t"
+    tests.mkdir()
+    (tests / "test_x.py").write_text("import time\n\ndef test_quick():\n    pass\n\n"
+                                     "def test_hangs():\n    time.sleep(60)\n")
+    step = steps.Step("tests-x", "tests", 1, ("{py}", "-m", "pytest", "-v", "-p",
+                      "no:cacheprovider", "-p", "no:xdist", "--rootdir", str(tests),
+                      "--junitxml", str(tmp_path / "x.xml"), str(tests)))
+    record = kit.run_step(step, cpu_ctx(tmp_path), tmp_path, timeout_s=8)
+    assert record["status"] == "timeout"
+    log = (tmp_path / "kit" / "logs" / "tests-x.log").read_text()
+    assert "test_quick PASSED" in log
+    xml = (tmp_path / "x.xml").read_text()
+    assert 'name="test_quick"' in xml
 
 
 def test_the_deadline_stops_starting_steps(tmp_path: Path) -> None:
-    quick = steps.Step("quick", "bench", 5, ("{py}", "-c", "print('hi')"))
-    late = steps.Step("late", "bench", 5, ("{py}", "-c", "print('late')"))
-    ctx = steps.Ctx(device="cpu", py=sys.executable, repo=REPO, results=str(tmp_path),
-                    scratch=str(tmp_path / "scratch"))
+    quick = steps.Step("quick", "bench", 5, ("{py}", "-c", "print('hi')"), expect_s=2)
+    late = steps.Step("late", "bench", 5, ("{py}", "-c", "print('late')"), expect_s=2)
     ticks = iter([0.0, 0.0, 100.0])  # deadline set, first step starts, then time is up
-    plan = steps.Plan((quick, late), deadline_s=steps.RESERVE_S + 20)
-    records = kit.run_plan(plan, ctx, tmp_path, kit.Machine("GPU", None, 1),
-                           clock=lambda: next(ticks))
+    plan = steps.Plan((quick, late), deadline_s=steps.RESERVE_S + steps.STOP_GRACE_S + 20)
+    seen: list[int] = []
+    records = kit.run_plan(plan, cpu_ctx(tmp_path), tmp_path, kit.Machine("GPU", None, 1),
+                           clock=lambda: next(ticks),
+                           after_step=lambda done: seen.append(len(done)))
     assert [r["status"] for r in records] == ["pass", "not run"]
     assert "out of time" in records[1]["problem"]
+    assert seen == [1, 2]  # the summary and archive are refreshed after every step
     saved = json.loads((tmp_path / "kit" / "steps-bench.json").read_text())
     assert [r["name"] for r in saved] == ["quick", "late"]
+
+
+def test_the_deadline_counts_from_the_kits_start(tmp_path: Path) -> None:
+    quick = steps.Step("quick", "bench", 5, ("{py}", "-c", "print('hi')"), expect_s=2)
+    plan = steps.Plan((quick,), deadline_s=100)
+    records = kit.run_plan(plan, cpu_ctx(tmp_path), tmp_path, kit.Machine("GPU", None, 1),
+                           clock=lambda: 1000.0, started=1000.0 - 90)
+    assert records[0]["status"] == "not run" and "out of time" in records[0]["problem"]
+
+
+def test_multi_on_one_gpu_is_listed_as_needing_two(tmp_path: Path) -> None:
+    plan = steps.make_plan("multi")
+    records = kit.run_plan(plan, steps.Ctx(repo=REPO, results=str(tmp_path)), tmp_path,
+                           kit.Machine("NVIDIA H100 80GB HBM3", 80 * GIB, 1))
+    assert {r["status"] for r in records} == {"needs 2 GPUs"}
+    doc = summary.write(tmp_path, multi=[(s.name, "cmd", "") for s in plan.steps])
+    assert doc["counts"] == {"needs 2 GPUs": len(plan.steps)}
+    assert len(doc["needs_2_gpus"]) == len(plan.steps)
+
+
+def test_json_steps_read_stdout_only(tmp_path: Path) -> None:
+    """A warning on stderr cannot break the JSON a devices/env step prints."""
+    code = ("import json, sys; print('UserWarning: something', file=sys.stderr); "
+            "print(json.dumps({{'devices': [], 'nvml': {{}}}}))")  # {{ }}: a template
+    step = steps.Step("devices", "train", 20, ("{py}", "-c", code), check="devices",
+                      json_stdout=True)
+    record = kit.run_step(step, cpu_ctx(tmp_path), tmp_path, timeout_s=20)
+    assert record["status"] == "pass", record
+    assert "UserWarning" in (tmp_path / "kit" / "logs" / "devices.log").read_text()
+    assert record["stdout"] == "kit/logs/devices.json"
+
+
+def test_big_train_outputs_are_gzipped_or_named(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setattr(kit, "COPY_MAX_BYTES", 4096)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text("{}")
+    (run / "memory_snapshot.pickle").write_bytes(b"frame " * 10_000)  # compresses
+    (run / "model.safetensors").write_bytes(os.urandom(8192))  # neither small nor text
+    (run / "memory_snapshot.html").write_bytes(os.urandom(20_000))  # too big even gzipped
+    left = kit.collect_train(run, tmp_path / "dest")
+    names = sorted(p.name for p in (tmp_path / "dest").iterdir())
+    assert names == ["memory_snapshot.pickle.gz", "summary.json"]
+    assert [x.split(" ")[0] for x in left] == ["memory_snapshot.html", "model.safetensors"]
 
 
 def test_kit_runs_cheap_steps_for_real_on_the_cpu(tmp_path: Path) -> None:
@@ -341,9 +530,11 @@ def test_kit_runs_cheap_steps_for_real_on_the_cpu(tmp_path: Path) -> None:
     records = json.loads((results / "kit" / "steps-train.json").read_text())
     assert [(r["name"], r["status"]) for r in records] == [("devices", "pass"),
                                                             ("env", "pass")]
-    assert json.loads((results / "kit" / "logs" / "env.log").read_text())["versions"]["torch"]
+    assert json.loads((results / "kit" / "logs" / "env.json").read_text())["versions"]["torch"]
     doc = json.loads((results / "summary.json").read_text())
     assert doc["counts"]["pass"] == 2 and doc["needs_2_gpus"]
+    assert doc["torch"] and doc["git"]  # from the kit's own machine.json
+    assert "torch ?" not in (results / "summary.md").read_text()
     with tarfile.open(tmp_path / "out" / "gpu-cpu-smoke-train.tar.gz") as tar:
         assert "cpu-smoke/summary.md" in tar.getnames()
 
