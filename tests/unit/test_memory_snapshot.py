@@ -100,9 +100,11 @@ class FakeCudaMemory:
 
     def __init__(self) -> None:
         self.recording: list[Any] = []
+        self.options: list[dict[str, Any]] = []
 
     def _record_memory_history(self, enabled: Any = "all", **kwargs: Any) -> None:
         self.recording.append(enabled)
+        self.options.append(kwargs)
 
     def _snapshot(self) -> dict[str, Any]:
         return _snapshot()
@@ -116,6 +118,8 @@ def test_recorder_dumps_on_request_and_on_oom(tmp_path: Path,
     recorder = ms.MemoryRecorder(Net(), tmp_path, rank=0, record=True)
     recorder.arm()
     assert fake.recording == ["all"] and ms._ACTIVE[-1] is recorder
+    # Python frames only: C++ symbolisation at dump time can take minutes
+    assert fake.options[0] == {"max_entries": ms.MAX_ENTRIES, "stacks": "python"}
     ms._observer(0, 2**30, 3 * 2**30, 2**20)  # what the allocator calls on an OOM
     ms._observer(0, 2**30, 3 * 2**30, 2**20)  # a second OOM in the run: dumped once
     err = capsys.readouterr().err
@@ -197,6 +201,9 @@ def test_real_cuda_snapshot_and_oom(tmp_path: Path, capsys: pytest.CaptureFixtur
     files = result.summary["memory_snapshots"]["snapshot"]
     snapshot = pickle.loads(Path(files["pickle"]).read_bytes())
     assert snapshot["device_traces"] and any(snapshot["device_traces"])
+    frames = [f for trace in snapshot["device_traces"] for event in trace
+              for f in event.get("frames") or ()]
+    assert any(str(f.get("filename", "")).endswith(".py") for f in frames)  # Python stacks
     assert "<table" in Path(files["html"]).read_text()
     # every CUDA run checks the estimate against the measured peak
     assert result.summary["memory_estimate"]["source"] == "estimate_memory"

@@ -2,7 +2,9 @@
 
 ``--memory-snapshot`` records the CUDA caching allocator's history for the whole
 training loop (``torch.cuda.memory._record_memory_history``: every alloc/free with its
-Python stack, ~2 us per allocation, so only when asked) and at the end dumps it
+Python stack, ~2 us per allocation, so only when asked; ``stacks="python"``
+(:data:`STACKS`): torch's default, ``"all"``, also records C++ frames, whose
+symbolisation when the snapshot is taken can last minutes) and at the end dumps it
 (``_dump_snapshot``) to :data:`SNAPSHOT`\\ ``.pickle`` and renders it with PyTorch's own
 renderer (``torch.cuda._memory_viz.trace_plot``) to :data:`SNAPSHOT`\\ ``.html``.
 
@@ -38,6 +40,11 @@ from torchgpu.errors import ConfigError
 SNAPSHOT = "memory_snapshot"
 OOM_SNAPSHOT = "oom_snapshot"
 MAX_ENTRIES = 200_000  # alloc/free events kept (a ring buffer; several KB each)
+# Python frames only: what site_label reads (module forwards, the optimizer, backward).
+# C++ frames ("all", torch's default) cost a symbolisation pass at _snapshot() that took
+# minutes on real runs (pytorch/torchtitan#3628: 461 s vs 4 s). The `stacks` argument is
+# there in torch 2.11 and 2.13 alike (and since 2.1; this project needs 2.10+).
+STACKS = "python"
 TOP = 5
 
 
@@ -193,7 +200,7 @@ class MemoryRecorder:
 
     def arm(self) -> None:
         if self.record:
-            torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES)
+            torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, stacks=STACKS)
         _attach_observer()
         _ACTIVE.append(self)
         self._armed = True
