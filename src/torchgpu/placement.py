@@ -54,6 +54,7 @@ from torch.utils.hooks import RemovableHandle
 
 from torchgpu.device_rewrite import DeviceRewrite
 from torchgpu.errors import DeviceSpecError, first_line
+from torchgpu.fake_checks import IndexDtypeCheck
 
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
@@ -188,7 +189,7 @@ def _fake_cuda() -> Iterator[FakeTensorMode]:
 
     torch.utils.swap_tensors = swap
     try:
-        with mode, _SkipRandomFillOnFakeCuda(), _FakeCudaFunctions():  # type: ignore[no-untyped-call]
+        with mode, _SkipRandomFillOnFakeCuda(), _FakeCudaFunctions(), IndexDtypeCheck():  # type: ignore[no-untyped-call]
             yield mode
     finally:
         torch.utils.swap_tensors = original_swap

@@ -35,6 +35,7 @@ from torch._subclasses.fake_tensor import (
 from torch.func import functional_call
 
 from torchgpu.errors import ConfigError
+from torchgpu.fake_checks import IndexDtypeCheck
 
 PRECISIONS: dict[str, torch.dtype | None] = {
     "fp32": None,
@@ -238,7 +239,9 @@ def measure_activations(
     handles += [block.register_forward_hook(leave) for block in blocks]
     dtype = PRECISIONS[precision]
     try:
-        with FakeTensorMode():
+        # IndexDtypeCheck: float token ids fail here as on real tensors, in every torch
+        # (2.11's meta kernel for embedding accepts them).
+        with FakeTensorMode(), IndexDtypeCheck():
             fakes: dict[int, torch.Tensor] = {}
             state: dict[str, torch.Tensor] = {}
             tensors = [
