@@ -23,14 +23,16 @@ OPTIMIZERS: dict[str, OptFactory] = {
 }
 
 
-def _model() -> nn.Module:
+def _model(device: torch.device | None = None) -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1)).to(device or "cpu")
 
 
-def _data(rows: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def _data(rows: int, seed: int = 1, device: torch.device | None = None
+          ) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
-    return torch.randn(rows, 6, generator=gen), torch.randn(rows, 1, generator=gen)
+    x, y = torch.randn(rows, 6, generator=gen), torch.randn(rows, 1, generator=gen)
+    return x.to(device or "cpu"), y.to(device or "cpu")
 
 
 def _big_batch_steps(
@@ -48,13 +50,13 @@ def _max_diff(a: nn.Module, b: nn.Module) -> float:
 
 
 @pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
-def test_k_micro_batches_equal_one_big_batch(opt_name: str) -> None:
+def test_k_micro_batches_equal_one_big_batch(opt_name: str, run_device: torch.device) -> None:
     k, micro = 4, 5
-    windows = [_data(k * micro, seed=s) for s in range(3)]
-    ref = _model()
+    windows = [_data(k * micro, seed=s, device=run_device) for s in range(3)]
+    ref = _model(run_device)
     _big_batch_steps(ref, OPTIMIZERS[opt_name](ref), windows)
 
-    model = _model()
+    model = _model(run_device)
     acc = GradAccumulator(model, OPTIMIZERS[opt_name](model), steps=k)
     stepped = []
     for x, y in windows:
@@ -65,7 +67,7 @@ def test_k_micro_batches_equal_one_big_batch(opt_name: str) -> None:
     assert acc.optimizer_steps == 3 and acc.pending == 0
     assert _max_diff(ref, model) < 1e-6
     # and it really trained (guards against comparing two untouched models)
-    assert _max_diff(_model(), model) > 1e-3
+    assert _max_diff(_model(run_device), model) > 1e-3
 
 
 def test_flush_steps_a_partial_window_as_its_mean() -> None:
@@ -92,14 +94,16 @@ def _unequal_micro_batches(x: torch.Tensor, y: torch.Tensor,
 
 
 @pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
-def test_unequal_micro_batches_weighted_by_samples_equal_one_big_batch(opt_name: str) -> None:
+def test_unequal_micro_batches_weighted_by_samples_equal_one_big_batch(
+    opt_name: str, run_device: torch.device
+) -> None:
     sizes = [10, 10, 12]
-    windows = [_data(sum(sizes), seed=s) for s in range(2)]
-    ref = _model()
+    windows = [_data(sum(sizes), seed=s, device=run_device) for s in range(2)]
+    ref = _model(run_device)
     _big_batch_steps(ref, OPTIMIZERS[opt_name](ref), windows)
 
     def accumulate(weighted: bool) -> nn.Module:
-        model = _model()
+        model = _model(run_device)
         acc = GradAccumulator(model, OPTIMIZERS[opt_name](model), steps=3)
         for x, y in windows:
             if weighted:
@@ -145,17 +149,17 @@ def test_bad_window_samples_are_refused(bad: float) -> None:
         acc.set_steps(2, window_samples=bad)
 
 
-def test_clipping_matches_clipping_the_big_batch() -> None:
-    x, y = _data(12)
+def test_clipping_matches_clipping_the_big_batch(run_device: torch.device) -> None:
+    x, y = _data(12, device=run_device)
     y = y * 100.0  # large gradients so clipping bites
-    ref = _model()
+    ref = _model(run_device)
     opt = torch.optim.SGD(ref.parameters(), lr=0.1)
     nn.functional.mse_loss(ref(x), y).backward()
     norm = nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
     opt.step()
     assert norm > 0.5
 
-    model = _model()
+    model = _model(run_device)
     acc = GradAccumulator(model, torch.optim.SGD(model.parameters(), lr=0.1), 3, clip_norm=0.5)
     for xs, ys in zip(x.split(4), y.split(4), strict=True):
         with acc.micro_step():

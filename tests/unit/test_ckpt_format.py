@@ -78,11 +78,12 @@ def test_model_safetensors_has_canonical_keys(tmp_path: Path) -> None:
     assert keys == set(model.state_dict())
 
 
-def test_round_trip_restores_weights_step_epoch_extra(tmp_path: Path) -> None:
-    model = _net(2)
+def test_round_trip_restores_weights_step_epoch_extra(tmp_path: Path,
+                                                       run_device: torch.device) -> None:
+    model = _net(2).to(run_device)  # saved from the device, loaded into a model there
     extra = {"sampler": {"epoch": 3, "offset": 40}, "losses": [1.5, 0.5], "gen": torch.arange(3)}
     save_checkpoint(tmp_path / "c", model=model, step=11, epoch=3, extra=extra)
-    fresh = _net(3)
+    fresh = _net(3).to(run_device)
     assert not _equal_states(model, fresh)
     loaded = load_checkpoint(tmp_path / "c", model=fresh)
     assert _equal_states(model, fresh)
@@ -103,10 +104,10 @@ def test_reserved_meta_key_is_refused(tmp_path: Path) -> None:
         save_checkpoint(tmp_path / "x", model=_net(0), meta={"step": 3})
 
 
-def test_tied_weights_saved_once_and_retied(tmp_path: Path) -> None:
+def test_tied_weights_saved_once_and_retied(tmp_path: Path, run_device: torch.device) -> None:
     from safetensors import safe_open
 
-    model = Tied()
+    model = Tied().to(run_device)
     save_checkpoint(tmp_path / "t", model=model)
     with safe_open(str(tmp_path / "t" / "model.safetensors"), framework="pt") as handle:
         stored = set(handle.keys())
@@ -114,11 +115,11 @@ def test_tied_weights_saved_once_and_retied(tmp_path: Path) -> None:
     assert len(stored) == len(model.state_dict()) - 1
     assert aliases in ({"decoder.weight": "embed.weight"}, {"embed.weight": "decoder.weight"})
     torch.manual_seed(99)
-    fresh = Tied()
+    fresh = Tied().to(run_device)
     load_checkpoint(tmp_path / "t", model=fresh)
     assert fresh.decoder.weight is fresh.embed.weight
     assert _equal_states(model, fresh)
-    x = torch.tensor([[1, 2, 3]])
+    x = torch.tensor([[1, 2, 3]], device=run_device)
     assert torch.equal(model(x), fresh(x))
 
 
@@ -142,8 +143,9 @@ def test_non_tensor_extra_state_round_trips(tmp_path: Path) -> None:
 def _train(model: nn.Module, opt: torch.optim.Optimizer, steps: int, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     model.train()
+    device = next(model.parameters()).device
     for _ in range(steps):
-        x = torch.randn(16, 4, generator=gen)
+        x = torch.randn(16, 4, generator=gen).to(device)
         loss = model(x).pow(2).mean()
         opt.zero_grad()
         loss.backward()
@@ -151,11 +153,12 @@ def _train(model: nn.Module, opt: torch.optim.Optimizer, steps: int, seed: int) 
 
 
 @pytest.mark.parametrize("kind", ["sgd", "adam"])
-def test_optimizer_and_scheduler_round_trip_exactly(tmp_path: Path, kind: str) -> None:
+def test_optimizer_and_scheduler_round_trip_exactly(tmp_path: Path, kind: str,
+                                                     run_device: torch.device) -> None:
     Built = tuple[nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.StepLR]
 
     def build(seed: int) -> Built:
-        model = _net(seed)
+        model = _net(seed).to(run_device)
         opt: torch.optim.Optimizer = (
             torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9) if kind == "sgd"
             else torch.optim.Adam(model.parameters(), lr=0.01))
@@ -182,12 +185,13 @@ def test_optimizer_and_scheduler_round_trip_exactly(tmp_path: Path, kind: str) -
     assert _equal_states(model, model2)
 
 
-def test_grad_scaler_state_round_trips_exactly(tmp_path: Path) -> None:
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=10)
-    model = _net(0)
+def test_grad_scaler_state_round_trips_exactly(tmp_path: Path, run_device: torch.device) -> None:
+    # the CPU's GradScaler stands in for fp16's on CUDA; on a GPU it is the real one
+    scaler = torch.amp.GradScaler(run_device.type, init_scale=2.0**10, growth_interval=10)
+    model = _net(0).to(run_device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(5):
-        loss = model(torch.randn(8, 4)).sum()
+        loss = model(torch.randn(8, 4, device=run_device)).sum()
         scaler.scale(loss).backward()
         if step == 1:  # an inf gradient: the scaler must skip and back off
             next(model.parameters()).grad.fill_(float("inf"))
@@ -197,9 +201,10 @@ def test_grad_scaler_state_round_trips_exactly(tmp_path: Path) -> None:
     state = scaler.state_dict()
     assert state["scale"] == 2.0**9 and state["_growth_tracker"] == 3  # backed off, then grew
     save_checkpoint(tmp_path / "s", model=model, optimizer=opt, scaler=scaler)
-    fresh = torch.amp.GradScaler("cpu")
-    load_checkpoint(tmp_path / "s", model=_net(1), optimizer=torch.optim.SGD(
-        _net(1).parameters(), lr=0.1), scaler=fresh)
+    fresh = torch.amp.GradScaler(run_device.type)
+    other = _net(1).to(run_device)
+    load_checkpoint(tmp_path / "s", model=other, optimizer=torch.optim.SGD(
+        other.parameters(), lr=0.1), scaler=fresh)
     assert fresh.state_dict() == state
 
 

@@ -41,17 +41,19 @@ class Counter(nn.Module):
 
 @pytest.mark.parametrize("checkpoint", ["never", "except_last", "always"])
 @pytest.mark.parametrize("chunks", [1, 3, 4, 7])
-def test_transparent_outputs_and_gradients(checkpoint: str, chunks: int) -> None:
-    ref = mlp()
+def test_transparent_outputs_and_gradients(
+    checkpoint: str, chunks: int, run_device: torch.device
+) -> None:
+    ref = mlp().to(run_device)
     pipe = Pipeline(
         copy.deepcopy(ref),
-        ["cpu", "cpu", "cpu"],
+        [run_device] * 3,  # the GPU check: three stages on cuda:0 (streams)
         balance=[2, 3, 2],
         chunks=chunks,
         checkpoint=checkpoint,
     )
-    x = torch.randn(10, 5)  # 10 rows: uneven micro-batches for M = 3, 4, 7
-    y = torch.randn(10, 2)
+    x = torch.randn(10, 5).to(run_device)  # 10 rows: uneven micro-batches for M = 3, 4, 7
+    y = torch.randn(10, 2).to(run_device)
     x_ref, x_pipe = x.clone().requires_grad_(), x.clone().requires_grad_()
     loss_ref = nn.functional.mse_loss(ref(x_ref), y)
     out = pipe(x_pipe)
@@ -67,30 +69,33 @@ def test_transparent_outputs_and_gradients(checkpoint: str, chunks: int) -> None
         torch.testing.assert_close(p.grad, q.grad, msg=name)
 
 
-def test_batch_smaller_than_chunks_and_tuple_input() -> None:
+def test_batch_smaller_than_chunks_and_tuple_input(run_device: torch.device) -> None:
     class Add(nn.Module):
         def forward(self, xy: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
             return xy[0] + xy[1]
 
-    ref = nn.Sequential(Add(), nn.Linear(3, 3))
-    pipe = Pipeline(copy.deepcopy(ref), ["cpu", "cpu"], chunks=8)
-    a, b = torch.randn(3, 3), torch.randn(3, 3)
+    ref = nn.Sequential(Add(), nn.Linear(3, 3)).to(run_device)
+    pipe = Pipeline(copy.deepcopy(ref), [run_device, run_device], chunks=8)
+    a, b = torch.randn(3, 3).to(run_device), torch.randn(3, 3).to(run_device)
     torch.testing.assert_close(pipe((a, b)), ref((a, b)))
 
 
 @pytest.mark.parametrize(
     ("checkpoint", "recomputed"), [("never", 0), ("except_last", 3), ("always", 4)]
 )
-def test_checkpoint_recomputes_micro_batches(checkpoint: str, recomputed: int) -> None:
+def test_checkpoint_recomputes_micro_batches(
+    checkpoint: str, recomputed: int, run_device: torch.device
+) -> None:
     counter = Counter()
     model = nn.Sequential(counter, nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
-    pipe = Pipeline(model, ["cpu", "cpu"], balance=[2, 2], chunks=4, checkpoint=checkpoint)
-    out = pipe(torch.randn(8, 4))
+    pipe = Pipeline(model, [run_device, run_device], balance=[2, 2], chunks=4,
+                    checkpoint=checkpoint)
+    out = pipe(torch.randn(8, 4, device=run_device))
     assert counter.calls == 4
     out.sum().backward()
     assert counter.calls == 4 + recomputed
     with torch.no_grad():  # no checkpointing without gradients
-        pipe(torch.randn(8, 4))
+        pipe(torch.randn(8, 4, device=run_device))
     assert counter.calls == 8 + recomputed
 
 
@@ -104,20 +109,21 @@ def bn_model(momentum: float | None) -> nn.Sequential:
 @pytest.mark.parametrize("momentum", [0.1, None])
 @pytest.mark.parametrize("checkpoint", ["never", "always"])
 def test_deferred_batch_norm_matches_full_batch_statistics(
-    checkpoint: str, momentum: float | None
+    checkpoint: str, momentum: float | None, run_device: torch.device
 ) -> None:
-    ref = bn_model(momentum)
+    ref = bn_model(momentum).to(run_device)
     pipe = Pipeline(
         copy.deepcopy(ref),
-        ["cpu", "cpu"],
+        [run_device, run_device],
         chunks=4,
         checkpoint=checkpoint,
         deferred_batch_norm=True,
     )
-    plain = Pipeline(copy.deepcopy(ref), ["cpu", "cpu"], chunks=4, checkpoint=checkpoint)
+    plain = Pipeline(copy.deepcopy(ref), [run_device, run_device], chunks=4,
+                     checkpoint=checkpoint)
     assert len(pipe.deferred_batch_norms) == 1 and isinstance(pipe.module[1], DeferredBatchNorm)
     for step in range(3):
-        x = torch.randn(10, 4) * (step + 1) + step
+        x = (torch.randn(10, 4) * (step + 1) + step).to(run_device)
         ref(x).sum().backward()
         pipe(x).sum().backward()  # recomputation under checkpoint="always" must not count
         plain(x).sum().backward()
@@ -129,7 +135,7 @@ def test_deferred_batch_norm_matches_full_batch_statistics(
     assert not torch.allclose(bad.running_var, want.running_var, atol=1e-3)
     ref.eval()
     pipe.eval()
-    x = torch.randn(7, 4)
+    x = torch.randn(7, 4).to(run_device)
     torch.testing.assert_close(pipe(x), ref(x))
     assert list(pipe.state_dict()) == list(ref.state_dict())
 

@@ -71,64 +71,67 @@ def test_fp16_resolves_on_cuda_without_touching_the_gpu() -> None:
     assert resolve_mode("bf16", "cuda") == "bf16"
 
 
-def _model_and_opt() -> tuple[nn.Linear, torch.optim.SGD]:
+def _model_and_opt(device: torch.device | None = None) -> tuple[nn.Linear, torch.optim.SGD]:
     torch.manual_seed(0)
-    model = nn.Linear(3, 1)
+    model = nn.Linear(3, 1).to(device or "cpu")
     return model, torch.optim.SGD(model.parameters(), lr=0.1)
 
 
-def test_fp32_step_applies_and_returns_true() -> None:
-    model, opt = _model_and_opt()
+def test_fp32_step_applies_and_returns_true(run_device: torch.device) -> None:
+    model, opt = _model_and_opt(run_device)
     before = model.weight.detach().clone()
-    prec = Precision("fp32")
-    prec.backward(model(torch.randn(4, 3)).square().mean())
+    prec = Precision("fp32", run_device)
+    prec.backward(model(torch.randn(4, 3, device=run_device)).square().mean())
     prec.unscale_(opt)  # no-op without a scaler
     assert prec.step(opt) is True
     assert not torch.equal(before, model.weight)
 
 
-def _with_cpu_scaler() -> Precision:
-    # CPU stand-in for the fp16/CUDA path: the same GradScaler logic on a CPU scaler.
-    prec = Precision("fp32")
-    prec.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+def _with_scaler(device: torch.device | None = None) -> Precision:
+    """fp16's loss scaling on ``device``: on CUDA the real fp16 mode (its GradScaler
+    started at 1024 to keep the numbers below); on the CPU, which has no fp16 training,
+    a stand-in: the same GradScaler logic on a CPU scaler."""
+    device = device or torch.device("cpu")
+    prec = Precision("fp16", device) if device.type == "cuda" else Precision("fp32")
+    prec.scaler = torch.amp.GradScaler(device.type, init_scale=1024.0)
     return prec
 
 
-def test_scaler_skip_on_inf_returns_false_and_keeps_weights() -> None:
-    model, opt = _model_and_opt()
-    prec = _with_cpu_scaler()
+def test_scaler_skip_on_inf_returns_false_and_keeps_weights(run_device: torch.device) -> None:
+    model, opt = _model_and_opt(run_device)
+    prec = _with_scaler(run_device)
     before = model.weight.detach().clone()
-    prec.backward(model(torch.full((2, 3), float("inf"))).sum())
+    prec.backward(model(torch.full((2, 3), float("inf"), device=run_device)).sum())
     assert prec.step(opt) is False
     assert torch.equal(before, model.weight)
     assert prec.scaler is not None and prec.scaler.get_scale() == 512.0
     opt.zero_grad()
-    prec.backward(model(torch.ones(2, 3)).sum())
+    prec.backward(model(torch.ones(2, 3, device=run_device)).sum())
     assert prec.step(opt) is True
     assert not torch.equal(before, model.weight)
 
 
-def test_scaled_backward_then_unscale_gives_true_gradients() -> None:
-    model, opt = _model_and_opt()
-    x = torch.randn(5, 3)
+def test_scaled_backward_then_unscale_gives_true_gradients(run_device: torch.device) -> None:
+    model, opt = _model_and_opt(run_device)
+    x = torch.randn(5, 3, device=run_device)
     model(x).sum().backward()
     expected = model.weight.grad.clone()  # type: ignore[union-attr]
     opt.zero_grad()
-    prec = _with_cpu_scaler()
+    prec = _with_scaler(run_device)
     prec.backward(model(x).sum())
     assert torch.allclose(model.weight.grad, expected * 1024.0)  # type: ignore[arg-type]
     prec.unscale_(opt)
     assert torch.allclose(model.weight.grad, expected)  # type: ignore[arg-type]
 
 
-def test_state_dict_round_trip_restores_the_scale() -> None:
-    saved = _with_cpu_scaler()
+def test_state_dict_round_trip_restores_the_scale(run_device: torch.device) -> None:
+    saved = _with_scaler(run_device)
     assert saved.scaler is not None
-    saved.scaler.scale(torch.ones(()))  # the scale tensor exists from the first scale()
+    saved.scaler.scale(torch.ones((), device=run_device))  # the scale exists from then on
     saved.scaler.update(new_scale=77.0)
     state = saved.state_dict()
-    assert state["mode"] == "fp32" and state["scaler"]["scale"] == 77.0
-    fresh = _with_cpu_scaler()
+    assert state["mode"] == saved.mode and state["scaler"]["scale"] == 77.0
+    fresh = _with_scaler(run_device)
     fresh.load_state_dict(state)
     assert fresh.scaler is not None and fresh.scaler.get_scale() == 77.0
     assert Precision().state_dict() == {"mode": "fp32", "scaler": None}

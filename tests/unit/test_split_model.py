@@ -40,14 +40,15 @@ def grads(model: nn.Module) -> list[torch.Tensor]:
     return [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
 
-@pytest.mark.parametrize(
-    "devices", [["cpu"], ["cpu", "cpu"], ["cpu", "cpu", "cpu"], ["cpu", "cpu", "cpu", "cpu", "cpu"]]
-)
-def test_split_equals_plain(devices: list[str]) -> None:
-    ref = mlp()
+@pytest.mark.parametrize("stages", [1, 2, 3, 5])
+def test_split_equals_plain(stages: int, run_device: torch.device) -> None:
+    """Every stage on ``run_device`` (the GPU check: ``cuda:0`` for each stage, streams)."""
+    devices = [str(run_device)] * stages
+    ref = mlp().to(run_device)
     split = split_model(copy.deepcopy(ref), devices)
     assert len(split.partitions) == len(devices) and sum(split.balance) == 5
-    x = torch.randn(9, 6)
+    assert split.input_device.type == split.output_device.type == run_device.type
+    x = torch.randn(9, 6).to(run_device)
     out_ref, out = ref(x), split(x)
     torch.testing.assert_close(out, out_ref)
     out.square().mean().backward()
@@ -89,13 +90,14 @@ def test_builtin_models_split_if_present() -> None:
     torch.testing.assert_close(split(x), ref(x))
 
 
-def test_state_dict_keys_are_canonical_and_load_back() -> None:
-    ref = mlp(3)
-    split = split_model(mlp(4), ["cpu", "cpu"])
+def test_state_dict_keys_are_canonical_and_load_back(run_device: torch.device) -> None:
+    ref = mlp(3)  # saved on the CPU, loaded into stages on run_device
+    split = split_model(mlp(4), [run_device, run_device])
     assert list(split.state_dict()) == list(ref.state_dict())
     split.load_state_dict(ref.state_dict())
+    assert all(p.device.type == run_device.type for p in split.parameters())
     x = torch.randn(2, 6)
-    torch.testing.assert_close(split(x), ref(x))
+    torch.testing.assert_close(split(x.to(run_device)).cpu(), ref(x))
 
 
 @pytest.mark.parametrize(

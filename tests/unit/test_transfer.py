@@ -1,7 +1,10 @@
 """to_device over nested types, pin, Prefetcher on CPU, check_devices naming offenders.
 
 ``meta`` stands in for a second device on a CPU-only machine: moving to it is a real
-device change that to_device and check_devices must handle like any other. The CUDA
+device change that to_device and check_devices must handle like any other. The tests
+taking the ``target`` fixture move to the GPU instead when the suite runs on one
+(``TORCHGPU_TEST_DEVICE=cuda``, the GPU check's tests part), and there also check that
+the values survive the trip. The CUDA
 paths (the Prefetcher's side stream, the device-to-host synchronise) run against
 recording fakes of the CUDA stream API, which check the order of the calls.
 """
@@ -41,6 +44,13 @@ class MyList(list):
     pass
 
 
+@pytest.fixture
+def target(run_device: torch.device) -> torch.device:
+    """Where to_device moves things: the test device when it is not the CPU (a GPU), else
+    meta (a real device change on a CPU-only machine, without values)."""
+    return run_device if run_device.type != "cpu" else META
+
+
 def devices_of(obj):
     found = []
 
@@ -69,7 +79,7 @@ def packed_batch():
     return pack_padded_sequence(torch.randn(3, 2, 4), torch.tensor([2, 3]), enforce_sorted=False)
 
 
-def test_nested_types_preserved_and_moved():
+def test_nested_types_preserved_and_moved(target):
     t = torch.ones(2)
     packed = packed_batch()
     nested = {
@@ -87,7 +97,7 @@ def test_nested_types_preserved_and_moved():
         "object": object,
         "packed": packed,
     }
-    out = to_device(nested, META)
+    out = to_device(nested, target)
     assert type(out) is dict and out.keys() == nested.keys()
     assert type(out["pair"]) is Pair and type(out["ordered"]) is OrderedDict
     assert type(out["default"]) is defaultdict and out["default"].default_factory is list
@@ -95,20 +105,26 @@ def test_nested_types_preserved_and_moved():
     assert type(out["batch"]) is Batch and out["batch"].label == "lbl" and out["batch"].note == 7
     assert type(out["frozen"]) is Frozen and type(out["mylist"]) is MyList
     assert out["list"][1:] == [3, "s", None] and out["object"] is object
-    assert set(devices_of(out)) == {"meta"}
+    assert set(devices_of(out)) == {target.type}
     assert len(devices_of(out)) == len(devices_of(nested)) == 17
     moved = out["packed"]
-    assert type(moved) is PackedSequence and moved.data.device == META
+    assert type(moved) is PackedSequence and moved.data.device.type == target.type
     assert moved.batch_sizes is packed.batch_sizes  # stays on the CPU, as .to() keeps it
-    assert moved.sorted_indices.device == META and moved.unsorted_indices.device == META
+    assert moved.sorted_indices.device.type == moved.unsorted_indices.device.type == target.type
+    if target.type != "meta":  # a real device: the values made the trip
+        assert torch.equal(out["batch"].x.cpu(), t) and torch.equal(moved.data.cpu(), packed.data)
     assert nested["plain"].device.type == "cpu"  # the input is not modified
     assert nested["batch"].x.device.type == "cpu"
 
 
-def test_packed_sequence_round_trip_keeps_values():
+def test_packed_sequence_round_trip_keeps_values(target):
     packed = packed_batch()
-    there = to_device({"seq": packed}, META)["seq"]
+    there = to_device({"seq": packed}, target)["seq"]
     assert there.data.shape == packed.data.shape
+    if target.type != "meta":  # there and back again, on a GPU
+        back = to_device(there, "cpu")
+        assert back.data.device.type == "cpu"
+        torch.testing.assert_close(pad_packed_sequence(back)[0], pad_packed_sequence(packed)[0])
     same = to_device(packed, "cpu")
     assert same.data is packed.data  # already there: nothing copied
     padded, lengths = pad_packed_sequence(same)
@@ -124,9 +140,9 @@ class Config(dict):
         self.name = name
 
 
-def test_container_that_cannot_be_rebuilt_falls_back_to_builtin():
-    out = to_device({"cfg": Config("c", {"x": torch.ones(1)})}, META)
-    assert type(out["cfg"]) is dict and out["cfg"]["x"].device == META
+def test_container_that_cannot_be_rebuilt_falls_back_to_builtin(target):
+    out = to_device({"cfg": Config("c", {"x": torch.ones(1)})}, target)
+    assert type(out["cfg"]) is dict and out["cfg"]["x"].device.type == target.type
 
 
 def test_same_device_returns_same_tensor():
@@ -135,10 +151,10 @@ def test_same_device_returns_same_tensor():
     assert to_device([t], torch.device("cpu"))[0] is t
 
 
-def test_module_moved_in_place():
+def test_module_moved_in_place(target):
     model = nn.Linear(2, 2)
-    out = to_device({"m": model}, META)
-    assert out["m"] is model and model.weight.device == META
+    out = to_device({"m": model}, target)
+    assert out["m"] is model and model.weight.device.type == target.type
 
 
 def test_device_string_validated():
