@@ -16,12 +16,16 @@ process group. Every exit of :func:`run` (a return, an exception) ends the worke
 
 Hangs: the workers keep heartbeats (:mod:`torchgpu.train.heartbeat`); when a rank's
 collective times out (``--collective-timeout``), :class:`HangWatch` ends every worker
-at once and :func:`run` prints one paragraph naming the rank(s) that did not arrive, the
-step and collective, where every rank was and its last line, and exits 1.
+at once, in every round torchrun runs (``--max-restarts``), and :func:`run` prints one
+paragraph naming the rank(s) that did not arrive, the step and collective, where every
+rank was and its last line, and exits 1. That paragraph is the run's last word: the
+timed-out ranks wait to be ended instead of printing their own errors, and torchrun's
+log line for the workers the watch killed is left out.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -38,7 +42,7 @@ from types import FrameType
 from typing import Any
 
 from torchgpu.errors import UsageError
-from torchgpu.train.heartbeat import HangWatch, kill_children
+from torchgpu.train.hang_watch import HangWatch, kill_children
 
 LOOPBACK = "127.0.0.1"
 DEFAULT_STOP_TIMEOUT_S = 60.0  # seconds
@@ -77,8 +81,9 @@ class LaunchSpec:
     # After a SIGTERM/SIGINT, how long the workers may take to stop (a save included)
     # before they are killed. torchrun's own grace period is 30 s.
     stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S
-    # Where a hang's NCCL flight-recorder dumps go (train's --out); None: not kept.
-    out_dir: str | None = None
+    # Where a hang's NCCL flight-recorder dumps are kept (train: OUT/flight_recorder);
+    # None: ./torchgpu-flight-recorder-<time> under the working directory.
+    dump_dir: str | None = None
     # Turn on NCCL's flight recorder for the workers; None: when this machine has CUDA.
     flight_recorder: bool | None = None
 
@@ -198,7 +203,10 @@ def run(spec: LaunchSpec, target: str, target_args: Sequence[str]) -> int:
 
         recorder = torch.cuda.is_available()  # counts devices; creates no CUDA context
     watch = HangWatch(kill_children(child_pids),
-                      Path(spec.out_dir) if spec.out_dir is not None else None, recorder)
+                      Path(spec.dump_dir) if spec.dump_dir is not None else None, recorder)
+    quiet = _QuietAfterHang(watch)
+    torchrun_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    torchrun_log.addFilter(quiet)
     try:
         with forwarder.installed(), watch.installed():
             try:
@@ -208,8 +216,9 @@ def run(spec: LaunchSpec, target: str, target_args: Sequence[str]) -> int:
                     watch.report = watch.after_failure(_aborted_ranks(error))
                 raise
     except ChildFailedError as error:
-        if watch.report is not None:
-            print(watch.report, file=sys.stderr)
+        hang = watch.last_word({f.pid for f in error.failures.values()})
+        if hang is not None:
+            print(hang, file=sys.stderr)
             return 1
         _, first = error.get_first_failure()
         code = first.exitcode if first.exitcode and first.exitcode > 0 else 1
@@ -230,7 +239,22 @@ def run(spec: LaunchSpec, target: str, target_args: Sequence[str]) -> int:
               "SIGKILL after its grace period) without waiting for a checkpoint; send "
               "SIGTERM or SIGINT for a saved stop.", file=sys.stderr)
         return 128 + int(sig)
+    finally:
+        torchrun_log.removeFilter(quiet)
+    watch.last_word(())  # a round that hung, then was restarted: its paragraph is printed
     return 0
+
+
+class _QuietAfterHang(logging.Filter):
+    """Leaves out torchrun's "failed (exitcode: -9) ..." line for workers the hang watch
+    ended: the hang's paragraph says why they stopped."""
+
+    def __init__(self, watch: HangWatch) -> None:
+        super().__init__()
+        self.watch = watch
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.watch.report is None or not str(record.msg).startswith("failed (exitcode")
 
 
 def agent_signals(names: str) -> str:

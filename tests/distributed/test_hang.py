@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -20,7 +21,9 @@ from pathlib import Path
 import pytest
 
 from tests.distributed.proctree import Session, running
+from tests.procs import SRC
 from torchgpu.checkpoint import verify_checkpoint
+from torchgpu.train.heartbeat import FLIGHT_RECORDER_PREFIX
 
 pytestmark = pytest.mark.slow
 
@@ -73,9 +76,16 @@ def test_a_rank_that_never_reaches_the_gradient_all_reduce_is_named(tmp_path: Pa
     assert "rank 1: in step 3" in paragraph and "faults.py" in paragraph
     assert "last line: \"fault injection: hanging before step 3" in paragraph
     assert "--collective-timeout" in paragraph
-    # rank 0's own one-paragraph error, and no raw traceback anywhere
-    assert "rank 0 waited 3 s in the gradient all-reduce of step 3" in err
-    assert "Traceback" not in err, err[-3000:]
+    _last_word(err, paragraph)
+
+
+def _last_word(err: str, paragraph: str) -> None:
+    """The launcher's paragraph ends the output, with no noise before it: no rank's own
+    error (the timed-out rank waits to be ended), no torchrun line for the workers the
+    watch killed, no traceback."""
+    assert err.strip().splitlines()[-1] == paragraph, err[-3000:]
+    assert "another rank never joined it" not in err, err[-3000:]
+    assert "failed (exitcode" not in err and "Traceback" not in err, err[-3000:]
 
 
 def test_rank_0_hanging_under_accumulation_is_named_too(tmp_path: Path) -> None:
@@ -86,23 +96,76 @@ def test_rank_0_hanging_under_accumulation_is_named_too(tmp_path: Path) -> None:
     assert ("rank(s) 1 waited for 3 s in the gradient all-reduce of step 2, which "
             "rank(s) 0 did not reach") in paragraph, paragraph
     assert "rank 0: in step 2" in paragraph and "no step for" in paragraph
-    assert "Traceback" not in err, err[-3000:]
+    _last_word(err, paragraph)
     # step 1's checkpoint is there to resume from
     assert (tmp_path / "run" / "checkpoints" / "step-00000001").is_dir()
 
 
+def test_every_round_of_max_restarts_is_watched(tmp_path: Path) -> None:
+    """--max-restarts 1 and a rank that hangs in both rounds: each round is ended within
+    the timeout, the first round's paragraph is printed when torchrun restarts, and the
+    last word is the second round's (its hung worker's pid), well before torchrun's own
+    30 s grace period would end it. DataLoader workers (--num-workers 2) add no traceback."""
+    args = [*COMMON, "--max-restarts", "1", "--num-workers", "2", "--out",
+            str(tmp_path / "run")]
+    env = {"TORCHGPU_FAULT_HANG_AT_STEP": "3", "TORCHGPU_FAULT_RANK": "1"}
+    with Session(args, tmp_path, **env) as run:
+        hangs: list[float] = []
+        deadline = time.monotonic() + 150
+        while len(hangs) < 2:
+            seen = run.stdout().count("fault injection: hanging")
+            if seen > len(hangs):
+                hangs.append(time.monotonic())
+                continue
+            assert run.proc.poll() is None and time.monotonic() < deadline, run.stderr()[-3000:]
+            run.look()
+            time.sleep(0.05)
+        code = run.wait(TIMEOUT_S + MARGIN_S + 30)
+        took = time.monotonic() - hangs[1]
+    assert not run.leftovers, f"processes left running: {run.leftovers}"
+    err, out = run.stderr(), run.stdout()
+    assert code == 1, err[-3000:]
+    assert took < TIMEOUT_S + MARGIN_S, f"the run ended {took:.1f} s after the second hang"
+    pids = re.findall(r"fault injection: hanging before step 3's gradient all-reduce "
+                      r"\(pid (\d+)\)", out)
+    assert len(pids) == 2 and pids[0] != pids[1], out
+    paragraphs = [line for line in err.splitlines() if "the run hung" in line]
+    assert len(paragraphs) == 2, err[-5000:]
+    assert f"(pid {pids[0]})" in paragraphs[0] and "torchrun restarted the workers" in \
+        paragraphs[0]
+    assert f"(pid {pids[1]})" in paragraphs[1] and "restarted" not in paragraphs[1]
+    _last_word(err, paragraphs[1])
+
+
 def test_a_hang_in_a_users_fit_script_under_launch_is_named(tmp_path: Path) -> None:
     """The same for the user's own model: torchgpu.fit on a causal LM (dict batches) in a
-    script started by `torchgpu launch --nproc 2`."""
+    script started by `torchgpu launch --nproc 2`. NCCL's flight-recorder dumps,
+    simulated (each worker writes one where TORCH_FR_DUMP_TEMP_FILE points on NCCL), are
+    kept in --flight-recorder-dir, not removed with the heartbeat directory."""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(
+        "import os\n"
+        "d, r = os.environ.get('TORCHGPU_HEARTBEAT_DIR'), os.environ.get('RANK')\n"
+        "if d and r is not None and os.path.isdir(d):\n"
+        f"    with open(os.path.join(d, '{FLIGHT_RECORDER_PREFIX}' + r), 'w') as f:\n"
+        "        f.write('dump of rank ' + r)\n")
     script = Path(__file__).with_name("fit_lm_script.py")
-    args = ["launch", "--nproc", "2", str(script), str(tmp_path / "run"), "4", "samples=400",
-            f"collective_timeout={TIMEOUT_S}"]
-    code, err, took = _until_exit(Session(args, tmp_path, TORCHGPU_FAULT_HANG_AT_STEP="4",
-                                          TORCHGPU_FAULT_RANK="1"))
+    dumps = tmp_path / "fr"
+    args = ["launch", "--nproc", "2", "--flight-recorder-dir", str(dumps), str(script),
+            str(tmp_path / "run"), "4", "samples=400", f"collective_timeout={TIMEOUT_S}"]
+    code, err, took = _until_exit(Session(
+        args, tmp_path, TORCHGPU_FAULT_HANG_AT_STEP="4", TORCHGPU_FAULT_RANK="1",
+        PYTHONPATH=os.pathsep.join([str(SRC), str(inject)])))
     assert code == 1, err[-3000:]
     assert took < TIMEOUT_S + MARGIN_S, f"the run ended {took:.1f} s after the hang"
+    paragraph = next(line for line in err.splitlines() if "the run hung" in line)
     assert ("rank(s) 0 waited for 3 s in the gradient all-reduce of step 4, which rank(s) 1 "
-            "did not reach") in err, err[-3000:]
+            "did not reach") in paragraph, err[-3000:]
+    assert sorted(p.read_text() for p in dumps.iterdir()) == ["dump of rank 0",
+                                                              "dump of rank 1"]
+    assert f"NCCL flight-recorder dumps: {dumps / FLIGHT_RECORDER_PREFIX}0" in paragraph
+    _last_word(err, paragraph)
 
 
 def test_workers_of_a_killed_launcher_stop_saved_and_leave_nothing(tmp_path: Path) -> None:

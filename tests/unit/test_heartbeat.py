@@ -18,6 +18,7 @@ import pytest
 import torch.distributed as dist
 
 from torchgpu.errors import ConfigError
+from torchgpu.train import hang_watch as hw
 from torchgpu.train import heartbeat as hb
 from torchgpu.train.faults import HangPlan, hang_plan_from_env
 
@@ -103,21 +104,21 @@ def test_the_paragraph_names_who_waited_where_and_who_did_not_arrive() -> None:
     beats = {0: _record(0, 40, "agreement", waited, "epoch 3 loss 0.1"),
              1: _record(1, 40, "checkpoint", None, "", ["io.py:3 in write"]),
              2: _record(2, 40, "agreement", {**waited, "at": 104.2})}
-    text = hb.diagnose(beats, now=110.0)
+    text = hw.diagnose(beats, now=105.5)
     assert text is not None
     assert ("rank(s) 0, 2 waited for 5 s in the stop/loss agreement (an all-reduce) after "
             "step 40, which rank(s) 1 did not reach") in text
     assert "rank 1: in a checkpoint's barrier (gather, then rank 0's write) after step 40, " \
-           "no step for 10.0 s, at io.py:3 in write; printed nothing" in text
+           "no step for 5.5 s, at io.py:3 in write; printed nothing" in text
     assert "rank 0: waiting in" in text and "last line: 'epoch 3 loss 0.1'" in text
-    assert hb.diagnose({0: _record(0, 1, "training")}) is None  # no timeout: no hang
+    assert hw.diagnose({0: _record(0, 1, "training")}) is None  # no timeout: no hang
 
 
 def test_a_rank_nccl_aborted_counts_as_waiting_and_dumps_are_named(tmp_path: Path) -> None:
     beats = {0: _record(0, 9, "training"), 1: _record(1, 8, "training"),
              2: _record(2, 9, "training")}
     dump = tmp_path / f"{hb.FLIGHT_RECORDER_PREFIX}0"
-    text = hb.diagnose(beats, dumps=[dump], aborted=frozenset({0, 2}), now=110.0)
+    text = hw.diagnose(beats, dumps=[dump], aborted=frozenset({0, 2}), now=110.0)
     assert text is not None
     assert "rank(s) 0, 2 waited in the gradient all-reduce of step 10, which rank(s) 1" in text
     assert "NCCL's watchdog" in text and str(dump) in text
@@ -131,7 +132,8 @@ def test_the_watch_stops_the_workers_reports_and_cleans_up(
     monkeypatch.setenv("TORCH_FR_DUMP_TEMP_FILE", "/users/own/prefix_")  # the user's: kept
     stopped = threading.Event()
     out = tmp_path / "out"
-    watch = hb.HangWatch(stopped.set, out, flight_recorder=True, settle_s=0.2, poll_s=0.02)
+    watch = hw.HangWatch(stopped.set, out / "flight_recorder", flight_recorder=True,
+                         settle_s=0.2, poll_s=0.02)
     with watch.installed():
         directory = Path(os.environ[hb.HEARTBEAT_ENV])
         assert os.environ["TORCH_FR_BUFFER_SIZE"] == "2000"
@@ -150,9 +152,131 @@ def test_the_watch_stops_the_workers_reports_and_cleans_up(
     assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == "/users/own/prefix_"
 
 
+def test_a_frozen_rank_is_described_from_the_freshest_evidence() -> None:
+    """SIGSTOP freezes a rank's heartbeat thread with it: its file is seconds old and shows
+    a step the others have since passed with it. The paragraph says the file stopped, and
+    where the waiting ranks prove the rank got to."""
+    waited = {"kind": "timeout", "phase": "training", "step": 835, "at": 104.0,
+              "error": "Timed out waiting 5000ms", "timeout_s": 5.0}
+    beats = {0: {**_record(0, 835, "training", waited), "world_size": 2, "time": 109.9},
+             1: {**_record(1, 832, "evaluation"), "world_size": 2, "time": 103.3}}
+    text = hw.diagnose(beats, now=110.0)
+    assert text is not None
+    assert "waited for 5 s in the gradient all-reduce of step 836, which rank(s) 1" in text
+    assert ("rank 1: stopped after step 835 (rank(s) 0 finished it, which needs every rank) "
+            "and before the collective they waited in; its heartbeat stopped 6.7 s before "
+            "this report") in text
+    assert "its last heartbeat, from before step 835, said: in the evaluation after step " \
+           "832" in text
+    assert "rank 1: in the evaluation" not in text  # not presented as where it is
+    # a stale file that is not behind the others: its place is the last known one
+    beats[1] = {**beats[1], "step": 835, "phase": "training"}
+    text = hw.diagnose(beats, now=110.0)
+    assert text is not None
+    assert ("its heartbeat stopped 6.7 s before this report: the whole process stopped "
+            "running") in text
+    assert "last known: in step 836 (forward/backward" in text
+    # a fresh file before any step says so, instead of counting from the start
+    beats[1] = {**_record(1, 0, "training"), "world_size": 2, "time": 109.9}
+    text = hw.diagnose(beats, now=110.0)
+    assert text is not None and "no step done yet (10.0 s since it started)" in text
+
+
+def _write_beat(directory: Path, rank: int, pid: int, step: int,
+                failure: dict[str, object] | None = None) -> None:
+    record = {**_record(rank, step, "training", failure), "world_size": 2, "pid": pid,
+              "time": time.time(), "progress_at": time.time()}
+    (directory / f"rank{rank}.json").write_text(json.dumps(record))
+
+
+def test_every_round_torchrun_restarts_is_watched_and_the_last_word_is_its_own(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--max-restarts: the watch ends the hung round, then watches the next one; the first
+    round's paragraph is printed when the next round starts, and the run ends with the
+    paragraph of the round that ended it."""
+    stops: list[float] = []
+    timeout = {"kind": "timeout", "phase": "training", "at": time.time(),
+               "error": "Timed out waiting 3000ms", "timeout_s": 3.0}
+    watch = hw.HangWatch(lambda: stops.append(time.monotonic()), settle_s=0.1, poll_s=0.02)
+    with watch.installed():
+        assert watch.directory is not None
+        # round 1 (pids 10**7 + ...: no such processes, so none is waited for)
+        _write_beat(watch.directory, 1, 10**7 + 2, 4)
+        _write_beat(watch.directory, 0, 10**7 + 1, 4, {**timeout, "step": 4})
+        deadline = time.monotonic() + 5
+        while not stops:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert watch.report is not None and "step 5" in watch.report
+        assert watch.last_word({10**7 + 1}) == watch.report
+        # round 2: new workers; round 1's files are left by its killed workers
+        _write_beat(watch.directory, 1, 10**7 + 12, 0)
+        deadline = time.monotonic() + 5
+        while watch.report is not None:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        first = capsys.readouterr().err
+        assert "gradient all-reduce of step 5" in first and "torchrun restarted the workers" \
+            in first
+        _write_beat(watch.directory, 0, 10**7 + 11, 7, {**timeout, "step": 7})
+        while len(stops) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    assert watch.report is not None and "step 8" in watch.report and "step 5" not in \
+        watch.report
+    assert watch.last_word({10**7 + 11, 10**7 + 12}) == watch.report
+    # a run that then ended some other way: the paragraph is history, not its reason
+    assert watch.last_word({10**7 + 99}) is None
+    assert "gradient all-reduce of step 8" in capsys.readouterr().err
+
+
+def test_dumps_without_an_output_directory_are_kept_under_the_working_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`torchgpu launch` has no --out: the dumps named in the paragraph must outlive the
+    heartbeat directory, in ./torchgpu-flight-recorder-<time>."""
+    monkeypatch.chdir(tmp_path)
+    stopped = threading.Event()
+    watch = hw.HangWatch(stopped.set, flight_recorder=True, settle_s=0.1, poll_s=0.02)
+    with watch.installed():
+        assert watch.directory is not None
+        for rank in (0, 1):
+            (watch.directory / f"{hb.FLIGHT_RECORDER_PREFIX}{rank}").write_text(f"dump {rank}")
+        _write_beat(watch.directory, 1, 10**7 + 2, 2)
+        _write_beat(watch.directory, 0, 10**7 + 1, 2, {
+            "kind": "timeout", "phase": "training", "step": 2, "at": time.time(),
+            "error": "Timed out", "timeout_s": 3.0})
+        assert stopped.wait(5)
+    assert watch.report is not None
+    [kept] = tmp_path.glob(f"{hw.DUMP_DIR_NAME}-*")
+    assert sorted(p.read_text() for p in kept.iterdir()) == ["dump 0", "dump 1"]
+    assert f"{kept / hb.FLIGHT_RECORDER_PREFIX}0" in watch.report
+    assert f"fr_trace {kept} --prefix" in watch.report
+
+
+def test_a_timed_out_rank_waits_for_the_launcher_before_failing(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch
+                                                                ) -> None:
+    """Under the launcher a timed-out rank gives the watch time to end every worker (so
+    its own error and torchrun's teardown do not come before the paragraph); a lost peer
+    and a rank outside the launcher do not wait."""
+    monkeypatch.setenv(hb.HEARTBEAT_ENV, str(tmp_path))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    beat = hb.Heartbeat.from_env()
+    assert beat is not None and beat.await_kill_s == hb.AWAIT_KILL_S > 2
+    beat.await_kill_s = 0.3
+    started = time.monotonic()
+    beat.failed("timeout", RuntimeError("Timed out waiting 3000ms"))
+    assert time.monotonic() - started >= 0.3
+    started = time.monotonic()
+    beat.failed("peer", RuntimeError("Connection closed by peer"))
+    hb.Heartbeat(tmp_path, 1, 2).failed("timeout", RuntimeError("Timed out waiting 3000ms"))
+    assert time.monotonic() - started < 0.2
+
+
 def test_a_peer_that_went_away_does_not_trigger_the_watch(tmp_path: Path) -> None:
     stopped = threading.Event()
-    watch = hb.HangWatch(stopped.set, poll_s=0.02)
+    watch = hw.HangWatch(stopped.set, poll_s=0.02)
     with watch.installed():
         directory = Path(os.environ[hb.HEARTBEAT_ENV])
         hb.Heartbeat(directory, 0, 2).failed("peer", RuntimeError("Connection closed by peer"))

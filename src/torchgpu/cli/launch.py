@@ -10,6 +10,10 @@ Inside the script, ``torchgpu.init_distributed()`` forms the group.
 SIGTERM or SIGINT (Ctrl-C) to the launcher is passed on to every worker; the launcher
 exits with the workers' status once they end, and kills those still running
 ``--stop-timeout`` seconds later. No worker outlives the launcher's exit.
+
+A rank whose collective times out (``torchgpu.fit``'s ``collective_timeout``) ends every
+worker, and the launcher names the hang in one paragraph; on NCCL the flight recorder's
+dumps are kept in ``--flight-recorder-dir`` (default ./torchgpu-flight-recorder-<time>).
 """
 
 from __future__ import annotations
@@ -41,6 +45,9 @@ def _parser() -> ArgumentParser:
     p.add_argument("--stop-timeout", type=float, default=DEFAULT_STOP_TIMEOUT_S, metavar="S",
                    help="after SIGTERM/SIGINT (passed on to the workers), kill workers still "
                    f"running S seconds later (default {DEFAULT_STOP_TIMEOUT_S:g})")
+    p.add_argument("--flight-recorder-dir", metavar="DIR",
+                   help="where the NCCL flight-recorder dumps of a hang are kept (default "
+                   "./torchgpu-flight-recorder-<time>, made only when there are dumps)")
     p.add_argument("-m", "--module", action="store_true",
                    help="SCRIPT is a module name, run as python -m SCRIPT")
     p.add_argument("script", metavar="SCRIPT", help="the Python script to run")
@@ -59,6 +66,7 @@ def main(argv: list[str]) -> int:
         nproc=ns.nproc, nnodes=ns.nnodes, node_rank=ns.node_rank,
         rdzv_endpoint=ns.rdzv_endpoint, rdzv_id=ns.rdzv_id,
         max_restarts=ns.max_restarts, module=ns.module, stop_timeout_s=ns.stop_timeout,
+        dump_dir=ns.flight_recorder_dir,
     )
     check_spec(spec)
     if not ns.module and not Path(ns.script).is_file():

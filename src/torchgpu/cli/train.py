@@ -183,7 +183,8 @@ def _relaunch(config: TrainConfig, nproc: int, on_cuda: bool) -> int:
     spec = LaunchSpec(
         nproc=nproc, nnodes=config.nnodes, node_rank=config.node_rank,
         rdzv_endpoint=config.rdzv_endpoint, max_restarts=config.max_restarts, module=True,
-        out_dir=config.out, flight_recorder=on_cuda,
+        dump_dir=os.path.join(config.out, "flight_recorder") if config.out else None,
+        flight_recorder=on_cuda,
     )
     return run(spec, "torchgpu", ["train", *worker_argv(config)])
 

@@ -15,12 +15,10 @@ the loop itself does no extra work per step. A file holds:
 - ``failure``: what a rank records when one of its collectives failed (``kind``
   ``timeout`` or ``peer``, the phase and step, the error's first line).
 
-The launcher's :class:`HangWatch` reads the files: when a rank records a timeout it
-names the rank(s) that did not arrive, at which step and collective, where every other
-rank was and each one's last line (:func:`diagnose`), ends every worker and keeps the
-directory's NCCL flight-recorder dumps (``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``, set for
-NCCL runs). Files only, in a directory on this node: no home-made transport; on several
-nodes each node's launcher names the ranks of its own node.
+The launcher's :class:`~torchgpu.train.hang_watch.HangWatch` reads the files and names
+the hang. A rank whose collective timed out waits briefly for it to end every worker
+(:meth:`Heartbeat.failed`), so that its paragraph is the run's last word. Files only, in
+a directory on this node: no home-made transport.
 """
 
 from __future__ import annotations
@@ -28,14 +26,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, TextIO
@@ -43,6 +39,13 @@ from typing import Any, TextIO
 HEARTBEAT_ENV = "TORCHGPU_HEARTBEAT_DIR"
 TICK_S = 0.25  # how often a rank's file is rewritten (seconds)
 STALL_S = 1.0  # no step for this long: the file also records the main thread's stack
+#: A file older than this was not rewritten by its thread: the whole process stopped
+#: running (SIGSTOP, a frozen node, swapping), so what it says is only its last known place.
+STALE_S = 8 * TICK_S
+#: How long a rank whose collective timed out waits for the launcher to end every worker
+#: (its watcher polls every TICK_S and settles for at most 1.5 s) before it exits on its
+#: own with its error.
+AWAIT_KILL_S = 10.0
 #: What each phase is waiting on when a collective in it does not complete.
 PHASES = {
     "setup": "the process group's setup (DDP's parameter broadcast)",
@@ -85,6 +88,11 @@ def collective_failure(error: BaseException) -> str | None:
     return None
 
 
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters at its end (its start is what names it)."""
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 class _LastLine:
     """A text stream that remembers the last non-empty line written through it."""
 
@@ -96,7 +104,7 @@ class _LastLine:
         written = self._stream.write(text)
         for part in reversed(re.split(r"[\r\n]", text)):
             if part.strip():
-                self._beat.line = part.strip()[-300:]
+                self._beat.line = clip(part.strip(), 300)
                 break
         return written
 
@@ -113,7 +121,8 @@ class Heartbeat:
     stops training.
     """
 
-    def __init__(self, directory: Path, rank: int, world_size: int) -> None:
+    def __init__(self, directory: Path, rank: int, world_size: int,
+                 await_kill_s: float = 0.0) -> None:
         self.path = directory / f"rank{rank}.json"
         self.rank = rank
         self.world_size = world_size
@@ -130,6 +139,7 @@ class Heartbeat:
         self._main = threading.main_thread().ident
         self._parent = os.getppid()  # the launcher; a new parent means it died
         self.orphaned = False
+        self.await_kill_s = await_kill_s  # see failed()
 
     @classmethod
     def from_env(cls) -> Heartbeat | None:
@@ -143,7 +153,7 @@ class Heartbeat:
             return None
         if not directory or world < 2 or not Path(directory).is_dir():
             return None
-        return cls(Path(directory), rank, world)
+        return cls(Path(directory), rank, world, await_kill_s=AWAIT_KILL_S)
 
     def follow(self, state: Any) -> None:
         """Report ``state.step`` / ``state.epoch`` (read by the writer thread)."""
@@ -158,13 +168,27 @@ class Heartbeat:
         self.phase = before
 
     def failed(self, kind: str, error: BaseException) -> None:
-        """Record that a collective failed here (``kind``: timeout | peer)."""
+        """Record that a collective failed here (``kind``: timeout | peer).
+
+        A timeout then waits up to ``await_kill_s`` (:data:`AWAIT_KILL_S` under the
+        launcher) for the launcher's :class:`HangWatch` to end every worker at once and
+        print the one paragraph that names the hang: a rank that exited first would
+        print its own error and set off torchrun's teardown of the others (SIGTERM,
+        whose side effects -- a DataLoader worker's death, say -- print tracebacks)
+        before that paragraph. Not ended in time (no watcher, or the launcher is gone),
+        it returns and the rank fails with its own error as before."""
         self._poll()
         text = re.sub(r"^\[[^\]]*\]\s*", "", str(error).strip())  # gloo's source location
         first = text.splitlines()[0] if text else type(error).__name__
         self._failure = {"kind": kind, "phase": self.phase, "step": self._step,
                          "error": first[-400:], "at": time.time(), "timeout_s": self.timeout_s}
         self.write()
+        if kind != "timeout":
+            return
+        deadline = time.monotonic() + self.await_kill_s
+        while time.monotonic() < deadline and not self.orphaned \
+                and os.getppid() == self._parent:
+            time.sleep(0.05)
 
     def where(self) -> str:
         """This rank's position in words (for its own error message)."""
@@ -245,197 +269,3 @@ class Heartbeat:
             with suppress(OSError):
                 temporary.write_text(json.dumps(record))
                 os.replace(temporary, self.path)
-
-
-def read_beats(directory: Path) -> dict[int, dict[str, Any]]:
-    """Every rank's last heartbeat in ``directory`` (unreadable files are skipped)."""
-    beats: dict[int, dict[str, Any]] = {}
-    for path in sorted(directory.glob("rank*.json")):
-        with suppress(OSError, ValueError):
-            record = json.loads(path.read_text())
-            if isinstance(record, dict) and isinstance(record.get("rank"), int):
-                beats[record["rank"]] = record
-    return beats
-
-
-def _position(beat: dict[str, Any]) -> str:
-    phase = str(beat.get("phase", "?"))
-    step = int(beat.get("step", 0))
-    if phase == "training":
-        return f"in step {step + 1} (forward/backward, before or in its gradient all-reduce)"
-    if phase == "done":
-        return f"finished after step {step}"
-    return f"in {PHASES.get(phase, phase)} after step {step}"
-
-
-def diagnose(beats: dict[int, dict[str, Any]], dumps: list[Path] | None = None,
-             aborted: frozenset[int] = frozenset(), now: float | None = None) -> str | None:
-    """One paragraph naming the hang, or None when no rank recorded a timeout.
-
-    Ranks that recorded a timeout waited in a collective; the ranks that recorded
-    nothing did not arrive. ``aborted``: ranks NCCL's watchdog ended (SIGABRT) after a
-    collective timeout, which records nothing from Python: they count as waiting where
-    their heartbeat last was."""
-    now = time.time() if now is None else now
-    beats = dict(beats)
-    for rank in aborted:
-        beat = beats.get(rank)
-        if beat is not None and not beat.get("failure"):
-            beats[rank] = {**beat, "failure": {
-                "kind": "timeout", "phase": beat.get("phase", "training"),
-                "step": beat.get("step", 0), "at": beat.get("time", now),
-                "error": "ended by NCCL's watchdog after the collective timeout"}}
-    waiting = {r: b for r, b in beats.items() if (b.get("failure") or {}).get("kind") == "timeout"}
-    if not waiting:
-        return None
-    first = min(waiting.values(), key=lambda b: float(b["failure"].get("at", now)))
-    failure = first["failure"]
-    phase, step = str(failure.get("phase", "training")), int(failure.get("step", 0))
-    collective = PHASES.get(phase, phase)
-    where = f"{collective} of step {step + 1}" if phase == "training" else \
-        f"{collective} after step {step}"
-    world = int(first.get("world_size", len(beats)))
-    missing = [r for r in range(world) if r not in waiting]
-    timeout_s = failure.get("timeout_s")
-    waited = f" for {float(timeout_s):g} s" if timeout_s else ""
-    head = (f"torchgpu: the run hung: rank(s) {', '.join(map(str, sorted(waiting)))} waited"
-            f"{waited} in {where}, which rank(s) "
-            f"{', '.join(map(str, missing)) or '(none recorded)'} did not reach")
-    places = []
-    for rank in range(world):
-        beat = beats.get(rank)
-        if beat is None:
-            places.append(f"rank {rank}: no heartbeat (not started, or on another node)")
-            continue
-        if rank in waiting:
-            error = beat["failure"].get("error", "")
-            text = f"rank {rank}: waiting in {where} (timed out: {error})"
-        else:
-            stalled = now - float(beat.get("progress_at", now))
-            text = f"rank {rank}: {_position(beat)}, no step for {stalled:.1f} s"
-            if beat.get("stack"):
-                text += f", at {' <- '.join(beat['stack'])}"
-        line = str(beat.get("line") or "").strip()[-160:]
-        places.append(text + (f"; last line: {line!r}" if line else "; printed nothing"))
-    tail = ""
-    if dumps:
-        tail = (f" NCCL flight-recorder dumps: {', '.join(str(d) for d in dumps)} (read them "
-                f"with: python -m torch.distributed.flight_recorder.fr_trace "
-                f"{dumps[0].parent} --prefix {FLIGHT_RECORDER_PREFIX}).")
-    return (f"{head}. Where each rank was: {'; '.join(places)}. Every worker was "
-            f"stopped.{tail} Look at what the missing rank(s) do at that point (a stuck "
-            "data loader, a rank-dependent branch that skips a collective, a deadlock); if "
-            "a step legitimately takes longer, raise --collective-timeout.")
-
-
-def _alive(pid: Any) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except (ProcessLookupError, ValueError, TypeError):
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-class HangWatch:
-    """The launcher's side: a heartbeat directory for the workers, watched for hangs.
-
-    :meth:`installed` creates the directory, exports it (and, with ``flight_recorder``,
-    NCCL's flight-recorder settings) to the workers through the environment and polls
-    it; when a rank records a collective timeout it waits up to ``settle_s`` for the
-    other ranks to record theirs (or exit), writes :attr:`report` (:func:`diagnose`),
-    calls ``stop_workers`` (which must end every worker) and moves the flight-recorder
-    dumps to ``out_dir`` (when given). The directory is removed on exit.
-    """
-
-    def __init__(self, stop_workers: Callable[[], None], out_dir: Path | None = None,
-                 flight_recorder: bool = False, settle_s: float = 1.5,
-                 poll_s: float = TICK_S) -> None:
-        self.stop_workers = stop_workers
-        self.out_dir = out_dir
-        self.flight_recorder = flight_recorder
-        self.settle_s = settle_s
-        self.poll_s = poll_s
-        self.report: str | None = None
-        self.directory: Path | None = None
-        self._done = threading.Event()
-
-    @contextmanager
-    def installed(self) -> Iterator[HangWatch]:
-        directory = Path(tempfile.mkdtemp(prefix="torchgpu-heartbeat-"))
-        self.directory = directory
-        wanted = {HEARTBEAT_ENV: str(directory)}
-        recorder = (*FLIGHT_RECORDER_ENV,
-                    (*FLIGHT_RECORDER_FILE_ENV, str(directory / FLIGHT_RECORDER_PREFIX)))
-        for name, older, value in recorder if self.flight_recorder else ():
-            if not os.environ.get(name) and not os.environ.get(older):
-                wanted[name] = value
-        saved = {name: os.environ.get(name) for name in wanted}
-        os.environ.update(wanted)
-        thread = threading.Thread(target=self._watch, name="torchgpu-hangwatch", daemon=True)
-        thread.start()
-        try:
-            yield self
-        finally:
-            self._done.set()
-            thread.join(timeout=5)
-            for name, old in saved.items():
-                if old is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = old
-            shutil.rmtree(directory, ignore_errors=True)
-
-    def _watch(self) -> None:
-        assert self.directory is not None
-        while not self._done.wait(self.poll_s):
-            beats = read_beats(self.directory)
-            if not any((b.get("failure") or {}).get("kind") == "timeout" for b in beats.values()):
-                continue
-            deadline = time.monotonic() + self.settle_s
-            while time.monotonic() < deadline and not self._done.is_set():
-                beats = read_beats(self.directory)
-                if all(b.get("failure") or not _alive(b.get("pid")) for b in beats.values()):
-                    break
-                time.sleep(0.1)
-            dumps = self.keep_dumps()
-            self.report = diagnose(beats, dumps=dumps)
-            self.stop_workers()
-            return
-
-    def after_failure(self, aborted: frozenset[int]) -> str | None:
-        """The hang paragraph after torchrun reported failed workers: for ranks NCCL's
-        watchdog ended (``aborted``, SIGABRT), which the watcher could not see coming;
-        None when the heartbeats show no hang."""
-        if self.directory is None or not aborted:
-            return None
-        beats = read_beats(self.directory)
-        return diagnose(beats, dumps=self.keep_dumps(), aborted=aborted) if beats else None
-
-    def keep_dumps(self) -> list[Path]:
-        """The NCCL flight-recorder dumps, moved to ``out_dir/flight_recorder`` when an
-        output directory is known (else they would go with the heartbeat directory)."""
-        assert self.directory is not None
-        found = sorted(self.directory.glob(f"{FLIGHT_RECORDER_PREFIX}*"))
-        if not found or self.out_dir is None:
-            return found
-        target = self.out_dir / "flight_recorder"
-        kept: list[Path] = []
-        for path in found:
-            with suppress(OSError):
-                target.mkdir(parents=True, exist_ok=True)
-                kept.append(Path(shutil.move(str(path), target / path.name)))
-        return kept
-
-
-def kill_children(children: Callable[[], list[int]]) -> Callable[[], None]:
-    """A ``stop_workers`` for :class:`HangWatch`: SIGKILL every child's process group."""
-    def stop() -> None:
-        for pid in children():
-            with suppress(ProcessLookupError, PermissionError):
-                if os.getpgid(pid) == pid:
-                    os.killpg(pid, signal.SIGKILL)
-                else:
-                    os.kill(pid, signal.SIGKILL)
-    return stop
