@@ -70,6 +70,13 @@ def test_cnn_with_batchnorm_and_a_named_loss_from_a_file_spec(tmp_path: Path) ->
     (["--loss", "mse"], "without --model"),
     (["--model", f"{MODELS}:cnn_factory", "--data", f"{MODELS}:cnn_data", "--loss", "hinge"],
      "not a built-in loss"),
+    # found by the probe (one forward and loss) before --out exists
+    (["--model", f"{MODELS}:CNNDictWrapper", "--data", f"{MODELS}:cnn_dict_data"],
+     "no scalar loss"),
+    (["--model", f"{MODELS}:lm_factory", "--data", f"{MODELS}:cnn_data", "--loss",
+      "cross_entropy"], f"--model {MODELS}:lm_factory on two samples of --data"),
+    (["--model", f"{MODELS}:CNNDictWrapper", "--data", f"{MODELS}:cnn_dict_data", "--loss",
+      "cross_entropy"], "dict batches, which have no separate target"),
 ])
 def test_bad_specs_exit_2_and_write_nothing(tmp_path: Path, args: list[str],
                                             words: str) -> None:

@@ -228,7 +228,7 @@ def _oom_above(limit: int, seen: list[int]) -> Any:
     """A forward pre-hook: ``torch.OutOfMemoryError`` for a training batch of more than
     ``limit`` rows, as a device of that size would raise."""
     def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if not module.training:
+        if not (module.training and torch.is_grad_enabled()):  # not evaluation, not probe
             return
         rows = int(kwargs["input_ids"].shape[0])  # called as model(**batch)
         seen.append(rows)
@@ -268,7 +268,7 @@ def test_a_nan_loss_on_dict_batches_stops_or_is_skipped(tmp_path: Path) -> None:
         calls = {"n": 0}
 
         def hook(module: nn.Module, args: Any, kwargs: dict[str, Any], out: Any) -> Any:
-            if module.training:
+            if module.training and torch.is_grad_enabled():  # steps, not the probe
                 calls["n"] += 1
                 if calls["n"] == 3:
                     out.loss = out.loss * float("nan")
@@ -292,3 +292,31 @@ def test_bf16_autocast_on_dict_batches(tmp_path: Path) -> None:
     assert result.summary["precision"] == "bf16"
     assert result.summary["final"]["test_loss"] is not None
     assert all(p.dtype == torch.float32 for p in result.model.parameters())  # weights stay fp32
+
+
+def test_probe_refuses_a_model_without_a_loss_before_anything_is_written(
+        tmp_path: Path) -> None:
+    from tests.user_models import CNNDictWrapper, cnn_dict_data
+
+    train_ds, eval_ds = cnn_dict_data()
+    with pytest.raises(UsageError, match="no scalar loss"):
+        fit(CNNDictWrapper, train_ds, eval_data=eval_ds, out=str(tmp_path / "run"),
+            progress="off")
+    assert not (tmp_path / "run").exists()
+
+
+def test_probe_leaves_batchnorm_statistics_and_the_random_state_alone() -> None:
+    from tests.user_models import cnn_data, cnn_factory
+    from torchgpu.train.task import probe, user_task
+
+    train_ds, _ = cnn_data()
+    task = user_task(cnn_factory, train_ds, loss=torch.nn.CrossEntropyLoss())
+    model = task.build_model()
+    model.train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    probe(task, model)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert model.training
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key

@@ -8,7 +8,9 @@ error for bad input, so a bad run leaves nothing behind:
    precision and observers it allows, the strategy that runs, the resume point, the
    ``--out`` check; then load the data (:func:`~torchgpu.train.task.task_for_config`,
    unless a task is given) and build the model (``task.build_model()``; a launcher that
-   starts workers builds none: each worker builds its own).
+   starts workers builds none: each worker builds its own); a user's model then runs
+   one forward and loss on two samples (:func:`~torchgpu.train.task.probe`), so a model
+   that does not fit its data or loss is refused before ``--out`` exists.
 
 ``--strategy auto`` is the one exception to that order: the planner measures the data
 and the model, so for it the data is loaded and the model built first, the planner
@@ -38,7 +40,7 @@ from torchgpu.train.config import TrainConfig, resolve, validate
 from torchgpu.train.faults import crash_plan_from_env, hang_plan_from_env
 from torchgpu.train.memory_snapshot import refuse_off_cuda
 from torchgpu.train.out_dir import check_creatable, check_out_dir
-from torchgpu.train.task import Task, task_for_config
+from torchgpu.train.task import Task, probe, task_for_config
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,7 @@ def assemble(config: TrainConfig, *, task: Task | None = None, launching: bool =
     if config.strategy == strategies.AUTO:  # the planner measures the data and model
         task = task if task is not None else task_for_config(config)
         model = task.build_model()
+        _probe(task, model, config)
         world = (config.nproc or 1) * config.nnodes if launching else here.world_size
         decision = decide_strategy(config, world, task, launching=launching, model=model)
         config, auto_notes, planned = decision.config, (decision.note,), decision.plan
@@ -155,6 +158,7 @@ def assemble(config: TrainConfig, *, task: Task | None = None, launching: bool =
         task = task_for_config(config)  # the data, loaded once
     if model is None and not relaunch:
         model = task.build_model()  # once (a launcher's workers build their own)
+        _probe(task, model, config)
     notes = (build.device_note(config, device), *auto_notes,
              *build.precision_notes(config, device))
     start = RunStart(plan, crash_plan_from_env(here.rank), stop_at_step,
@@ -164,6 +168,14 @@ def assemble(config: TrainConfig, *, task: Task | None = None, launching: bool =
                     notes=notes + choice.notes, planned=planned,
                     auto_note=auto_notes[0] if auto_notes else "",
                     memory_limit=simulated_limit(here.rank))
+
+
+def _probe(task: Task, model: nn.Module, config: TrainConfig) -> None:
+    """A user's model meets its data and loss once before anything is written."""
+    if task.user_model:
+        probe(task, model, model_label=f"--model {config.model}" if config.model
+              else "the model", data_label=f"--data {config.data}" if config.data
+              else "the training data")
 
 
 def with_stop_at(run: Assembly, stop_at_step: int | None) -> Assembly:

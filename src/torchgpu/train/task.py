@@ -267,8 +267,16 @@ def task_for_config(config: TrainConfig) -> Task:
         return dataclasses.replace(task, loss=loss or task.loss, user_model=True)
     assert config.data is not None
     train, test = resolve_data(config.data)
-    return user_task(seeded(build_user_model, config.seed), train, test, loss=loss,
+    task = user_task(seeded(build_user_model, config.seed), train, test, loss=loss,
                      name=config.run_name)
+    if task.dict_batches and config.loss in LOSS_NAMES:
+        raise UsageError(
+            f"--loss {config.loss} takes (output, target) but --data {config.data} yields "
+            "dict batches, which have no separate target: drop --loss when the model "
+            "computes its loss from the batch's labels (output.loss), or pass "
+            "--loss module:function with a function loss(output, batch) -> Tensor"
+        )
+    return task
 
 
 def _checked_loss(fn: Any, spec: str) -> LossFn:
@@ -297,6 +305,57 @@ def as_task(data: Task | ExampleData, config: TrainConfig | None = None) -> Task
 
     name = config.run_name if config is not None else getattr(data, "description", "")
     return from_example(data, name, build_model)
+
+
+def probe(task: Task, model: nn.Module, *, model_label: str = "the model",
+          data_label: str = "the training data") -> None:
+    """One forward and loss on the first two training samples, before anything is written.
+
+    A model the data does not fit, a loss that cannot take the model's output, or a model
+    with no loss of its own would otherwise fail at the first step, after ``--out`` was
+    made; here each is :class:`UsageError` naming the specs (``model_label``,
+    ``data_label``) and the fix. The probe runs in the model's training mode (some models
+    return their losses only there) without gradients, and leaves no trace: the CPU
+    random state and the model's buffers (BatchNorm statistics) are put back.
+    """
+    from torchgpu.errors import TorchGpuError, first_line
+    from torchgpu.transfer import to_device
+
+    inputs, target = task.sample(2)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    if device.type != "cpu":  # a user's module already placed: the samples follow it
+        inputs, target = to_device((inputs, target), device)
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            if isinstance(inputs, Mapping):
+                output = model(**inputs)
+            elif isinstance(inputs, tuple | list) and not hasattr(inputs, "_fields"):
+                output = model(*inputs)
+            else:
+                output = model(inputs)
+            loss = task.loss(output, target)
+    except TorchGpuError as error:  # e.g. output_loss: no loss in the output
+        raise UsageError(f"{model_label} on two samples of {data_label}: {error}") from None
+    except Exception as error:
+        raise UsageError(
+            f"{model_label} on two samples of {data_label} failed ({first_line(error)}): "
+            "the data's batches must be what the model's forward takes (pairs: "
+            "model(inputs), dicts: model(**batch)) and the loss must take the model's "
+            "output; check the model and data specs, or pass the loss that fits."
+        ) from None
+    finally:
+        with torch.no_grad():
+            for name, value in model.named_buffers():
+                if name in buffers:
+                    value.copy_(buffers[name])
+    if not (isinstance(loss, Tensor) and loss.numel() == 1 and loss.is_floating_point()):
+        shape = tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__
+        raise UsageError(
+            f"the loss of {model_label} on {data_label} is {shape}, not a scalar float "
+            "tensor: the loss must return one number per batch (e.g. a mean); pass a "
+            "loss that reduces, e.g. torch.nn.CrossEntropyLoss()"
+        )
 
 
 def spreads_inputs(task: Task) -> bool:
