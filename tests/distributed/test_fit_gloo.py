@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from tests.procs import REPO, run_cli, test_env
@@ -40,3 +41,27 @@ def test_two_processes_equal_one(tmp_path: Path, samples: int) -> None:
     assert a.keys() == b.keys()
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6, msg=key)
+
+
+@pytest.mark.slow
+def test_fsdp_on_the_tied_lm_equals_one_process(tmp_path: Path) -> None:
+    """The test LM ties its head to the token embedding: under fsdp on 2 processes the tied
+    blocks are sharded as one unit, and the run trains, saves the tie once and ends with
+    one process's weights at the same global batch."""
+    one = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "one"), "8"],
+                         capture_output=True, text=True, timeout=120, env=test_env(),
+                         check=False)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = run_cli(["launch", "--nproc", "2", str(SCRIPT), str(tmp_path / "two"), "4",
+                   "strategy=fsdp"], timeout=180)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert two.stdout.count("strategy fsdp world 2 models built 1") == 2
+    a = load_file(tmp_path / "one" / "model.safetensors")
+    b = load_file(tmp_path / "two" / "model.safetensors")
+    assert "head.weight" not in b and a.keys() == b.keys()  # the tie is stored once
+    with safe_open(tmp_path / "two" / "model.safetensors", "pt") as f:
+        assert json.loads(f.metadata()["torchgpu.aliases"]) == {"head.weight": "embed.weight"}
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6, msg=key)
+    summary = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert summary["strategy"] == "fsdp" and summary["global_batch"] == 8

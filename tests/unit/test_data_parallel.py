@@ -125,3 +125,91 @@ def test_unwrap_peels_nested_wrappers(gloo_world_of_one: None) -> None:
     holder = nn.Module()
     holder.module = model
     assert unwrap(holder) is holder
+
+
+class _NestedTied(nn.Module):
+    """A GPT-2 layout: the embedding sits inside a body, the head beside it is tied."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Embedding(11, 6), nn.Linear(6, 6))
+        self.norm = nn.LayerNorm(6)
+        self.head = nn.Linear(6, 11, bias=False)
+        self.head.weight = self.body[0].weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.body(ids)))
+
+
+class _RootTied(nn.Module):
+    """A parameter on the root itself is shared by a child: the child stays with the root."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(11, 6))
+        self.head = nn.Linear(6, 11, bias=False)
+        self.head.weight = self.table
+        self.mid = nn.Linear(6, 6)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.mid(self.table[ids]))
+
+
+def _lm() -> nn.Module:
+    from tests.user_models import TinyCausalLM
+
+    torch.manual_seed(0)
+    return TinyCausalLM(dropout=0.0)
+
+
+def test_shard_units_keep_tied_parameters_in_one_unit() -> None:
+    from torchgpu.parallel.data import shard_units
+
+    lm = _lm()
+    assert shard_units(lm) == [[lm.embed, lm.head], [lm.ln_f]]  # blocks: a ModuleList, root
+    nested = _NestedTied()
+    assert shard_units(nested) == [[nested.body, nested.head], [nested.norm]]
+    root = _RootTied()
+    assert shard_units(root) == [[root.mid]]
+    untied = _model()
+    assert shard_units(untied) == [[untied[0]], [untied[2]]]
+
+
+@pytest.mark.filterwarnings("ignore:FSDP2-wrapped module:UserWarning")  # a 3-d Linear's view
+@pytest.mark.parametrize("build", [_lm, _NestedTied, _RootTied])
+def test_fsdp_trains_tied_models_like_the_plain_model(
+    gloo_world_of_one: None, build: type[nn.Module]
+) -> None:
+    """fully_shard refuses a parameter in two units; tied blocks are sharded together, and
+    the full state keeps the tie (one tensor under both names)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from torchgpu.parallel.data import retie
+
+    torch.manual_seed(0)
+    plain = build()
+    torch.manual_seed(0)
+    model = build()
+    ids = torch.randint(0, 11, (3, 5))
+    batch = {"input_ids": ids, "labels": ids} if hasattr(plain, "blocks") else None
+
+    def loss(m: nn.Module) -> torch.Tensor:
+        if batch is not None:
+            return m(**batch).loss  # type: ignore[no-any-return]
+        return m(ids).square().mean()  # type: ignore[no-any-return]
+
+    expected = loss(plain)
+    expected.backward()
+    sharded = wrap_data_parallel(model, "fsdp")
+    got = loss(sharded)
+    got.backward()
+    torch.testing.assert_close(got, expected)
+    grads = {n: p.grad.full_tensor() for n, p in sharded.named_parameters()}  # type: ignore[union-attr]
+    for name, p in plain.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, msg=name)
+    full = get_model_state_dict(sharded, options=StateDictOptions(full_state_dict=True))
+    state = retie(dict(full), sharded)
+    tied = [(a, b) for a, b in [("head.weight", "embed.weight"),
+                                ("head.weight", "body.0.weight"),
+                                ("head.weight", "table")] if a in state and b in state]
+    assert tied and all(state[a] is state[b] for a, b in tied)

@@ -7,7 +7,7 @@
 - ``ddp``: ``DistributedDataParallel``, one process per device (torchrun); the process
   group must exist (:func:`torchgpu.distributed.init_distributed`).
 - ``fsdp``: FSDP2 (``torch.distributed.fsdp.fully_shard``): each child block is sharded
-  as its own unit, then the root.
+  as its own unit (blocks that share a tied parameter together), then the root.
 
 :func:`unwrap` peels DataParallel, DDP, FSDP1 and ``torch.compile`` wrappers, nested in any
 order, so checkpoints hold the plain model's canonical keys.
@@ -192,9 +192,10 @@ def _sequential_view(model: nn.Module) -> nn.Module:
     return view()
 
 
-def _shard_units(model: nn.Module) -> list[nn.Module]:
-    """The blocks sharded one by one before the root: the sequential view's children
-    when the model offers one, else the direct children; parameter-free ones skipped."""
+def _candidate_units(model: nn.Module) -> list[nn.Module]:
+    """The blocks that could be sharded one by one before the root: the sequential view's
+    children when the model offers one, else the direct children; parameter-free ones
+    skipped."""
     if isinstance(model, nn.Sequential):
         children = list(model.children())
     elif callable(getattr(model, "as_sequential", None)):
@@ -214,6 +215,62 @@ def _shard_units(model: nn.Module) -> list[nn.Module]:
     ]
 
 
+def _root_params(model: nn.Module, units: list[nn.Module]) -> set[int]:
+    """Ids of the parameters the root's ``fully_shard`` manages when ``units`` are
+    sharded first: those of every module reached from the root without entering a unit
+    (FSDP2's own walk stops at a module that already has a state)."""
+    unit_ids = {id(u) for u in units}
+    seen: set[int] = set()
+    params: set[int] = set()
+    stack = [model]
+    while stack:
+        module = stack.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        params.update(id(p) for p in module.parameters(recurse=False))
+        stack.extend(c for c in module.children() if id(c) not in unit_ids)
+    return params
+
+
+def shard_units(model: nn.Module) -> list[list[nn.Module]]:
+    """The FSDP units ``wrap_data_parallel(mode="fsdp")`` shards before the root, each a
+    list of modules sharded together (``fully_shard(unit)``), in the model's order.
+
+    Every parameter belongs to exactly one unit or to the root, as FSDP2 requires: blocks
+    that share a parameter (an LM head tied to the token embedding) form one unit, and a
+    block sharing a parameter with what the root keeps (a parameter on the root itself, a
+    ``ModuleList``'s blocks) is left to the root.
+    """
+    candidates = _candidate_units(model)
+    params = [{id(p) for p in c.parameters()} for c in candidates]
+    # union the candidates that share a parameter
+    group = list(range(len(candidates)))
+
+    def find(i: int) -> int:
+        while group[i] != i:
+            group[i] = group[group[i]]
+            i = group[i]
+        return i
+
+    for i in range(len(candidates)):
+        for j in range(i):
+            if params[i] & params[j]:
+                group[find(i)] = find(j)
+    units: dict[int, list[int]] = {}
+    for i in range(len(candidates)):
+        units.setdefault(find(i), []).append(i)
+    kept = list(units.values())
+    while True:  # a unit left to the root may tie another unit to the root in turn
+        members = [candidates[i] for unit in kept for i in unit]
+        root = _root_params(model, members)
+        left = [u for u in kept if any(params[i] & root for i in u)]
+        if not left:
+            break
+        kept = [u for u in kept if u not in left]
+    return [[candidates[i] for i in unit] for unit in kept]
+
+
 def _wrap_fsdp(model: nn.Module, device: torch.device | None, **kw: Any) -> nn.Module:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -224,7 +281,24 @@ def _wrap_fsdp(model: nn.Module, device: torch.device | None, **kw: Any) -> nn.M
         # fully_shard's default mesh is CUDA whenever CUDA exists, even for a CPU model
         # on gloo; build the mesh for the model's own device type.
         kw["mesh"] = init_device_mesh(dev.type, (dist.get_world_size(),))
-    for unit in _shard_units(model):
-        fully_shard(unit, **kw)
+    for unit in shard_units(model):
+        # a list is one FSDP group: tied parameters must be gathered and reduced once
+        fully_shard(unit if len(unit) > 1 else unit[0], **kw)
     fully_shard(model, **kw)
     return model
+
+
+def retie(state: dict[str, Any], model: nn.Module) -> dict[str, Any]:
+    """``state`` with every tied parameter of ``model`` (one Parameter under several
+    names) pointing at one tensor again, in place; returns ``state``.
+
+    A full state dict gathered from an FSDP2 model (``get_model_state_dict`` with
+    ``full_state_dict=True``) gathers each name on its own, so a tied LM head comes back
+    as a copy of the embedding: re-tied, the checkpoint stores it once, as for the other
+    strategies."""
+    first: dict[int, str] = {}
+    for name, param in unwrap(model).named_parameters(remove_duplicate=False):
+        source = first.setdefault(id(param), name)
+        if source != name and source in state and name in state:
+            state[name] = state[source]
+    return state

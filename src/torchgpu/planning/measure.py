@@ -38,7 +38,7 @@ def measure_footprint(
     kind = optimizer_kind(optimizer)
     profile = measure_activations(model, sample_batch, precision)
     single = estimate_memory(model, sample_batch, kind, precision, profile=profile).devices[0]
-    view = sequential_layers(model)
+    view = sequential_layers(model, sample_batch)  # None when the view cannot take the sample
     checkpointed = single.activations_bytes
     layers: list[LayerFootprint] = []
     if view is None and profile.block_names:  # checkpointing recomputes the repeated blocks

@@ -273,7 +273,8 @@ def split_candidates(
     for strategy in ("model", "pipeline"):
         if len(fp.layers) < n:
             why = (
-                "the model is not splittable (no as_sequential())"
+                "the model is not splittable (no as_sequential(), or batches of several "
+                "inputs, which stages cannot pass on)"
                 if not fp.layers
                 else f"{len(fp.layers)} top-level layers cannot fill {n} stages"
             )

@@ -83,10 +83,17 @@ class ActivationProfile:
         return {k: -(-v // block_bytes) * block_bytes for k, v in self.sizes.items()}
 
 
-def sequential_layers(model: nn.Module) -> nn.Sequential | None:
+def sequential_layers(model: nn.Module, sample_batch: Any = None) -> nn.Sequential | None:
     """The model as an ``nn.Sequential``: itself, ``as_sequential()``, or a list of
     blocks (an ``nn.ModuleList`` run in order, as the model/pipeline strategies run it);
-    None for any other model."""
+    None for any other model.
+
+    With ``sample_batch`` given, None too when the view cannot take that batch: a
+    Sequential passes one input from layer to layer, so a dict (``model(**batch)``) or a
+    tuple of inputs (``model(*inputs)``) goes through the model's own forward, and its
+    memory is measured there."""
+    if sample_batch is not None and not takes_one_input(sample_batch):
+        return None
     if isinstance(model, nn.Sequential):
         return model
     if isinstance(model, nn.ModuleList):
@@ -158,6 +165,13 @@ def as_call(sample_batch: Any) -> SampleCall:
     return SampleCall(call.args, call.kwargs, int(batched[0].shape[0]))
 
 
+def takes_one_input(sample_batch: Any) -> bool:
+    """Whether ``sample_batch`` is one input (``model(x)``), the only call a sequential
+    view can take; a dict or a tuple/list of inputs is not."""
+    call = as_call(sample_batch)
+    return len(call.args) == 1 and not call.kwargs
+
+
 def _storage_key(t: torch.Tensor, sizes: dict[int, int], alive: list[Any]) -> int:
     storage = t.untyped_storage()
     key = int(storage._cdata)
@@ -196,7 +210,7 @@ def measure_activations(
             f"precision={precision!r} is not allowed: use one of {', '.join(PRECISIONS)}"
         )
     call = as_call(sample_batch)
-    view = sequential_layers(model)
+    view = sequential_layers(model, sample_batch)
     runner: nn.Module = view if view is not None else model
     layers = list(view.children()) if view is not None else []
     found = find_repeated_blocks(model) if view is None else None

@@ -7,7 +7,7 @@ Parameters, gradients and optimizer state are exact arithmetic
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -32,6 +32,7 @@ from torchgpu.memory.estimate.arithmetic import (
     training_peak_bytes,
     union_bytes,
 )
+from torchgpu.parallel.data import shard_units
 
 STRATEGIES = ("single", "ddp", "fsdp", "split", "pipeline")
 GIB = 1024**3
@@ -181,11 +182,10 @@ def _device(
     )
 
 
-def _shard_units(model: nn.Module, view: nn.Sequential | None) -> list[nn.Module]:
-    # The units wrap_data_parallel(mode="fsdp") shards one by one.
-    children = list(view.children()) if view is not None else list(model.children())
-    members = {id(m) for m in model.modules()}
-    return [c for c in children if id(c) in members and any(True for _ in c.parameters())]
+def _sample_kind(sample_batch: Any) -> str:
+    if isinstance(sample_batch, Mapping):
+        return f"a dict ({', '.join(map(str, sample_batch))})"
+    return f"a {type(sample_batch).__name__} of {len(sample_batch)} inputs"
 
 
 def _sample_slice(sample: Any, rows: int) -> Any:
@@ -298,8 +298,17 @@ def estimate_memory(
             "give the number of ranks/stages (world_size) or name the devices, not both"
         )
     names = _device_names(n, devices)
-    view = sequential_layers(model)
+    # a sequential view passes one input from layer to layer: a dict or tuple sample
+    # goes through the model's own forward instead
+    view = sequential_layers(model, sample_batch)
     if view is None and strategy in ("split", "pipeline"):
+        if sequential_layers(model) is not None:
+            raise ConfigError(
+                f"{strategy!r} passes one tensor from stage to stage, but the sample batch "
+                f"is {_sample_kind(sample_batch)}, which {type(model).__name__}'s stages "
+                "cannot take: estimate 'single', 'ddp' or 'fsdp' for it, or give a sample "
+                "that is the first layer's one input"
+            )
         raise ConfigError(
             f"{type(model).__name__} has no sequential view, so {strategy!r} cannot be "
             "estimated: pass an nn.Sequential or give the model an as_sequential() method "
@@ -316,6 +325,13 @@ def estimate_memory(
 
     prof = get_profile(micro)
     if view is None and activation_checkpointing and not prof.block_names:
+        if sequential_layers(model) is not None:
+            raise ConfigError(
+                f"{type(model).__name__} is checkpointed in segments of its sequential "
+                f"view, which takes one input, but the sample batch is "
+                f"{_sample_kind(sample_batch)} and the model has no repeated block: "
+                "estimate without checkpointing"
+            )
         raise ConfigError(
             f"{type(model).__name__} has no sequential view and no repeated block, so "
             "activation checkpointing cannot be estimated (nor applied without naming "
@@ -340,9 +356,11 @@ def estimate_memory(
         tensors = module_tensors(model)
         if strategy == "fsdp":
             state = state_bytes(tensors, kind, block_bytes, shards=n)
+            # the units wrap_data_parallel(mode="fsdp") gathers one at a time (tied
+            # blocks together); parameters shared inside a unit count once
             units = sorted(
-                (state_bytes(module_tensors(u), kind, block_bytes).parameters_bytes
-                 for u in _shard_units(model, view)),
+                (state_bytes(module_tensors(nn.ModuleList(u)), kind, block_bytes)
+                 .parameters_bytes for u in shard_units(model)),
                 reverse=True,
             )  # fmt: skip
             extra = sum(units[:2]) if n > 1 else 0

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from torchgpu.parallel.data import wrap_data_parallel
+from torchgpu.parallel.data import retie, wrap_data_parallel
 from torchgpu.train.strategies.base import Features, Strategy
 from torchgpu.train.strategies.single import SINGLE
 
@@ -80,7 +80,8 @@ class Fsdp(Ddp):
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state: dict[str, Any] = dict(get_model_state_dict(model, options=options))
-        return {k: v.detach() for k, v in state.items() if isinstance(v, Tensor)}
+        full = {k: v.detach() for k, v in state.items() if isinstance(v, Tensor)}
+        return retie(full, model)  # each name was gathered on its own: keep ties single
 
     def eval_model(self, model: nn.Module) -> nn.Module:
         # The sharded module gathers its parameters in forward: evaluate through it.
