@@ -147,18 +147,58 @@ def _absolute_spec(spec: str | None) -> str | None:
     return spec
 
 
-def settings_to_write(config: TrainConfig, *, world_size: int = 1,
-                      local_world_size: int = 1) -> dict[str, Any]:
+def _absolute_loss(loss: str | None) -> str | None:
+    """``--loss``: a built-in name (``mse``) as it is, a file spec made absolute."""
+    return _absolute_spec(loss) if loss is not None and ":" in loss else loss
+
+
+def _resolved_run(config: TrainConfig, device: str | None, model: Any) -> dict[str, Any]:
+    """What ``auto`` settings resolved to in this run, as settings: ``device`` (the
+    device it trained on: a bare ``cuda`` under several processes, which means each
+    rank's own GPU), ``precision`` (the mode ``auto`` picked on it), and for a model
+    split in one process (``model`` a SplitModel/Pipeline) its stage ``devices``, the
+    layers per stage (``balance``, also when measured by ``size``/``time``) and the
+    micro-batches the split-size sweep chose (``chunks``). A value not known here (no
+    ``model`` given, the one-stage-per-process pipeline) is kept as written."""
+    values: dict[str, Any] = {}
+    split = config.strategy in ("model", "pipeline")
+    if device is not None:
+        if config.device == "auto" and not split:
+            # several processes: "cuda" is each rank's cuda:LOCAL_RANK (build.choose_device)
+            values["device"] = device.split(":", 1)[0] if config.nproc else device
+        if config.precision == "auto":
+            from torchgpu.precision import resolve_mode
+
+            values["precision"] = resolve_mode(config.precision, device)
+    from torchgpu.parallel.model import SplitModel
+
+    if isinstance(model, SplitModel):
+        if config.devices is None:
+            values["devices"] = ",".join(str(d) for d in model.devices)
+        values["balance"] = ",".join(str(n) for n in model.balance)
+        chunks = getattr(model, "chunks", None)
+        if isinstance(chunks, int) and not isinstance(chunks, bool):
+            values["chunks"] = chunks
+    return values
+
+
+def settings_to_write(config: TrainConfig, *, world_size: int = 1, local_world_size: int = 1,
+                      device: str | None = None, model: Any = None) -> dict[str, Any]:
     """The settings of ``config`` (resolved) that reproduce the run: launch-only and
-    output-only settings left out, paths made absolute, the process count of the run
-    (``world_size`` processes, ``local_world_size`` per node) filled in."""
+    output-only settings left out, paths and file specs made absolute (``model``,
+    ``data``, ``loss``, ``out``), the process count of the run (``world_size``
+    processes, ``local_world_size`` per node) filled in, and what ``auto`` resolved to
+    on ``device`` with the wrapped ``model`` (see :func:`_resolved_run`)."""
     values = {f.name: getattr(config, f.name) for f in dataclasses.fields(TrainConfig)
               if f.name not in _NOT_WRITTEN}
     values["model"] = _absolute_spec(config.model)
+    values["loss"] = _absolute_loss(config.loss)
     if config.model is not None and config.target is None:
         values["data"] = _absolute_spec(config.data)  # a data spec
     elif config.data is not None:
         values["data"] = os.path.abspath(config.data)  # a CSV file
+    if config.out is not None:
+        values["out"] = os.path.abspath(config.out)
     if config.auto_batch_size and config.batch_size is not None:
         values["auto_batch_size"] = False  # the searched size ran: keep it, do not search
         values["effective_batch_size"] = None
@@ -168,6 +208,8 @@ def settings_to_write(config: TrainConfig, *, world_size: int = 1,
     else:
         values["nproc"] = None
         values["nnodes"] = 1
+    values.update(_resolved_run(dataclasses.replace(config, nproc=values["nproc"]), device,
+                                model))
     return values
 
 
@@ -200,8 +242,10 @@ def dumps(settings: Mapping[str, Any], run: Mapping[str, Any] | None = None,
 
 
 def write_config(out_dir: Path, config: TrainConfig, *, world_size: int, local_world_size: int,
-                 device: str) -> Path:
-    """Write ``OUT/config.toml`` for ``config`` (the settings that ran) and return its path.
+                 device: str, model: Any = None) -> Path:
+    """Write ``OUT/config.toml`` for ``config`` (the settings that ran, ``auto`` values
+    resolved on ``device`` and with the wrapped ``model``: :func:`settings_to_write`)
+    and return its path.
 
     A :func:`torchgpu.fit` run (``model`` is ``fit:<name>``: its model and data were
     objects) still records its settings; the file says it cannot be re-run from the
@@ -212,7 +256,7 @@ def write_config(out_dir: Path, config: TrainConfig, *, world_size: int, local_w
     from_fit = (config.model or "").startswith("fit:")
 
     settings = settings_to_write(config, world_size=world_size,
-                                 local_world_size=local_world_size)
+                                 local_world_size=local_world_size, device=device, model=model)
     comments: tuple[str, ...]
     if from_fit:
         comments = ("Settings of a torchgpu.fit() run. Its model and data were Python objects,",

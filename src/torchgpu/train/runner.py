@@ -209,7 +209,7 @@ def _run(
         out_dir.mkdir(parents=True, exist_ok=True)
         for note in notes:
             print(note, file=sys.stderr)
-        write_config(out_dir, config, world, device)
+        write_config(out_dir, config, world, device, model)
     buffer = MetricsBuffer()
     batches_per_epoch = len(train_loader)
     eval_model = strategy.eval_model(model)
