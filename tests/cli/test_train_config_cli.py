@@ -154,8 +154,48 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
     assert config_from_argv(["--config", str(path), "--batch-size", "32"]).batch_size == 32
 
 
+def test_settings_a_file_turns_on_can_be_turned_off_on_the_command_line(
+        tmp_path: Path) -> None:
+    """--no-NAME puts a setting back to its default: switches (BooleanOptionalAction) and
+    optional values alike."""
+    from torchgpu.train.config import validate
+
+    path = tmp_path / "c.toml"
+    path.write_text("profile = 3\nsave_every = 5\nkeep_last = 2\nclip_norm = 1.0\n"
+                    "estimate_memory = true\nactivation_checkpointing = true\n")
+    on = config_from_argv(["--config", str(path)])
+    assert (on.profile, on.save_every, on.keep_last, on.clip_norm) == (3, 5, 2, 1.0)
+    off = config_from_argv(["--config", str(path), "--no-profile", "--no-save-every",
+                            "--no-keep-last", "--no-clip-norm", "--no-estimate-memory",
+                            "--no-activation-checkpointing"])
+    assert (off.profile, off.save_every, off.keep_last, off.clip_norm) == (None,) * 4
+    assert not off.estimate_memory and not off.activation_checkpointing
+    validate(off)
+    assert config_from_argv(["--json", "--no-json"]).json is False
+
+
+def test_a_bad_value_from_the_file_is_named_as_the_files_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('epochs = 0\ndata-size = 0\ncollective_timeout = 1e15\n')
+    out = tmp_path / "out"
+    assert main(["train", "--config", str(path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"--config {path}: epochs = 0 is out of range" in err and "--epochs" not in err
+    # given on the command line too: the flag is what is wrong
+    assert main(["train", "--config", str(path), "--epochs", "0", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "torchgpu: --epochs 0 is out of range" in err and "--config" not in err
+    assert main(["train", "--config", str(path), "--epochs", "1", "--data-size", "10",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"--config {path}: collective_timeout = 1000000000000000.0 is out of range" in err
+    assert "e.g. collective_timeout = 300" in err and "--collective-timeout" not in err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(("text", "needle"), [
-    ("epochs = 0\n", "--epochs 0"),  # validated like the flag
+    ("epochs = 0\n", "epochs = 0 is out of range"),  # validated like the flag
     ("epoch = 2\n", "unknown setting"),
     ('strategy = "zero3"\n', "zero3"),
     ('model = "fit:Net"\n[run]\ncli = false\n', "torchgpu.fit"),

@@ -57,8 +57,9 @@ def test_read_settings_accepts_dashes_ints_for_floats_and_batch_auto(tmp_path: P
 
 @pytest.mark.parametrize(("text", "words"), [
     ("epoch = 2\n", ["unknown setting 'epoch'", "epochs"]),
-    ('epochs = "2"\n', ["epochs = '2'", "an integer"]),
-    ("epochs = true\n", ["epochs = True", "an integer"]),
+    ('epochs = "2"\n', ['epochs = "2"', "an integer"]),  # the line as TOML writes it
+    ("epochs = true\n", ["epochs = true", "an integer"]),
+    ("resume = true\n", ["resume = true", 'resume = "" continues the run']),
     ("json = 1\n", ["json = 1", "true/false"]),
     ("lr = [1]\n", ["lr = [1]", "a number"]),
     ("epochs = \n", ["not valid TOML"]),

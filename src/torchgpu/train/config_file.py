@@ -24,6 +24,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -76,9 +77,10 @@ def _load_toml(text: str, path: str) -> dict[str, Any]:
         ) from None
 
 
-def read_settings(path: str) -> dict[str, Any]:
+def read_settings(path: str, keys: dict[str, str] | None = None) -> dict[str, Any]:
     """The settings in the TOML file at ``path``, by field name (dashes become
-    underscores), type-checked against :class:`TrainConfig`.
+    underscores), type-checked against :class:`TrainConfig`. ``keys``, when given, is
+    filled with each setting's key as the file spells it.
 
     Raises UsageError for a missing file or a file written by ``fit`` (``[run]`` has
     ``cli = false``), ConfigError for bad TOML, an unknown key or a value of the wrong
@@ -115,13 +117,56 @@ def read_settings(path: str) -> dict[str, Any]:
         if name == "batch_size" and value == "auto":
             ok = True  # --batch-size auto
         if not ok:
+            hint = (' (resume = "" continues the run in out from its latest checkpoint, '
+                    'resume = "DIR" from DIR)' if name == "resume" else "")
             raise ConfigError(
-                f"--config {path}: {key} = {value!r} has the wrong type: it must be "
-                f"{_type_name(allowed)}. Fix that line, e.g. {name} = "
+                f"--config {path}: {key} = {_shown(value)} has the wrong type: it must be "
+                f"{_type_name(allowed)}{hint}. Fix that line, e.g. {name} = "
                 f"{_example(allowed)}."
             )
         settings[name] = value
+        if keys is not None:
+            keys[name] = key
     return settings
+
+
+def _shown(value: Any) -> str:
+    """``value`` as TOML writes it, where it can."""
+    try:
+        return _value(value)
+    except TypeError:
+        return repr(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class FileSettings:
+    """The settings a run took from ``--config path``: ``{name: (key, value)}``, only
+    those the command line did not override."""
+
+    path: str
+    values: Mapping[str, tuple[str, Any]]
+
+    def name_keys(self, error: BaseException) -> None:
+        """Make ``error``'s message name the file's keys instead of the flags: a value
+        that came from the file is wrong there, not on the command line. ``--epochs 0``
+        becomes ``epochs = 0`` (and a bare ``--epochs``, ``epochs``) and the message starts
+        with ``--config PATH:``; a message that names none of them is left as it is."""
+        text = str(error)
+        named = text
+        for name, (key, value) in self.values.items():
+            flag = re.escape("--" + name.replace("_", "-"))
+            this = f"{key} = {_shown(value)}"
+            shown = {str(value), repr(value)} | ({f"{value:g}"} if isinstance(value, float)
+                                                 else set())
+            for spelled in sorted(shown, key=len, reverse=True):  # the file's value
+                named = re.sub(rf"{flag} {re.escape(spelled)}(?![\w.-])",
+                               this.replace("\\", "\\\\"), named)
+            # another number in the same place (an example of a good value)
+            named = re.sub(rf"{flag} (-?\d[\d.]*(?:e[+-]?\d+)?)(?![\w.-])", rf"{key} = \1",
+                           named)
+            named = re.sub(rf"{flag}(?![\w-])", key, named)
+        if named != text:
+            error.args = (f"--config {self.path}: {named}",)
 
 
 def _example(types: tuple[type, ...]) -> str:
