@@ -143,6 +143,28 @@ def test_auto_settings_are_written_as_they_resolved_and_reproduce_bitwise(
     assert read_settings(str(single / "config.toml"))["device"] == "cpu"
 
 
+def test_a_resume_refused_for_changed_settings_writes_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The checkpoint's saved settings are checked before --out is made: a refused run
+    leaves no directory and no config.toml behind (nor in the run it resumes)."""
+    first = tmp_path / "a"
+    assert main(["train", "--example", "housing", "--data-size", "40", "--epochs", "1",
+                 "--save-every", "1", "--out", str(first), "--progress", "off"]) == 0
+    before = sorted(p.name for p in first.iterdir())
+    capsys.readouterr()
+    other = tmp_path / "c"
+    assert main(["train", "--example", "housing", "--data-size", "40", "--epochs", "1",
+                 "--resume", str(first), "--lr", "0.005", "--out", str(other),
+                 "--progress", "off"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot resume from" in err and "lr 0.01 -> 0.005" in err, err
+    assert not other.exists()
+    assert main(["train", "--example", "housing", "--data-size", "40", "--epochs", "1",
+                 "--resume", "--out", str(first), "--seed", "4", "--progress", "off"]) == 2
+    assert "seed 0 -> 4" in capsys.readouterr().err
+    assert sorted(p.name for p in first.iterdir()) == before
+
+
 def test_flags_override_the_file(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text('example = "lenet"\nepochs = 4\nbatch_size = "auto"\nlr = 0.5\n'
