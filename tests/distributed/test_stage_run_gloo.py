@@ -207,8 +207,13 @@ def test_profile_tensorboard_and_memory_estimate(tmp_path: Path) -> None:
     assert [v for _, v in scalars["train/loss"]] == pytest.approx([v for _, v in steps],
                                                                   rel=1e-6)
     # the estimate beside each stage's measured peak
-    assert summary["memory_estimate"]["source"] == "estimate_memory", summary["memory_estimate"]
-    assert all("estimated_peak_bytes" in d for d in summary["devices"])
+    # the estimate of each stage (the run's cut) beside that stage's measured peak
+    estimate = summary["memory_estimate"]
+    assert estimate["source"] == "estimate_memory" and estimate["devices"] == ["cpu", "cpu"]
+    assert [d["estimated_peak_bytes"] for d in summary["devices"]] == \
+        estimate["per_device_bytes"]
+    # config.toml records the cut the run made
+    assert 'balance = "3,2"' in (out / "config.toml").read_text()
 
 
 @pytest.mark.parametrize(("spec", "needle"), [
@@ -313,3 +318,55 @@ def test_a_hang_in_a_stage_step_names_that_step() -> None:
     assert ("rank(s) 0 waited for 3 s in the stages' sends and receives of step 3, which "
             "rank(s) 1 did not reach") in text
     assert "rank 1: in step 3 (its stages' forward/backward, sends and receives)" in text
+
+
+class _Task:
+    """What StageTrainer reads of a run's Task: the loss, metrics, samples, optimizer."""
+
+    def __init__(self) -> None:
+        from tests.stage_models import regression
+
+        self.train, _ = regression()
+        self.metrics: dict[str, Any] = {}
+
+    @staticmethod
+    def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return nn.functional.mse_loss(output, target)
+
+    def sample(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.train.tensors  # type: ignore[attr-defined]
+        return x[:rows], y[:rows]
+
+    def make_optimizer(self, model: nn.Module, lr: float) -> torch.optim.Optimizer:
+        return torch.optim.SGD(model.parameters(), lr=lr)
+
+
+@pytest.mark.usefixtures("gloo_world_of_one")
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_activation_checkpointing_recomputes_inside_each_stage(checkpointing: bool) -> None:
+    """--activation-checkpointing reaches the stages (they run their layers, not the
+    model's forward): a stage's first layer runs again in backward, with the same
+    gradients as without it."""
+    from torchgpu.precision import Precision
+    from torchgpu.train.config import TrainConfig
+    from torchgpu.train.stage_strategy import StageTrainer
+
+    model = dropout_bn().eval()  # eval: dropout and BatchNorm draw and update nothing
+    calls: list[int] = []
+    model[0].register_forward_hook(lambda *_: calls.append(1))
+    config = TrainConfig(strategy="pipeline", batch_size=8, lr=0.1, chunks=1,
+                         activation_checkpointing=checkpointing)
+    trainer = StageTrainer(model, config, torch.device("cpu"), _Task(),
+                           Precision("fp32", "cpu"))
+    trainer.pipe.train(False)
+    x, y = _Task().sample(8)
+    trainer.pipe.step(x, y, rows=8, weight=8)  # the first: torch's stage infers shapes too
+    trainer.optimizer.zero_grad()
+    calls.clear()
+    trainer.pipe.step(x, y, rows=8, weight=8)
+    assert len(calls) == (2 if checkpointing else 1)
+    grad = model[0].weight.grad
+    assert grad is not None
+    reference = dropout_bn().eval()
+    (nn.functional.mse_loss(reference(x), y) * 8).backward()
+    assert torch.equal(grad, reference[0].weight.grad)

@@ -144,8 +144,10 @@ def from_estimator(config: TrainConfig, task: Any, mode: str, world: int,
         return {"source": None, "note": f"not estimated: the estimator has no model of {mode}"}
     assert config.batch_size is not None
     options: dict[str, Any] = {}
-    if strategy in ("split", "pipeline") and config.devices:
-        options["devices"] = [d.strip() for d in config.devices.split(",")]
+    if strategy in ("split", "pipeline") and (config.devices or world > 1):
+        # --devices, or one stage per process (the pipeline with --nproc): each rank's own
+        options["devices"] = ([d.strip() for d in config.devices.split(",")]
+                              if config.devices else list(devices))
         if config.balance and config.balance.replace(",", "").isdigit():
             options["balance"] = [int(b) for b in config.balance.split(",")]
         if strategy == "pipeline" and isinstance(config.chunks, int):

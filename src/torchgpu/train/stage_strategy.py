@@ -134,6 +134,16 @@ class StageTrainer:
                                   stages_per_rank=self.spr, sample=x, autocast=autocast,
                                   forward_label=FORWARD_LABEL if config.profile else None)
         self.balance = list(self.pipe.balance)
+        if config.activation_checkpointing:
+            # Per stage, as the one-process split does: the stages run their layers, never
+            # the whole model's forward (where the run's wrap put its checkpointing).
+            from torchgpu.memory.activation_checkpointing import (
+                apply_activation_checkpointing,
+            )
+
+            for stage in self.pipe.modules:
+                if len(stage) > 1:
+                    apply_activation_checkpointing(stage)
         self.params = list(self.pipe.parameters())
         # The run's optimizer (the user's factory, else the task's default) over the stages.
         self.optimizer = data.make_optimizer(nn.ParameterList(self.params), config.lr)
@@ -349,8 +359,11 @@ class StageRun(RunSteps):
                           "sweep's choice of the run that saved the checkpoint",)
         elif config.chunks == "auto":
             trainer.sweep_chunks()
-        if config.chunks == "auto":  # config.toml and the summary record the choice
-            config = dataclasses.replace(config, chunks=trainer.chunks)
+        # config.toml, checkpoints and the summary record the cut and the split the run
+        # made (measured for --balance time and --chunks auto), so they reproduce it.
+        config = dataclasses.replace(config, balance=",".join(map(str, trainer.balance)),
+                                     chunks=trainer.chunks if config.chunks == "auto"
+                                     else config.chunks)
         steps = StageSteps(trainer, ctx.stop, config.accumulate)
         loss_fn: LossFn = steps.loss
         if ctx.hang is not None:  # test-only: block before step N's schedule (its sends)
@@ -371,8 +384,11 @@ class StageRun(RunSteps):
         t = self.trainer
         table = (f"split-size sweep, chose --chunks {t.chunks}:\n{t.chunk_table}",
                  ) if t.chunk_table is not None else ()
+        checkpointing = ("activation checkpointing: each stage's layers in segments, all but "
+                         "the last recomputed in backward",) \
+            if self.config.activation_checkpointing else ()
         return (*self.notes, f"pipeline over {t.ranks} processes ({t.schedule}, {t.stages} "
-                f"stages, balance {t.balance}, --chunks {t.chunks})", *table)
+                f"stages, balance {t.balance}, --chunks {t.chunks})", *checkpointing, *table)
 
     def before_save(self) -> None:
         self.trainer.gather()
