@@ -370,3 +370,22 @@ def test_activation_checkpointing_recomputes_inside_each_stage(checkpointing: bo
     reference = dropout_bn().eval()
     (nn.functional.mse_loss(reference(x), y) * 8).backward()
     assert torch.equal(grad, reference[0].weight.grad)
+
+
+@pytest.mark.usefixtures("gloo_world_of_one")
+def test_a_new_stage_s_shape_inference_draws_no_random_numbers() -> None:
+    """A stage built mid-run (a new batch shape, or the first step after a resume) infers
+    its shapes with one forward of its module; that forward must not draw dropout masks
+    (torch 2.11 did not fork the RNG around it), or a resumed run's masks shift: the first
+    real step gets the masks a plain forward right after the same seed gets."""
+    from torchgpu.parallel.stages import StagePipeline
+
+    x, y = _Task().sample(8)
+    model, reference = dropout_bn(), dropout_bn()
+    pipe = StagePipeline(model, device="cpu", loss_fn=nn.functional.mse_loss, chunks=1)
+    torch.manual_seed(5)
+    pipe.step(x, y)
+    torch.manual_seed(5)
+    nn.functional.mse_loss(reference(x), y).backward()
+    for (name, a), b in zip(model.named_parameters(), reference.parameters(), strict=True):
+        assert a.grad is not None and torch.equal(a.grad, b.grad), name

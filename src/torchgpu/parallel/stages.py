@@ -444,9 +444,10 @@ _STAGE_CLASS: list[type[PipelineStage]] = []
 
 def _stage_class() -> type[PipelineStage]:
     """torch's ``PipelineStage``, except that its shape inference leaves the module's
-    buffers as they were: a new stage runs its module once before the first micro-batch
-    to learn the shapes (on zeros or on that micro-batch, by torch version), which would
-    otherwise add a BatchNorm running-statistics update per new micro-batch shape. The
+    buffers and the random state as they were: a new stage runs its module once before
+    the first micro-batch to learn the shapes (on zeros or on that micro-batch, by torch
+    version), which would otherwise add a BatchNorm running-statistics update (and, on
+    torch 2.11, dropout draws) per new micro-batch shape. The
     buffers are put back just before the first real micro-batch (not right after the
     forward inference: some torch versions differentiate that forward afterwards)."""
     if not _STAGE_CLASS:
@@ -457,7 +458,12 @@ def _stage_class() -> type[PipelineStage]:
 
             def _prepare_forward_infra(self, *args: Any, **kwargs: Any) -> Any:
                 self._saved_buffers = [b.detach().clone() for b in self.submod.buffers()]
-                return super()._prepare_forward_infra(*args, **kwargs)
+                # The inference forward draws no random numbers either (dropout): torch
+                # 2.13 forks the RNG around it, 2.11 does not, and a resumed run builds
+                # its stages at another step than the uninterrupted one.
+                cuda = [self.device.index or 0] if self.device.type == "cuda" else []
+                with torch.random.fork_rng(devices=cuda):
+                    return super()._prepare_forward_infra(*args, **kwargs)
 
             def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
                 if self._saved_buffers is not None:
