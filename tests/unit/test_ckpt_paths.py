@@ -5,6 +5,7 @@ checkpoints -- whatever links the paths go through."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -14,13 +15,14 @@ import torch
 from safetensors.torch import save_file
 
 from torchgpu.checkpoint import (
+    convert_checkpoint,
     load_checkpoint,
     load_state_dict,
     verify_checkpoint,
 )
 from torchgpu.checkpoint.discover import locate
 from torchgpu.cli.main import main
-from torchgpu.errors import CheckpointCorruptError
+from torchgpu.errors import CheckpointCorruptError, CheckpointError
 from torchgpu.models.housing import HousingNet
 
 
@@ -137,3 +139,76 @@ def test_a_run_whose_latest_was_stripped_falls_back_with_a_warning(
         warnings.simplefilter("always")
         loaded = load_checkpoint(run, model=HousingNet())
     assert loaded.path != latest and any("incomplete" in str(w.message) for w in caught)
+
+
+# -- convert never writes into what it reads ------------------------------------------
+
+
+def _refused(src: Path, dst: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = cli(["ckpt", "convert", str(src), str(dst), "--force"], capsys)
+    assert code == 2 and "even with --force" in err, (src, dst, err)
+    _one_paragraph(err)
+    with pytest.raises(CheckpointError, match="even with --force"):
+        convert_checkpoint(src, dst, overwrite=True)
+
+
+@pytest.mark.parametrize("linked", ["checkpoints/", "the latest checkpoint",
+                                    "an older checkpoint", "nothing"])
+def test_convert_refuses_the_run_checkpoints_through_any_link(
+    linked: str, finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run, latest = _copy(finished, tmp_path / "run")
+    ckpts = run / "checkpoints"
+    older = sorted(p for p in ckpts.iterdir() if p.name.startswith("step-"))[0]
+    moved = {"checkpoints/": ckpts, "the latest checkpoint": latest,
+             "an older checkpoint": older}.get(linked)
+    if moved is not None:  # on "another disk", linked back in place
+        disk = tmp_path / "disk" / moved.name
+        disk.parent.mkdir()
+        moved.rename(disk)
+        moved.symlink_to(disk)
+    (tmp_path / "to_ckpts").symlink_to(ckpts)
+    (tmp_path / "out").mkdir()
+    os.link(latest / "model.safetensors", tmp_path / "out" / "hard.safetensors")
+    os.link(ckpts / "latest", tmp_path / "out" / "hard_latest.pt")
+    (tmp_path / "out" / "soft.safetensors").symlink_to(older / "state.pt")
+    before = _snapshot(run, tmp_path / "disk") if moved else _snapshot(run)
+    model_file = latest / "model.safetensors"
+    for src, dst in (
+        (run, latest / "model.safetensors"), (run, ckpts / "latest"),
+        (run, Path(os.path.realpath(latest)) / "model.safetensors"),
+        (run, Path(os.path.realpath(older)) / "x.safetensors"),
+        (ckpts, latest / "meta.json"), (latest, older / "model.safetensors"),
+        (model_file, latest / "state.pt"), (model_file, older / "manifest.json"),
+        (model_file, ckpts / "latest"), (model_file, ckpts / older.name / "new.safetensors"),
+        (model_file, tmp_path / "to_ckpts" / latest.name / "state.pt"),
+        (Path(os.path.realpath(model_file)), latest / "state.pt"),
+        (run, tmp_path / "out" / "hard.safetensors"),
+        (run, tmp_path / "out" / "hard_latest.pt"),
+        (model_file, tmp_path / "out" / "hard.safetensors"),
+        (latest, tmp_path / "out" / "soft.safetensors"),
+        (tmp_path / "to_ckpts", run / "checkpoints" / "x.pt"),
+    ):
+        _refused(src, dst, capsys)
+    after = _snapshot(run, tmp_path / "disk") if moved else _snapshot(run)
+    assert after == before
+    verify_checkpoint(run)
+    verify_checkpoint(older)
+    # What overwrites nothing of the source and its checkpoints is still written.
+    for src, dst in ((run, tmp_path / "out" / "a.safetensors"),
+                     (model_file, ckpts / "beside.safetensors"),
+                     (model_file, run / "converted.safetensors"),
+                     (model_file, tmp_path / "out" / "hard.safetensors.new")):
+        code, _, err = cli(["ckpt", "convert", str(src), str(dst), "--force"], capsys)
+        assert code == 0 and dst.is_file(), (src, dst, err)
+
+
+def test_convert_beside_a_plain_file_and_a_nul_byte(tmp_path: Path) -> None:
+    source = tmp_path / "a.safetensors"
+    save_file(dict(HousingNet().state_dict()), str(source))
+    (tmp_path / "b.safetensors").write_bytes(b"old")
+    convert_checkpoint(source, tmp_path / "b.safetensors", overwrite=True)  # no checkpoint here
+    assert load_state_dict(HousingNet(), tmp_path / "b.safetensors").exact
+    for bad in ("a\x00b.safetensors", tmp_path / "a\x00b.safetensors"):
+        with pytest.raises(CheckpointError, match=r"a\\x00b.safetensors contains a NUL byte"):
+            convert_checkpoint(source, bad)
