@@ -188,6 +188,8 @@ def test_convert_refuses_the_run_checkpoints_through_any_link(
         (model_file, tmp_path / "out" / "hard.safetensors"),
         (latest, tmp_path / "out" / "soft.safetensors"),
         (tmp_path / "to_ckpts", run / "checkpoints" / "x.pt"),
+        (run / "model.safetensors", latest / "state.pt"),
+        (run / "model.safetensors", older / "model.safetensors"),
     ):
         _refused(src, dst, capsys)
     after = _snapshot(run, tmp_path / "disk") if moved else _snapshot(run)

@@ -121,12 +121,12 @@ def _protected(source: Path) -> tuple[list[tuple[Path, str]], set[tuple[int, int
     ``places`` (each a path and what it is, for the message): ``source`` itself and every
     checkpoint directory its files are read from -- for a directory source the
     checkpoint ``latest`` names (also when a finished run's final model is what is
-    read); for a file inside a checkpoint directory that directory -- and every entry of
-    the run's checkpoints directory (each checkpoint, and ``latest``). A new file beside
-    the checkpoints is not protected: it overwrites nothing. Each in both
-    :func:`_forms`, so a checkpoint linked to another disk is protected there too.
-    ``inodes``: ``(st_dev, st_ino)`` of every file in them (two levels deep), so a hard
-    link to one is refused too.
+    read); for a file inside a checkpoint directory that directory -- and every entry
+    (each checkpoint, and ``latest``) of the run's checkpoints directory, also for a
+    run's final model given as a file. A new file beside the checkpoints is not
+    protected: it overwrites nothing. Each in both :func:`_forms`, so a checkpoint
+    linked to another disk is protected there too. ``inodes``: ``(st_dev, st_ino)`` of
+    every file in them (two levels deep), so a hard link to one is refused too.
     """
     located = locate(source)
     places = [(source, "the source")]
@@ -137,6 +137,8 @@ def _protected(source: Path) -> tuple[list[tuple[Path, str]], set[tuple[int, int
                 places.append((form.parent, "the checkpoint directory holding the source"))
                 if _checkpoints_dir(form.parent.parent):
                     run_checkpoints.append(form.parent.parent)
+            elif files.kind_of(form.parent / RUN_CHECKPOINTS) == "dir":  # a run's final model
+                run_checkpoints.append(form.parent / RUN_CHECKPOINTS)
     else:
         if located.final_model is not None:
             places.append((located.final_model, "the run's final model"))
