@@ -180,6 +180,7 @@ def test_a_stage_that_never_arrives_is_named_with_its_step(tmp_path: Path, rank:
     assert (f"rank(s) {other} waited for {TIMEOUT_S} s in the stages' sends and receives "
             f"of step 3, which rank(s) {rank} did not reach") in paragraph, paragraph
     assert f"rank {rank}: in step 3" in paragraph and "faults.py" in paragraph
+    assert "hanging before step 3's stage schedule (its sends and receives)" in paragraph
     assert "Traceback" not in err, err[-3000:]
 
 

@@ -368,7 +368,8 @@ class StageRun(RunSteps):
         loss_fn: LossFn = steps.loss
         if ctx.hang is not None:  # test-only: block before step N's schedule (its sends)
             position = ctx.position
-            loss_fn = ctx.hang.wrap(loss_fn, lambda: position()[0])
+            loss_fn = ctx.hang.wrap(loss_fn, lambda: position()[0],
+                                    before="stage schedule (its sends and receives)")
         self.parts = LoopParts(model=_Inputs(), loss_fn=loss_fn, accumulator=steps,
                                precision=NO_AUTOCAST, device=ctx.device,
                                accumulate=config.accumulate, on_nonfinite=config.on_nonfinite,
