@@ -593,7 +593,7 @@ def _main(args: argparse.Namespace, started: float) -> int:
     out = args.out if args.out is not None else (Path(os.environ["OUT"]) if os.environ.get(
         "OUT") else None)
     py = sys.executable
-    machine = Machine(None, None, 1)
+    machine = Machine(None, None, 0)  # no GPU detected (dry run, --device cpu)
     if args.tag:
         tag = args.tag
     elif args.dry_run:

@@ -581,3 +581,41 @@ def test_a_train_step_is_collected_and_checked(tmp_path: Path) -> None:
     copied = tmp_path / "res" / "train" / "train-housing"
     assert json.loads((copied / "summary.json").read_text())["steps"] > 0
     assert (tmp_path / "scratch" / "train-housing" / "summary.json").exists()
+
+
+def test_an_interrupted_kit_stops_its_step_and_summarises_what_ran(tmp_path: Path) -> None:
+    """SIGTERM to the kit (the device call ending): the running step's group is stopped,
+    recorded as interrupted, and the summary and archive are written; exit 130."""
+    import signal
+    import time
+
+    driver = tmp_path / "driver.py"
+    driver.write_text(f"""
+import sys
+sys.path.insert(0, {str(KIT)!r})
+import kit, steps
+quick = steps.Step("quick", "bench", 30, ("{{py}}", "-c", "print('hi')"), expect_s=1)
+sleepy = steps.Step("sleepy", "bench", 60, ("{{py}}", "-c", "import time; time.sleep(60)"),
+                    expect_s=1)
+kit.plan_mod.make_plan = lambda part, only: steps.Plan((quick, sleepy), 570, ("bench",))
+sys.exit(kit.main(["--device", "cpu", "--part", "bench", "--tag", "cpu-int",
+                   "--results", {str(tmp_path / "res")!r}, "--out", {str(tmp_path / "out")!r},
+                   "--scratch", {str(tmp_path / "scratch")!r}]))
+""")
+    proc = subprocess.Popen([sys.executable, str(driver)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    results = tmp_path / "res" / "cpu-int"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (results / "kit" / "logs" / "sleepy.log").exists():
+        time.sleep(0.2)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    records = json.loads((results / "kit" / "steps-bench.json").read_text())
+    assert [(r["name"], r["status"]) for r in records] == [("quick", "pass"),
+                                                            ("sleepy", "interrupted")]
+    doc = json.loads((results / "summary.json").read_text())
+    assert doc["failures"][0]["name"] == "sleepy"
+    with tarfile.open(tmp_path / "out" / "gpu-cpu-int-bench.tar.gz") as tar:
+        assert "cpu-int/kit/logs/sleepy.log" in tar.getnames()
