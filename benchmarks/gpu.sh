@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # The GPU check (benchmarks/gpu/kit.py) with nothing installed: PYTHONPATH=src python3.
 #
-#   benchmarks/gpu.sh                      # PART=all: tests, bench and train (<= 9 min, 1 GPU)
 #   PART=bench benchmarks/gpu.sh           # one part per device call: tests|bench|train|multi
-#   DRY_RUN=1 benchmarks/gpu.sh            # print every command, run nothing
-#   OUT=/some/dir benchmarks/gpu.sh        # also pack the results into one .tar.gz there
+#                                          # (each fills <= 570 s of a 600 s call)
+#   benchmarks/gpu.sh                      # PART=all: the most important steps of tests,
+#                                          # bench and train by priority, <= 9 min (1 GPU)
+#   DRY_RUN=1 benchmarks/gpu.sh            # print every command and its limit, run nothing
+#   OUT=/some/dir benchmarks/gpu.sh        # pack the results into one .tar.gz there (after
+#                                          # every step, so a cut-off call still returns them)
+#   GIT_REV=abc1234 benchmarks/gpu.sh      # the revision, where the tree has no .git
 #   benchmarks/gpu.sh --only train-fp32    # extra flags go to kit.py (see --help)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -175,11 +175,23 @@ class _SkipRandomFillOnFakeCuda(TorchDispatchMode):  # type: ignore[no-untyped-c
         return func(*args, **(kwargs or {}))
 
 
+def _no_gpu_context(device: torch.device) -> None:
+    """Stands in for FakeTensor's ``init_gpu_context`` during the check (see _fake_cuda)."""
+
+
 @contextlib.contextmanager
 def _fake_cuda() -> Iterator[FakeTensorMode]:
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     memo = mode.fake_tensor_converter.tensor_memo
     original_swap = torch.utils.swap_tensors
+    # Where CUDA is available, torch makes a real tensor on every device a fake tensor
+    # names (fake_tensor.init_gpu_context): a CUDA context on each GPU the model names,
+    # and "invalid device ordinal" for the seed's cuda:1 on a one-GPU machine. The check
+    # never runs backward (what that context is for), so it runs as on a CPU-only build.
+    import torch._subclasses.fake_tensor as fake_tensor_module
+
+    original_init = fake_tensor_module.init_gpu_context
+    setattr(fake_tensor_module, "init_gpu_context", _no_gpu_context)  # noqa: B010
 
     def swap(t1: torch.Tensor, t2: torch.Tensor) -> None:
         # Module._apply swaps fake parameters; the memo's weak references block it.
@@ -193,6 +205,7 @@ def _fake_cuda() -> Iterator[FakeTensorMode]:
             yield mode
     finally:
         torch.utils.swap_tensors = original_swap
+        setattr(fake_tensor_module, "init_gpu_context", original_init)  # noqa: B010
 
 
 def _check_devices(devices: Sequence[str] | None) -> list[str] | None:

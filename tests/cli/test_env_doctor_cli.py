@@ -179,6 +179,12 @@ def test_format_findings():
 def test_doctor_exit_codes_in_process(monkeypatch, capsys):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    # a CPU-only torch beside the fake GPUs, whatever this machine's torch is (the GPU
+    # check runs this file where torch is a CUDA build)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with nvml.use_backend(nvml.StaticBackend(fake_inventory())):
         assert main(["doctor"]) == 1  # CPU torch + GPUs, mixed GPUs, a lost GPU, a busy one
     out = capsys.readouterr().out

@@ -26,7 +26,8 @@ BAD_INPUT = [
     (["--batch-size", "x"], "--batch-size"),
     (["--bogus"], "--bogus"),
     (["--data", "missing.csv", "--target", "y"], "missing.csv"),
-    (["--nproc", "2", "--precision", "fp16"], "fp16"),  # refused before any worker starts
+    # refused before any worker starts (the CPU named: on a GPU machine fp16 is fine)
+    (["--nproc", "2", "--device", "cpu", "--precision", "fp16"], "fp16"),
     (["--lr", "inf"], "--lr inf"),
     (["--lr", "nan"], "--lr nan"),
     (["--lr", "0"], "--lr 0"),
@@ -153,9 +154,9 @@ def test_out_holding_a_run_is_refused(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_dp_without_gpus_falls_back_with_a_note(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = tmp_path / "dp"
-    code = main(["train", "--strategy", "dp", "--epochs", "1", "--data-size", "60",
-                 "--progress", "off", "--json", "--out", str(out)])
+    out = tmp_path / "dp"  # --device cpu: no GPU for DataParallel, on any machine
+    code = main(["train", "--strategy", "dp", "--device", "cpu", "--epochs", "1",
+                 "--data-size", "60", "--progress", "off", "--json", "--out", str(out)])
     captured = capsys.readouterr()
     assert code == 0
     assert "falling back to one device" in captured.err

@@ -57,8 +57,9 @@ def test_read_settings_accepts_dashes_ints_for_floats_and_batch_auto(tmp_path: P
 
 @pytest.mark.parametrize(("text", "words"), [
     ("epoch = 2\n", ["unknown setting 'epoch'", "epochs"]),
-    ('epochs = "2"\n', ["epochs = '2'", "an integer"]),
-    ("epochs = true\n", ["epochs = True", "an integer"]),
+    ('epochs = "2"\n', ['epochs = "2"', "an integer"]),  # the line as TOML writes it
+    ("epochs = true\n", ["epochs = true", "an integer"]),
+    ("resume = true\n", ["resume = true", 'resume = "" continues the run']),
     ("json = 1\n", ["json = 1", "true/false"]),
     ("lr = [1]\n", ["lr = [1]", "a number"]),
     ("epochs = \n", ["not valid TOML"]),
@@ -102,6 +103,43 @@ def test_settings_to_write_makes_a_run_reproducible(tmp_path: Path,
     assert (csv["nproc"], csv["nnodes"]) == (2, 2)
 
 
+def test_auto_values_and_file_specs_are_written_as_they_resolved(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mse").write_text("")  # a file named like a built-in loss changes nothing
+    config = TrainConfig(model="pkg.net:build", data="pkg.net:data", loss="mse",
+                         precision="auto", out="runs/a")
+    one = settings_to_write(config, device="cpu")
+    assert (one["device"], one["precision"], one["loss"]) == ("cpu", "fp32", "mse")
+    assert one["out"] == str(tmp_path / "runs" / "a")
+    # several processes: a bare "cuda" is each rank's own GPU
+    ddp = settings_to_write(dataclasses.replace(config, loss="losses/l1.py:l1"), world_size=2,
+                            local_world_size=2, device="cuda:1")
+    assert ddp["device"] == "cuda" and ddp["loss"] == f"{tmp_path / 'losses' / 'l1.py'}:l1"
+    assert settings_to_write(config, device="cuda:0")["device"] == "cuda:0"
+    named = dataclasses.replace(config, device="cuda")  # given, not auto: kept
+    assert settings_to_write(named, device="cuda:0")["device"] == "cuda"
+
+
+def test_a_split_models_measured_settings_are_written() -> None:
+    """--chunks auto, --balance size|time and the default stage devices come from the
+    wrapped model: what the sweep and the measurement chose."""
+    import torch
+
+    from torchgpu.parallel.pipeline import Pipeline
+
+    layers = torch.nn.Sequential(*(torch.nn.Linear(4, 4) for _ in range(5)))
+    pipe = Pipeline(layers, devices=["cpu", "cpu"], balance=[3, 2], chunks=3)
+    config = TrainConfig(example="housing", strategy="pipeline", chunks="auto",
+                         balance="time", precision="auto")
+    values = settings_to_write(config, device="cpu", model=pipe)
+    assert (values["chunks"], values["balance"], values["devices"]) == (3, "3,2", "cpu,cpu")
+    assert values["device"] == "auto"  # --devices places the stages; --device stays out
+    assert values["precision"] == "fp32"
+    # no model known (the one-stage-per-process pipeline): kept as given
+    assert settings_to_write(config, device="cpu")["chunks"] == "auto"
+
+
 def test_written_file_reads_back_as_the_same_config(tmp_path: Path) -> None:
     config = TrainConfig(example="lenet", data_size=64, epochs=1, batch_size=8, lr=3e-4,
                          clip_norm=0.5, precision="bf16", chunks="auto", seed=7,
@@ -109,7 +147,8 @@ def test_written_file_reads_back_as_the_same_config(tmp_path: Path) -> None:
     path = write_config(tmp_path, config, world_size=1, local_world_size=1, device="cpu")
     assert path == tmp_path / CONFIG_FILE
     back = TrainConfig(**read_settings(str(path)))
-    assert back == dataclasses.replace(config, progress="auto")
+    # device auto is written as the device the run used
+    assert back == dataclasses.replace(config, progress="auto", device="cpu")
 
 
 def test_fit_runs_write_a_file_that_says_it_cannot_be_rerun(tmp_path: Path) -> None:

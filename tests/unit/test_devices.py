@@ -50,6 +50,16 @@ def cuda_build(monkeypatch, count):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
 
 
+@pytest.fixture
+def cpu_build(monkeypatch):
+    """A CPU-only build of torch and no GPU, whatever this machine has: these tests check
+    what a CPU-only machine is told, and must say the same on the GPU check's machine."""
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
 # (ids avoid the word "gpu": the gpu-marker skip in conftest matches keywords)
 @pytest.mark.parametrize(
     "spec",
@@ -91,12 +101,12 @@ def test_bad_spec_is_value_error_with_exit_2():
 
 
 @pytest.mark.parametrize("spec", ["cpu", torch.device("cpu"), "auto"])
-def test_cpu_specs_on_cpu_machine(spec):
+def test_cpu_specs_on_cpu_machine(spec, cpu_build):
     assert devices.get_device(spec) == torch.device("cpu")
 
 
 @pytest.mark.parametrize("spec", ["cuda", "cuda:0", "0", 0, torch.device("cuda", 0)])
-def test_cuda_on_cpu_build_says_why(spec):
+def test_cuda_on_cpu_build_says_why(spec, cpu_build):
     with pytest.raises(NoDeviceError) as info:
         devices.get_device(spec)
     message = str(info.value)
@@ -143,7 +153,7 @@ def test_auto_honours_local_rank_and_override(monkeypatch):
         devices.get_device()
 
 
-def test_auto_override_names_the_variable_when_cuda_is_unusable(monkeypatch):
+def test_auto_override_names_the_variable_when_cuda_is_unusable(monkeypatch, cpu_build):
     monkeypatch.setenv("TORCHGPU_DEVICE", "cuda:0")  # this torch is a CPU-only build
     with pytest.raises(NoDeviceError) as info:
         devices.get_device()
@@ -178,7 +188,7 @@ def test_no_driver_reason(monkeypatch):
     assert "no NVIDIA driver" in devices.cuda_unavailable_reason()
 
 
-def test_cpu_build_with_driver_reason(monkeypatch):
+def test_cpu_build_with_driver_reason(monkeypatch, cpu_build):
     with nvml.use_backend(fake_backend()):
         reason = devices.cuda_unavailable_reason()
     assert "CPU-only build" in reason and "NVML lists 3 GPU(s)" in reason
@@ -196,7 +206,7 @@ def test_mps_unavailable_says_why(monkeypatch):
 
 
 # ------------------------------------------------------------------ list_devices
-def test_list_devices_cpu_only():
+def test_list_devices_cpu_only(cpu_build):
     found = devices.list_devices()
     assert [d.kind for d in found] == ["cpu"]
     cpu = found[0]
@@ -281,7 +291,7 @@ def test_select_devices_not_enough(fake_gpus):
         devices.select_devices(2, max_util=90)
 
 
-def test_select_devices_none_visible():
+def test_select_devices_none_visible(cpu_build):
     with pytest.raises(NoDeviceError, match="none is visible"):
         devices.select_devices(1)
 

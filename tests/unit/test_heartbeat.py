@@ -327,14 +327,20 @@ def test_the_hang_fault_blocks_only_its_step_and_rank() -> None:
     assert "hanging before step 3's gradient all-reduce" in out.getvalue()
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
-def test_collective_timeout_must_be_positive_seconds(value: str) -> None:
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "2147484", "1e10", "1e15"])
+def test_collective_timeout_must_be_positive_seconds_within_torchs_range(value: str) -> None:
+    """Up to 2**31 - 1 ms: torch's store polls its sockets with an int of milliseconds
+    (3e6 s wrapped to a negative wait, 1e10 s failed the rendezvous, 1e15 s overflowed
+    Python's timedelta in every worker)."""
     from torchgpu.cli.train import config_from_argv
-    from torchgpu.train.config import validate
+    from torchgpu.train.config import MAX_COLLECTIVE_TIMEOUT_S, validate
 
+    assert MAX_COLLECTIVE_TIMEOUT_S == 2147483
     config = config_from_argv(["--collective-timeout", value])
-    with pytest.raises(ConfigError, match="--collective-timeout"):
+    with pytest.raises(ConfigError, match=r"--collective-timeout .* at most 2147483 \(about "
+                                          r"24\.9 days"):
         validate(config)
+    validate(config_from_argv(["--collective-timeout", "2147483"]))
 
 
 def test_collective_timeout_reaches_the_workers_and_fit() -> None:

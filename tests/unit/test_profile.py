@@ -26,15 +26,27 @@ from torchgpu.train.state import TrainState
 
 
 @pytest.mark.parametrize(("requested", "remaining", "window"), [
-    (5, 100, ProfileWindow(3, 5)),
-    (5, 8, ProfileWindow(3, 5)),
-    (5, 7, ProfileWindow(2, 5)),
-    (5, 5, ProfileWindow(0, 5)),
-    (5, 3, ProfileWindow(0, 3)),  # a short run: all of it
-    (1, 0, ProfileWindow(0, 0)),
+    (5, 100, ProfileWindow(3, 5, 5)),
+    (5, 8, ProfileWindow(3, 5, 5)),
+    (5, 7, ProfileWindow(2, 5, 5)),
+    (5, 5, ProfileWindow(0, 5, 5)),
+    (5, 3, ProfileWindow(0, 3, 5)),  # a short run: all of it
+    (1, 0, ProfileWindow(0, 0, 1)),
 ])
 def test_profile_window(requested: int, remaining: int, window: ProfileWindow) -> None:
     assert profile_window(requested, remaining) == window
+    assert (window.note() is None) == (window.steps == requested)
+
+
+def test_a_profile_longer_than_the_run_says_so(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    result = train(TrainConfig(example="housing", data_size=64, epochs=1, batch_size=16,
+                               device="cpu", out=str(tmp_path), progress="off", profile=1000))
+    profile = result.summary["profile"]
+    assert profile["requested_steps"] == 1000 and profile["steps"] == result.summary["steps"]
+    err = capsys.readouterr().err
+    assert (f"note: --profile 1000 asks for more steps than the run has left "
+            f"({profile['steps']}): profiling all {profile['steps']}, without warm-up") in err
 
 
 def test_union_counts_overlaps_once() -> None:
@@ -42,18 +54,27 @@ def test_union_counts_overlaps_once() -> None:
     assert union_us([(0, 10), (5, 15), (20, 25), (21, 22)]) == 20
 
 
-def test_step_shares_by_phase() -> None:
+def test_step_shares_count_each_moment_once() -> None:
+    """Main thread (1): data, forward, the loss (forward's), backward with a collective
+    called inside it (communication), a wait for another thread's all-reduce (exposed
+    communication) and the optimizer; the all-reduce's part that overlaps the optimizer
+    is hidden, not counted twice."""
     events = [
-        ("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 0, 10),
-        (FORWARD_LABEL, 10, 30), ("aten::addmm", 12, 20),  # nested op: not a phase
-        ("autograd::engine::evaluate_function: AddmmBackward0", 30, 50),
-        ("autograd::engine::evaluate_function: TBackward0", 35, 40),  # nested: once
-        ("Optimizer.step#Adam.step", 50, 70), ("Optimizer.zero_grad#Adam.zero_grad", 70, 75),
-        ("gloo:all_reduce", 40, 60),
+        ("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 0, 10, 1),
+        (FORWARD_LABEL, 10, 30, 1), ("aten::addmm", 12, 20, 1),  # nested op: not a phase
+        ("aten::mse_loss", 32, 35, 1),  # the loss, between forward and backward
+        ("autograd::engine::evaluate_function: AddmmBackward0", 40, 50, 1),
+        ("autograd::engine::evaluate_function: TBackward0", 52, 55, 1),  # engine gap: back
+        ("c10d::allreduce_", 53, 54, 1),  # inside backward: the main thread communicates
+        ("gloo:all_reduce", 54, 70, 2),  # another thread; 55..65 the main thread waits
+        ("Optimizer.step#Adam.step", 65, 80, 1), ("Optimizer.zero_grad#Adam.zero_grad", 80, 85, 1),
     ]
     shares = step_shares(events, 100.0)
-    assert shares == {"data": 0.1, "forward": 0.2, "backward": 0.2, "optimizer": 0.25,
-                      "communication": 0.2}
+    assert shares == pytest.approx({"data": 0.1, "forward": 0.3, "backward": 0.14,
+                                    "optimizer": 0.2, "communication": 0.11, "other": 0.15})
+    assert sum(shares.values()) == pytest.approx(1.0)
+    # events without threads are one thread's
+    assert step_shares([(FORWARD_LABEL, 0, 50)], 100.0)["forward"] == 0.5
 
 
 def test_flag_parsing() -> None:

@@ -231,17 +231,17 @@ def test_a_stop_after_the_last_step_stops_nothing(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """A signal landing during the last evaluation: the run has finished, so the summary
     must not claim an early stop (nor name a stop step)."""
-    from torchgpu.train import runner
+    from torchgpu.train import run_steps
 
     stop = StopFlag()
-    real = runner.evaluate
+    real = run_steps.evaluate
 
     def evaluate_then_signal(*args: object, **kwargs: object) -> object:
         result = real(*args, **kwargs)  # type: ignore[arg-type]
         stop.set("SIGTERM")
         return result
 
-    monkeypatch.setattr(runner, "evaluate", evaluate_then_signal)
+    monkeypatch.setattr(run_steps, "evaluate", evaluate_then_signal)
     config = TrainConfig(out=str(tmp_path / "run"), data_size=60, epochs=1, progress="off")
     result = train(config, stop=stop)
     assert result.summary["epochs"] == 1 and stop.is_set()

@@ -206,7 +206,7 @@ BAD = [
     ({"auto_batch_size": True, "effective_batch_size": 64, "accumulate": 2}, "--accumulate"),
     ({"auto_batch_size": True, "strategy": "fsdp"}, "fsdp"),
     ({"auto_batch_size": True, "strategy": "pipeline", "nproc": 2}, "--nproc"),
-    ({"strategy": "pipeline", "nproc": 2, "save_every": 5}, "--save-every"),
+    ({"strategy": "pipeline", "nproc": 2, "precision": "fp16"}, "inf/NaN"),
 ]
 
 
@@ -222,6 +222,7 @@ def test_bad_combinations_are_refused_with_the_value(kw: dict[str, Any], needle:
 def test_good_combinations_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     for kw in ({"strategy": "pipeline", "devices": "cuda:0,cuda:0", "chunks": "auto"},
+               {"strategy": "pipeline", "nproc": 2, "save_every": 5, "precision": "bf16"},
                {"strategy": "pipeline", "nproc": 2, "schedule": "1f1b", "chunks": 2},
                {"strategy": "pipeline", "nproc": 2, "schedule": "interleaved1f1b", "chunks": 4},
                {"strategy": "model", "devices": "cpu,cpu", "balance": "time"},

@@ -16,6 +16,7 @@ from torchgpu.errors import UsageError
 from torchgpu.train import strategies
 from torchgpu.train.config import TrainConfig, validate
 from torchgpu.train.strategies import Features, Strategy
+from torchgpu.train.strategies.stages import STAGES
 
 
 class Doubled(Strategy):
@@ -66,7 +67,7 @@ def test_every_strategy_name_is_the_registry_s() -> None:
 def test_choice_for_the_process_count(name: str, world: int, runs: str) -> None:
     choice = strategies.choose(name, world, torch.device("cpu"))
     assert choice.mode == runs
-    assert choice.strategy.own_run == (name == "pipeline" and world > 1)
+    assert (choice.strategy is STAGES) == (name == "pipeline" and world > 1)
     assert bool(choice.notes) == (name in ("ddp", "fsdp") and world == 1)
 
 

@@ -13,16 +13,23 @@ version-aware loading still upgrades old layouts; safetensors has no place for i
 from __future__ import annotations
 
 import os
+import stat
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NoReturn
 
 import torch
 
 from torchgpu.checkpoint import atomic, files
-from torchgpu.checkpoint.discover import find_checkpoint, locate
+from torchgpu.checkpoint.discover import (
+    LATEST,
+    RUN_CHECKPOINTS,
+    find_checkpoint,
+    is_checkpoint_dir,
+    locate,
+)
 from torchgpu.checkpoint.files import show
 from torchgpu.checkpoint.inspect import common_prefix, wrapper_prefixes
 from torchgpu.checkpoint.keys import (
@@ -91,27 +98,86 @@ def _infer_fmt(dst: Path) -> str:
     return "pt" if dst.suffix in (".pt", ".pth", ".bin", ".ckpt") else "safetensors"
 
 
-def _real(path: Path) -> Path:
+def _forms(path: Path) -> list[Path]:
+    """``path`` made absolute as spelled (``..`` folded) and with every link resolved:
+    a writer lands on the second, a user reads the first, and either may be what lies
+    inside a protected directory (``run/checkpoints`` may be a link to another disk)."""
+    spelled = Path(os.path.abspath(path))
     try:
-        return Path(os.path.realpath(path))
+        return list(dict.fromkeys((spelled, Path(os.path.realpath(path)))))
     except (OSError, ValueError):
-        return Path(os.path.abspath(path))
+        return [spelled]
 
 
-def _read_paths(source: Path) -> list[Path]:
-    """``source`` and what reading it actually opens (the checkpoint ``latest`` names,
-    which may be a link to elsewhere; a run's final model), all with links resolved."""
+def _checkpoints_dir(directory: Path) -> bool:
+    """Whether ``directory`` holds a run's checkpoints: it has ``latest`` or is named
+    ``checkpoints``."""
+    return directory.name == RUN_CHECKPOINTS or files.exists(directory / LATEST)
+
+
+def _protected(source: Path) -> tuple[list[tuple[Path, str]], set[tuple[int, int]]]:
+    """What converting ``source`` must never write into or onto: ``(places, inodes)``.
+
+    ``places`` (each a path and what it is, for the message): ``source`` itself and every
+    checkpoint directory its files are read from -- for a directory source the
+    checkpoint ``latest`` names (also when a finished run's final model is what is
+    read); for a file inside a checkpoint directory that directory -- and every entry
+    (each checkpoint, and ``latest``) of the run's checkpoints directory, also for a
+    run's final model given as a file. A new file beside the checkpoints is not
+    protected: it overwrites nothing. Each in both :func:`_forms`, so a checkpoint
+    linked to another disk is protected there too. ``inodes``: ``(st_dev, st_ino)`` of
+    every file in them (two levels deep), so a hard link to one is refused too.
+    """
     located = locate(source)
-    found = [source]
-    if located.final_model is not None:
-        found.append(located.final_model)
-    elif located.parent is not None:
-        with warnings.catch_warnings():  # the fallback note comes once, from the read
-            warnings.simplefilter("ignore")
-            designated = find_checkpoint(source)
-        if designated is not None:
-            found.append(designated)
-    return [_real(path) for path in found]
+    places = [(source, "the source")]
+    run_checkpoints: list[Path] = []
+    if located.kind == "file":
+        for form in _forms(source):
+            if is_checkpoint_dir(form.parent):
+                places.append((form.parent, "the checkpoint directory holding the source"))
+                if _checkpoints_dir(form.parent.parent):
+                    run_checkpoints.append(form.parent.parent)
+            elif files.kind_of(form.parent / RUN_CHECKPOINTS) == "dir":  # a run's final model
+                run_checkpoints.append(form.parent / RUN_CHECKPOINTS)
+    else:
+        if located.final_model is not None:
+            places.append((located.final_model, "the run's final model"))
+        if located.parent is not None:
+            run_checkpoints.append(located.parent)
+            with warnings.catch_warnings():  # the fallback note comes once, from the read
+                warnings.simplefilter("ignore")
+                designated = find_checkpoint(source)
+            if designated is not None:
+                places.append((designated, "the checkpoint read"))
+        if located.kind == "checkpoint" and _checkpoints_dir(source.parent):
+            run_checkpoints.append(source.parent)
+    for parent in dict.fromkeys(run_checkpoints):
+        if files.kind_of(parent) == "dir":
+            places += [(entry, "a checkpoint of the run" if files.kind_of(entry) == "dir"
+                        else "a file of the run's checkpoints")
+                       for entry in files.list_dir(parent)]
+    inodes: set[tuple[int, int]] = set()
+    for place, _ in places:
+        _add_inodes(place, inodes, depth=2)
+    return [(form, what) for place, what in places for form in _forms(place)], inodes
+
+
+def _add_inodes(path: Path, inodes: set[tuple[int, int]], depth: int) -> None:
+    """Add the identity of regular file ``path``, or of the files under directory
+    ``path`` down to ``depth`` levels; what cannot be examined is skipped."""
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError):
+        return
+    if stat.S_ISREG(info.st_mode):
+        inodes.add((info.st_dev, info.st_ino))
+    elif stat.S_ISDIR(info.st_mode) and depth > 0:
+        try:
+            entries = list(os.scandir(path))
+        except OSError:
+            return
+        for entry in entries:
+            _add_inodes(Path(entry.path), inodes, depth - 1)
 
 
 def _overlap(a: Path, b: Path) -> bool:
@@ -119,11 +185,18 @@ def _overlap(a: Path, b: Path) -> bool:
 
 
 def _check_destination(source: Path, target: Path, overwrite: bool) -> None:
-    """Refuse a destination that cannot be written safely: a missing directory (a typo
-    must not create directories), an existing one without ``overwrite``, a directory or
-    device, and anything that -- links followed -- is, lies inside or contains the
-    source, which ``--force`` would otherwise overwrite (e.g. ``CKPT/model.safetensors``,
-    the very checkpoint ``latest`` names)."""
+    """Refuse a destination that cannot be written safely: a name with a NUL byte, a
+    missing directory (a typo must not create directories), an existing one without
+    ``overwrite``, a directory or device, and -- even with ``overwrite`` -- anything
+    that, spelled as given or with links resolved on either side, is, lies inside or
+    contains the source or a checkpoint directory the source is read from, or is a file
+    (also a hard link to one) of the run's checkpoints (:func:`_protected`): e.g.
+    ``CKPT/model.safetensors``, the very checkpoint ``latest`` names, through a
+    ``checkpoints/`` that links to another disk."""
+    if "\0" in str(target):
+        raise CheckpointError(
+            f"the destination {show(target)} contains a NUL byte, which no file name can "
+            "hold; choose another destination")
     if files.kind_of(target.parent) != "dir":
         raise CheckpointError(
             f"the directory of {show(target)} ({show(target.parent)}) does not exist; create it "
@@ -133,19 +206,32 @@ def _check_destination(source: Path, target: Path, overwrite: bool) -> None:
         raise CheckpointError(
             f"{show(target)} is {'a directory' if kind == 'dir' else 'not a regular file'}; "
             "name the file to write (e.g. DIR/model.safetensors)")
-    real_target = _real(target)
-    for real_source in _read_paths(source):
-        if _overlap(real_target, real_source):
-            where = ("is the source" if real_target == real_source else
-                     "lies inside the source" if real_target.is_relative_to(real_source)
-                     else "contains the source")
-            raise CheckpointError(
-                f"the destination {show(target)} {where} {show(source)} (resolved: "
-                f"{show(real_target)} and {show(real_source)}); converting would overwrite "
-                "the checkpoint being read, even with --force. Write to a path outside it")
-    if kind == "file" and not overwrite:
-        raise CheckpointError(f"{show(target)} already exists; choose another destination or "
-                              "delete it first (or pass --force)")
+    places, inodes = _protected(source)
+    aimed = [*_forms(target), *(parent / target.name for parent in _forms(target.parent))]
+    for form in dict.fromkeys(aimed):
+        for place, what in places:
+            if _overlap(form, place):
+                where = ("is" if form == place else "lies inside"
+                         if form.is_relative_to(place) else "contains")
+                _refuse(source, target, f"{where} {what} ({show(place)})")
+    if kind == "file":
+        try:
+            info = os.stat(target)
+        except OSError as error:
+            raise files.os_error(target, error, "examined") from None
+        if (info.st_dev, info.st_ino) in inodes:
+            _refuse(source, target, "is a hard link to a file the source or its checkpoints "
+                    "hold")
+        if not overwrite:
+            raise CheckpointError(f"{show(target)} already exists; choose another destination "
+                                  "or delete it first (or pass --force)")
+
+
+def _refuse(source: Path, target: Path, why: str) -> NoReturn:
+    raise CheckpointError(
+        f"the destination {show(target)} {why}; converting {show(source)} there would "
+        "overwrite the checkpoint being read or a file of the run's checkpoints, even with "
+        "--force. Write to a path outside the source and its checkpoints")
 
 
 def convert_checkpoint(
@@ -159,7 +245,10 @@ def convert_checkpoint(
     the suffix of ``dst``). Tied weights are written as separate copies so any reader
     gets every key. Refuses to overwrite ``dst`` unless ``overwrite``, a ``dst`` whose
     directory does not exist (a typo must not create directories), and -- always -- a
-    ``dst`` that is, lies inside or contains ``src`` (links followed)."""
+    ``dst`` that is, lies inside or contains ``src``, a checkpoint directory ``src`` is
+    read from or the run's checkpoints, spelled as given or with links resolved, or is a
+    hard link to one of their files. Every refusal is a :class:`CheckpointError` naming
+    the path (a NUL byte in ``dst`` included)."""
     source, target = Path(src), Path(dst)
     if to not in ("plain", "dp"):
         raise CheckpointError(f"to={to!r} is not a layout; use 'plain' or 'dp'")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import warnings
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ RUN_MODEL = MODEL_FILE  # a finished `torchgpu train` run's final weights, besid
 # Files only a torchgpu checkpoint directory holds. Not model.safetensors: a finished run
 # directory and a Hugging Face directory hold one too.
 _MARKERS = (MANIFEST_FILE, STATE_FILE, META_FILE)
+# The names save_checkpoint's callers give checkpoint directories (train: step-SSSSSSSS).
+_STEP_NAME = re.compile(r"step-\d{8,}")
 _WEIGHTS = ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin",
             "model.bin", "model.pt", "model.pth")
 
@@ -71,8 +74,12 @@ def locate(path: str | Path) -> Located:
 
     Symbolic links are followed. A directory is a ``checkpoint`` when it holds
     manifest.json, state.pt or meta.json; else ``checkpoints`` when it holds ``latest``;
-    else a ``run`` when it holds a ``checkpoints/`` directory; else ``weights`` when it
-    holds a known weights file; else ``checkpoints`` (checkpoint directories without a
+    else a ``run`` when it holds a ``checkpoints/`` directory; else a ``checkpoint``
+    again when it is one whose manifest, state and meta were all deleted (a
+    model.safetensors where torchgpu keeps checkpoints: ``step-NNNNNNNN``, named by
+    ``latest``, inside ``checkpoints/``), which loading then refuses like a missing
+    manifest instead of reading unverifiable weights; else ``weights`` when it holds a
+    known weights file; else ``checkpoints`` (checkpoint directories without a
     ``latest``, or nothing). A missing path whose writer died between the two renames of
     an overwrite is restored first. A FIFO, device or socket, a link loop, a name too
     long or a permission denied is a :class:`~torchgpu.errors.CheckpointFormatError`
@@ -96,6 +103,8 @@ def locate(path: str | Path) -> Located:
         final = path / RUN_MODEL
         return Located(path, "run", parent=path / RUN_CHECKPOINTS,
                        final_model=final if files.kind_of(final) == "file" else None)
+    if _stripped_checkpoint(path):
+        return Located(path, "checkpoint")
     if any(files.exists(path / name) for name in _WEIGHTS):
         return Located(path, "weights")
     return Located(path, "checkpoints", parent=path)
@@ -103,9 +112,52 @@ def locate(path: str | Path) -> Located:
 
 def is_checkpoint_dir(path: Path) -> bool:
     """Whether ``path`` is a torchgpu checkpoint directory itself, complete or damaged
-    (it holds a manifest, state or meta file)."""
-    return (files.kind_of(path) == "dir"
-            and any(files.exists(path / name) for name in _MARKERS))
+    (it holds a manifest, state or meta file, or is one stripped of all three; see
+    :func:`locate`)."""
+    return files.kind_of(path) == "dir" and (
+        any(files.exists(path / name) for name in _MARKERS) or _stripped_checkpoint(path))
+
+
+def _stripped_checkpoint(directory: Path) -> bool:
+    """Whether ``directory`` holds a model.safetensors but none of manifest, state and
+    meta while sitting where torchgpu keeps checkpoints: named ``step-NNNNNNNN``, named
+    by its parent's ``latest``, or inside a ``checkpoints/`` directory that holds a
+    ``latest`` or another torchgpu checkpoint.
+
+    Such a directory is a torchgpu checkpoint whose other files were deleted; read as a
+    plain weights directory it would load its (unverifiable, maybe altered) weights
+    silently, so :func:`locate` calls it a checkpoint and loading it then refuses, as for
+    a deleted manifest. Every name is looked at both as given and with links resolved.
+    """
+    if files.kind_of(directory / MODEL_FILE) != "file":
+        return False
+    given = Path(os.path.abspath(directory))
+    try:
+        real = Path(os.path.realpath(directory))
+    except (OSError, ValueError):
+        real = given
+    for place in dict.fromkeys((given, real)):
+        if _STEP_NAME.fullmatch(place.name):
+            return True
+        parent = place.parent
+        with contextlib.suppress(CheckpointError):  # a bad `latest` is reported elsewhere
+            if atomic.read_pointer(parent, LATEST) == place.name:
+                return True
+        if parent.name == RUN_CHECKPOINTS and _holds_checkpoints(parent, place.name):
+            return True
+    return False
+
+
+def _holds_checkpoints(parent: Path, besides: str) -> bool:
+    """Whether ``parent`` holds a ``latest`` or a torchgpu checkpoint other than
+    ``besides`` (unreadable entries are skipped)."""
+    with contextlib.suppress(CheckpointError):
+        if files.exists(parent / LATEST):
+            return True
+        return any(entry.name != besides and _is_dir(entry)
+                   and any(files.exists(entry / name) for name in _MARKERS)
+                   for entry in files.list_dir(parent))
+    return False
 
 
 def checkpoints_parent(path: Path) -> Path:

@@ -240,25 +240,77 @@ def mapping_error(report: KeyMapping, source: Mapping[str, object],
     return CheckpointError(" ".join(parts))
 
 
-def _legacy_keys(model: nn.Module, missing: tuple[str, ...],
+def _legacy_keys(missing: tuple[str, ...], current: Mapping[str, Mapping[object, object]],
                  metadata: Mapping[str, Mapping[object, object]]) -> set[str]:
     """The ``missing`` target keys that torch's version-aware loading may supply: keys
-    owned directly by a module whose class has a ``_version`` above 1 while the source
-    records an older version (or none) for it -- BatchNorm's ``num_batches_tracked``,
-    added in version 2, is the classic case."""
+    owned directly by a module whose current version (``current``: the target's own
+    ``state_dict()._metadata``) is above 1 while the source records an older version (or
+    none) for it -- BatchNorm's ``num_batches_tracked``, added in version 2, is the
+    classic case. Both are keyed by the module paths of the state dict's key space,
+    which is not always the module tree (a split model's keys are its inner model's)."""
     found = set()
     for key in missing:
         path, _, _name = key.rpartition(".")
-        try:
-            module = model.get_submodule(path)
-        except AttributeError:
-            continue
-        current = getattr(type(module), "_version", 1)
+        version = current.get(path, {}).get("version", 1)
         saved = metadata.get(path, {}).get("version")
-        if isinstance(current, int) and current > 1 and (
-                not isinstance(saved, int) or saved < current):
+        if isinstance(version, int) and version > 1 and (
+                not isinstance(saved, int) or saved < version):
             found.add(key)
     return found
+
+
+def _key_space_modules(model: nn.Module, target: Mapping[str, object]
+                       ) -> dict[str, dict[object, object]]:
+    """Module path -> ``{"version": N}`` in the key space of ``model.state_dict()``.
+
+    Taken from the ``_metadata`` torch's ``state_dict()`` records while it walks the
+    modules, so it follows whatever the model's ``state_dict`` delegates to (a split
+    model or pipeline gives its inner model's keys under ``module.``-less paths; DDP,
+    DataParallel and torch.compile keep ``module.`` / ``_orig_mod.``) -- exactly the
+    paths ``load_state_dict`` looks versions up under. A state dict without metadata
+    falls back to the module tree."""
+    recorded = metadata_of(target)
+    if recorded is not None:
+        return {path: dict(info) for path, info in recorded.items()
+                if isinstance(path, str) and isinstance(info, Mapping)}
+    return {name: {"version": getattr(type(module), "_version", 1)}
+            for name, module in model.named_modules()}
+
+
+def _loader(model: nn.Module) -> tuple[nn.Module, str]:
+    """``(module, prefix)``: the module to call ``load_state_dict`` on, and the prefix its
+    keys lack compared with ``model.state_dict()``.
+
+    Normally ``(model, "")``. When ``model`` wraps (DataParallel, DDP, torch.compile, in
+    any nesting) a module with its own ``load_state_dict`` -- a split model or pipeline,
+    whose keys are its inner model's, not its module paths -- torch's recursion through
+    the wrapper would look for the keys under the real paths (``module.module.0.weight``)
+    and load nothing, so the wrappers (which hold no state) are peeled off and that
+    module loads the keys without their prefix."""
+    inner, prefix = model, ""
+    while True:
+        compiled = getattr(inner, _COMPILE, None)
+        if type(inner).__name__ == "OptimizedModule" and isinstance(compiled, nn.Module):
+            inner, prefix = compiled, prefix + f"{_COMPILE}."
+        elif isinstance(inner, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            inner, prefix = inner.module, prefix + "module."
+        else:
+            break
+    if type(inner).load_state_dict is nn.Module.load_state_dict:
+        return model, ""
+    return inner, prefix
+
+
+def _without(prefix: str, state: Mapping[str, object],
+             metadata: Mapping[str, dict[object, object]] | None) -> dict[str, object]:
+    """``state`` (every key starting with ``prefix``) and its module-path ``metadata``
+    with ``prefix`` removed; metadata of the wrappers above it is dropped."""
+    keys = {k[len(prefix):]: v for k, v in state.items()}
+    if metadata is None:
+        return with_metadata(keys, None)
+    inner = {f"{path}."[len(prefix):].removesuffix("."): info
+             for path, info in metadata.items() if f"{path}.".startswith(prefix)}
+    return with_metadata(keys, inner)
 
 
 def load_state_dict(
@@ -304,10 +356,11 @@ def load_state_dict(
         candidates = [("", {})]  # nothing to load into a model with no state: torch agrees
     report, pairs, source = match_keys(candidates, target)
     saved = metadata_of(source)
-    modules = {normalize(name): name for name, _ in model.named_modules()}
+    current = _key_space_modules(model, target)
+    modules = {normalize(path): path for path in current}
     metadata = (remap_metadata(saved, report.strip, report.add, modules)
                 if saved is not None else None)
-    legacy = _legacy_keys(model, report.missing, metadata or {})
+    legacy = _legacy_keys(report.missing, current, metadata or {})
     expected = replace(report, missing=tuple(k for k in report.missing if k not in legacy))
     if (strict and not expected.exact) or (report.matched == 0 and not expected.exact):
         raise mapping_error(expected if strict else report, source, target, origin)
@@ -321,19 +374,22 @@ def load_state_dict(
             f"{f' and {len(not_tensors) - _SHOW} more' if len(not_tensors) > _SHOW else ''}; "
             "nothing was loaded. Convert them with torch.as_tensor(...) or use a state dict "
             "saved by model.state_dict()")
-    remapped = with_metadata({pairs[k]: source[k] for k in source if k in pairs}, metadata)
+    loader, prefix = _loader(model)
+    remapped = _without(prefix, {pairs[k]: source[k] for k in source if k in pairs}, metadata)
     # strict=False here: the strict check was done above, before any weight was copied,
     # and torch's own check would fail on the keys its version-aware loading supplies.
     try:
-        result = model.load_state_dict(remapped, strict=False)
+        result = loader.load_state_dict(remapped, strict=False)
     except RuntimeError as error:  # a module's own loading hook refused a value
         reason = " ".join(str(error).split())
         raise CheckpointError(
             f"the weights in {origin} could not be copied into the model ({reason[:400]}); "
             "check that the checkpoint was saved from the same architecture") from None
-    report = replace(report, missing=tuple(result.missing_keys))
-    if strict and (result.missing_keys or result.unexpected_keys):
-        raise mapping_error(replace(report, unexpected=tuple(result.unexpected_keys)), source,
+    missing = tuple(prefix + k for k in result.missing_keys)
+    unexpected = tuple(prefix + k for k in result.unexpected_keys)
+    report = replace(report, missing=missing)
+    if strict and (missing or unexpected):
+        raise mapping_error(replace(report, unexpected=unexpected), source,
                             target, origin + " (the older module versions it records did not "
                             "supply them)")
     return report

@@ -71,10 +71,10 @@ def sniff(path: Path) -> FileKind:
     kind: FileKind
     if head.startswith(_ZIP_MAGIC):
         kind = "torch-zip"
+    elif _looks_safetensors(head):
+        kind = "safetensors"
     elif head[0] == _PICKLE_PROTO:
         kind = "pickle"
-    elif len(head) == 9 and head[8:9] == b"{":
-        kind = "safetensors"
     else:
         raise _format_error(
             path, "not a torch.save zip, a pickle, or a safetensors file (unknown leading bytes "
@@ -86,6 +86,23 @@ def sniff(path: Path) -> FileKind:
             "Rename it to .pt if it is a torch.save file and load it with the weights-only "
             "reader; do not trust it blindly")
     return kind
+
+
+def _looks_safetensors(head: bytes) -> bool:
+    """Whether the first 9 bytes of a file are a safetensors start: an 8-byte
+    little-endian header length, then the JSON header's ``{``.
+
+    Tested before the pickle byte: a header length ending in byte 0x80 (one file in 256)
+    starts with the pickle PROTO opcode too. A safetensors header length starting 0x80
+    is still told apart from a pickle by bytes 4-7: they are zero for any header under
+    4 GiB (the limit is :data:`MAX_HEADER_BYTES`), and no pickle of protocol 2+ holds
+    zeros there followed by ``{`` (``{`` is no pickle opcode; protocol 4+ puts a FRAME
+    length there whose byte 8 is zero). A file starting 0x80 that claims a larger
+    header is taken for the pickle it then must be.
+    """
+    if len(head) < 9 or head[8:9] != b"{":
+        return False
+    return head[0] != _PICKLE_PROTO or head[4:8] == b"\0\0\0\0"
 
 
 def safetensors_header(path: Path) -> tuple[dict[str, Any], dict[str, str]]:

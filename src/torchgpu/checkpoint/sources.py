@@ -20,6 +20,7 @@ from torchgpu.checkpoint import files
 from torchgpu.checkpoint.discover import find_checkpoint, locate
 from torchgpu.checkpoint.layout import (
     MANIFEST_FILE,
+    META_FILE,
     MODEL_FILE,
     STATE_FILE,
     apply_aliases,
@@ -49,10 +50,12 @@ def verify_before_loading(directory: Path) -> dict[str, int]:
     """:func:`~torchgpu.checkpoint.layout.verify_directory` for a loader: a missing
     manifest is a :class:`CheckpointCorruptError` that also names the opt-out."""
     if not files.exists(directory / MANIFEST_FILE):
+        gone = [name for name in (STATE_FILE, META_FILE) if not files.exists(directory / name)]
+        also = f" ({' and '.join(gone)} too)" if gone else ""
         raise CheckpointCorruptError(
-            f"{files.show(directory / MANIFEST_FILE)} is missing, so the files of "
+            f"{files.show(directory / MANIFEST_FILE)} is missing{also}, so the files of "
             f"{files.show(directory)} cannot be verified (the save was interrupted, or the "
-            "manifest was deleted) and nothing was loaded. Use an earlier checkpoint, or, if "
+            "files were deleted) and nothing was loaded. Use an earlier checkpoint, or, if "
             "you trust these files, load them unverified from Python with verify=False "
             "(load_state_dict / load_checkpoint)")
     return verify_directory(directory)
@@ -66,6 +69,8 @@ def read_our_model(directory: Path, *, map_location: MAP_LOCATION = "cpu",
     if verify:
         verify_before_loading(directory)
     state: dict[str, object] = read_file(directory / MODEL_FILE, map_location=map_location)
+    if not verify and not files.exists(directory / STATE_FILE):
+        return state  # unverified on request, and its state.pt deleted: the weights alone
     extras = read_pickle(directory / STATE_FILE, map_location=map_location)
     if isinstance(extras, dict) and isinstance(extras.get("model_extra"), dict):
         state.update(extras["model_extra"])

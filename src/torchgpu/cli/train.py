@@ -25,6 +25,7 @@ from torchgpu.train.config import (
     STRATEGIES,
     TrainConfig,
 )
+from torchgpu.train.config_file import FileSettings
 from torchgpu.train.split_flags import parse_batch_size, parse_chunks
 
 
@@ -72,7 +73,8 @@ def _parser() -> ArgumentParser:
                      "(pipeline; 1f1b kinds need --nproc; default gpipe)")
     run.add_argument("--accumulate", type=int, default=1, metavar="K",
                      help="micro-batches per optimizer step (default 1)")
-    run.add_argument("--activation-checkpointing", action="store_true",
+    run.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction,
+                     default=False,
                      help="recompute activations in backward to save memory")
     run.add_argument("--precision", default="fp32", help=f"{'|'.join(PRECISIONS)} "
                      "(default fp32)")
@@ -82,7 +84,8 @@ def _parser() -> ArgumentParser:
     run.add_argument("--effective-batch-size", type=int, metavar="E",
                      help="with --batch-size auto: samples per optimizer step over all "
                      "processes, kept with accumulation")
-    run.add_argument("--auto-batch-size", action="store_true", help=argparse.SUPPRESS)
+    run.add_argument("--auto-batch-size", action=argparse.BooleanOptionalAction, default=False,
+                     help=argparse.SUPPRESS)
     run.add_argument("--lr", type=float)
     run.add_argument("--clip-norm", type=float, metavar="X", help="max gradient norm")
     run.add_argument("--seed", type=int, default=0)
@@ -102,15 +105,17 @@ def _parser() -> ArgumentParser:
     out.add_argument("--keep-last", type=int, metavar="K", help="keep the K newest checkpoints")
     out.add_argument("--resume", nargs="?", const="", metavar="DIR",
                      help="continue from a checkpoint (default: the run's latest)")
-    out.add_argument("--trust-checkpoint", action="store_true",
+    out.add_argument("--trust-checkpoint", action=argparse.BooleanOptionalAction, default=False,
                      help="with --resume: unpickle state.pt fully even if it needs globals "
                      "outside the weights-only allowlist (this can run code from the file)")
     out.add_argument("--progress", default="auto", help=f"{'|'.join(PROGRESS_MODES)} "
                      "(default auto: a bar on a terminal, one line per epoch otherwise)")
-    out.add_argument("--json", action="store_true", help="print the summary as JSON")
+    out.add_argument("--json", action=argparse.BooleanOptionalAction, default=False,
+                     help="print the summary as JSON")
     out.add_argument("--config", metavar="FILE.toml", help="settings from a TOML file (keys "
-                     "= these flags' names); flags given here override it; every run writes "
-                     "its own as OUT/config.toml")
+                     "= these flags' names); flags given here override it (--no-NAME puts an "
+                     "optional setting back to its default, e.g. --no-profile, --no-save-every, "
+                     "--no-estimate-memory); every run writes its own as OUT/config.toml")
     see = p.add_argument_group("profiles, logs and memory")
     see.add_argument("--profile", nargs="?", const=DEFAULT_PROFILE_STEPS, type=int, metavar="N",
                      help=f"trace N optimizer steps (default {DEFAULT_PROFILE_STEPS}) after "
@@ -118,13 +123,27 @@ def _parser() -> ArgumentParser:
                      "table of the top operators and the step's phases")
     see.add_argument("--log", default="jsonl", help=f"{'|'.join(LOG_FORMATS)}: tensorboard "
                      "also writes event files to OUT/tensorboard (default jsonl)")
-    see.add_argument("--memory-snapshot", action="store_true",
+    see.add_argument("--memory-snapshot", action=argparse.BooleanOptionalAction, default=False,
                      help="CUDA: record the allocator's history, written as "
                      "OUT/memory_snapshot.pickle and .html")
-    see.add_argument("--estimate-memory", action="store_true",
+    see.add_argument("--estimate-memory", action=argparse.BooleanOptionalAction, default=False,
                      help="put the planner's memory estimate next to the measured peak in "
                      "summary.json on CPU too (CUDA runs always do; about a second)")
+    _add_resets(p)
     return p
+
+
+def _add_resets(parser: ArgumentParser) -> None:
+    """``--no-NAME`` for every setting that is off by default (``None``): it puts the
+    setting back to its default, so one that a --config file sets can be switched off
+    on the command line (``--no-profile``, ``--no-save-every``). Switches get theirs
+    from BooleanOptionalAction. Hidden from --help; the --config flag names the rule."""
+    fields = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    for action in list(parser._actions):
+        if action.dest in fields and fields[action.dest] is None and action.option_strings:
+            flag = action.option_strings[-1]
+            parser.add_argument(f"--no-{flag[2:]}", dest=action.dest, action="store_const",
+                                const=None, help=argparse.SUPPRESS)
 
 
 def config_from_argv(argv: list[str]) -> TrainConfig:
@@ -132,17 +151,33 @@ def config_from_argv(argv: list[str]) -> TrainConfig:
 
     ``--config FILE.toml`` supplies defaults for every flag; flags in ``argv`` win.
     """
+    return _parse(argv)[0]
+
+
+_UNSET = object()
+
+
+def _parse(argv: list[str]) -> tuple[TrainConfig, FileSettings | None]:
+    """The config, and what it took from ``--config`` (None without one)."""
     parser = _parser()
     ns = vars(parser.parse_args(argv))
+    from_file = None
     if ns.get("config") is not None:
         from torchgpu.train.config_file import read_settings
 
-        parser.set_defaults(**read_settings(ns["config"]))
+        keys: dict[str, str] = {}
+        settings = read_settings(ns["config"], keys)
+        probe = _parser()  # which settings the command line gives: they win
+        probe.set_defaults(**{a.dest: _UNSET for a in probe._actions if a.dest != "help"})
+        given = {k for k, v in vars(probe.parse_args(argv)).items() if v is not _UNSET}
+        parser.set_defaults(**settings)
         ns = vars(parser.parse_args(argv))
+        from_file = FileSettings(ns["config"], {name: (keys[name], value) for name, value
+                                                in settings.items() if name not in given})
     if ns.get("batch_size") == "auto":  # --batch-size auto: searched once the model exists
         ns["batch_size"], ns["auto_batch_size"] = None, True
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    return TrainConfig(**{k: v for k, v in ns.items() if k in fields})
+    return TrainConfig(**{k: v for k, v in ns.items() if k in fields}), from_file
 
 
 def _under_torchrun() -> bool:
@@ -228,7 +263,7 @@ def _report(summary: dict[str, object]) -> str:
 
 def main(argv: list[str]) -> int:
     """``torchgpu train [flags]``; returns the exit code (2 for bad input)."""
-    config = config_from_argv(argv)
+    config, from_file = _parse(argv)
     from torchgpu.train.runner import train
     from torchgpu.train.state import StopFlag
 
@@ -237,13 +272,19 @@ def main(argv: list[str]) -> int:
         with stop.installed():
             result = train(config, stop=stop)
         return _finish(config, result.summary, result.out_dir is not None)
+    from torchgpu.errors import TorchGpuError
     from torchgpu.train.assemble import assemble, settle
 
-    config = settle(config)  # validated, resolved, --out creatable: before any data
-    if config.gpus is not None:
-        _set_gpus(config)
-    # Data, model (when this process trains or plans), decisions: each once, here.
-    run = assemble(config, launching=True)
+    try:
+        config = settle(config)  # validated, resolved, --out creatable: before any data
+        if config.gpus is not None:
+            _set_gpus(config)
+        # Data, model (when this process trains or plans), decisions: each once, here.
+        run = assemble(config, launching=True)
+    except TorchGpuError as error:
+        if from_file is not None:  # a value from the file is named as its line there
+            from_file.name_keys(error)
+        raise
     if run.relaunch:
         launched, nproc, example = run.config, run.nproc, run.task.example
         on_cuda = run.device.type == "cuda"

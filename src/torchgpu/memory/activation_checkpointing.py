@@ -3,7 +3,10 @@
 :func:`apply_activation_checkpointing` keeps only the inputs of a few segments or
 blocks during the forward and recomputes the rest during backward
 (``torch.utils.checkpoint`` with ``use_reentrant=False``, RNG state preserved, so
-gradients are bitwise those of the plain model, dropout included).
+gradients are bitwise those of the plain model, dropout included), through
+:func:`~torchgpu.memory.recompute.checkpointed`: each piece runs on a copy of its
+input (an in-place first layer such as ``ReLU(inplace=True)`` works), a recompute
+leaves BatchNorm's running statistics alone, and nothing is recomputed in eval mode.
 
 - A sequential model (``nn.Sequential``, or ``as_sequential()``) is cut into ~√n
   segments: checkpointing every single layer of an MLP saves nothing, because each
@@ -31,12 +34,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import nn
-from torch.nn.modules.batchnorm import _NormBase
-from torch.utils.checkpoint import checkpoint
 
 from torchgpu.errors import ConfigError
+from torchgpu.memory.recompute import checkpointed
 from torchgpu.memory.repeated_blocks import (
     NO_FORWARD,
     find_repeated_blocks,
@@ -48,43 +49,6 @@ from torchgpu.parallel.data import unwrap
 Predicate = Callable[[str, nn.Module], bool]
 #: What ``blocks=`` accepts: a module class, a tuple of classes, or a predicate.
 BlockSpec = type | tuple[type, ...] | Predicate
-
-
-def _running_stats(module: nn.Module) -> list[torch.Tensor]:
-    """The running-statistics buffers of the norm layers in ``module`` (BatchNorm,
-    InstanceNorm with ``track_running_stats``)."""
-    return [
-        t
-        for m in module.modules()
-        if isinstance(m, _NormBase) and m.track_running_stats
-        for t in (m.running_mean, m.running_var, m.num_batches_tracked)
-        if t is not None
-    ]
-
-
-def _checkpointed(
-    owner: nn.Module, function: Callable[..., Any], *args: Any, **kwargs: Any
-) -> Any:
-    """``function(*args, **kwargs)`` under checkpoint. The recompute in backward leaves
-    the running statistics of ``owner``'s norm layers as the forward left them: without
-    this, every recompute would update BatchNorm's running mean and variance a second
-    time (and count the batch twice)."""
-    calls = [0]
-
-    def run(*a: Any, **k: Any) -> Any:
-        calls[0] += 1
-        if calls[0] == 1 or not torch.is_grad_enabled():
-            return function(*a, **k)
-        stats = _running_stats(owner)
-        kept = [t.clone() for t in stats]
-        try:  # finally: the recompute may stop early (torch raises to end it)
-            return function(*a, **k)
-        finally:
-            with torch.no_grad():
-                for t, value in zip(stats, kept, strict=True):
-                    t.copy_(value)
-
-    return checkpoint(run, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
 
 
 def segment_bounds(n_layers: int, n_segments: int) -> list[tuple[int, int]]:
@@ -152,16 +116,15 @@ class _SegmentCheckpointing:
         return list(sequential_view(self).children())
 
     def forward(self, input: Any) -> Any:
+        owner: nn.Module = self  # type: ignore[assignment]
         layers = self._torchgpu_layers()
         segments = min(self._torchgpu_ckpt_segments, len(layers))
         bounds = segment_bounds(len(layers), segments) if layers else []
         for index, (start, end) in enumerate(bounds):
-            part = layers[start:end]
-            run = _run_layers(part)
-            if index == len(bounds) - 1:
-                input = run(input)
-            else:
-                input = _checkpointed(nn.ModuleList(part), run, input)
+            run = _run_layers(layers[start:end])
+            # The model's own training flag decides whether to recompute (not in eval).
+            last = index == len(bounds) - 1
+            input = run(input) if last else checkpointed(owner, run, input)
         return input
 
 
@@ -182,7 +145,7 @@ class _ModuleCheckpointing:
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         owner: nn.Module = self  # type: ignore[assignment]
-        return _checkpointed(owner, super().forward, *args, **kwargs)  # type: ignore[misc]
+        return checkpointed(owner, super().forward, *args, **kwargs)  # type: ignore[misc]
 
 
 class CheckpointedSequential(_SegmentCheckpointing, nn.Sequential):
@@ -256,7 +219,9 @@ def apply_activation_checkpointing(
 
     Parameter names and ``state_dict`` keys are unchanged; wrappers (DDP, DP, compile)
     are looked through. Norm layers' running statistics are updated once per forward,
-    as without checkpointing (the recompute restores them). What was wrapped:
+    as without checkpointing (the recompute leaves them alone); a segment or block
+    starting with an in-place layer works (it runs on a copy of its input); in eval
+    mode (or under ``no_grad``) nothing is recomputed. What was wrapped:
     :func:`checkpointing_report`. Raises ConfigError for a bad ``segments`` or
     ``blocks`` value.
     """

@@ -48,6 +48,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from torchgpu.errors import ConfigError
+from torchgpu.memory.recompute import Recompute
 from torchgpu.parallel.batchnorm import (
     DeferredBatchNorm,
     convert_deferred_batch_norm,
@@ -275,73 +276,12 @@ class Pipeline(SplitModel):
                 record_stream(x, stream)
             stage = self.partitions[j]
             if use_checkpoint:
+                # A copy of x per run and running statistics frozen in the recompute
+                # (an in-place first layer, BatchNorm counting once): memory.recompute.
                 return torch_checkpoint(
-                    _CheckpointedStage(stage), x, use_reentrant=False, preserve_rng_state=True
+                    Recompute(stage, stage), x, use_reentrant=False, preserve_rng_state=True
                 )
             return stage(x)
-
-
-class _CheckpointedStage:
-    """What a checkpointed stage runs: its first call is the forward, any later call a
-    recomputation in backward (one per micro-batch and checkpoint).
-
-    - Every call runs ``stage`` on a copy of ``x``. The recomputation re-reads the
-      stage's input, so the stage must not change it: an in-place first layer
-      (``ReLU(inplace=True)``, ``x.mul_(2)``) would otherwise feed the recomputation a
-      modified input (wrong gradients) or modify a tensor autograd saved ("modified by
-      an inplace operation"). The copy lives only while the stage runs (checkpointing
-      keeps none of its intermediates), and gradients flow through it to ``x`` unchanged.
-    - A recomputation leaves running statistics alone (:func:`_running_stats_frozen`):
-      the plain model runs each layer once per batch, so BatchNorm's running mean,
-      variance and ``num_batches_tracked`` must move once, not again in backward.
-    """
-
-    def __init__(self, stage: nn.Module) -> None:
-        self.stage = stage
-        self.calls = 0
-
-    def __call__(self, x: object) -> object:
-        self.calls += 1
-        copy = map_tensors(torch.clone, x)
-        if self.calls == 1:
-            return self.stage(copy)
-        with _running_stats_frozen(self.stage):
-            return self.stage(copy)
-
-
-_NORMS = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm)
-
-
-@contextmanager
-def _running_stats_frozen(module: nn.Module) -> Iterator[None]:
-    """Inside the block, normalisation layers in training mode inside ``module`` leave
-    their running statistics as they are, and normalise exactly as before.
-
-    The kernels still receive the running buffers (the recomputation must save the
-    same tensors for backward as the forward did, or checkpointing refuses), so the
-    update is made a no-op instead: momentum 0 (``running = 1 * running + 0 * batch``)
-    and, for BatchNorm, no ``num_batches_tracked`` to count up. DeferredBatchNorm
-    needs none of this (it accumulates only while the pipeline's forward tracks).
-    """
-    changed: list[tuple[nn.Module, str, object]] = []
-    try:
-        for m in module.modules():
-            if not (
-                isinstance(m, _NORMS)
-                and m.training
-                and m.track_running_stats
-                and not isinstance(m, DeferredBatchNorm)
-            ):
-                continue
-            changed.append((m, "momentum", m.momentum))
-            m.momentum = 0.0
-            if getattr(m, "num_batches_tracked", None) is not None:
-                changed.append((m, "num_batches_tracked", m.num_batches_tracked))
-                m.num_batches_tracked = None
-        yield
-    finally:
-        for m, name, value in reversed(changed):
-            setattr(m, name, value)
 
 
 def choose_chunks(

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -135,6 +136,11 @@ class StagePipeline:
     :meth:`parameters`; step the optimizer yourself. ``balance`` counts layers per
     *stage* (ranks x stages_per_rank); ``"size"``/``"time"`` are measured on rank 0 with
     ``sample`` and broadcast so every rank cuts identically.
+
+    ``autocast``: a context (e.g. :meth:`torchgpu.precision.Precision.autocast`) that
+    each stage's forward and the last stage's loss run in -- never the backward, which
+    the schedule runs outside it, as autocast requires. ``forward_label``: a profiler
+    annotation (``torch.profiler.record_function``) around each stage's forward.
     """
 
     def __init__(
@@ -151,6 +157,8 @@ class StagePipeline:
         group: dist.ProcessGroup | None = None,
         rank: int | None = None,
         world_size: int | None = None,
+        autocast: Callable[[], AbstractContextManager[Any]] | None = None,
+        forward_label: str | None = None,
     ) -> None:
         self.rank = rank if rank is not None else dist.get_rank(group)
         self.world_size = world_size if world_size is not None else dist.get_world_size(group)
@@ -176,6 +184,11 @@ class StagePipeline:
             tuple[bool, int, int], PipelineScheduleSingle | PipelineScheduleMulti
         ] = OrderedDict()
         self._chunks = chunks
+        self._autocast: Callable[[], AbstractContextManager[Any]] = autocast or nullcontext
+        # What torch's stages run: each stage module, in autocast / a profiler mark if asked.
+        self._runs: list[nn.Module] = (
+            [_StageForward(m, autocast, forward_label) for m in self.modules]
+            if autocast is not None or forward_label is not None else list(self.modules))
         self._batch_rows = 0  # rows of the batch in flight: the loss weights' denominator
         self._weight = 1.0  # step(weight=): the batch loss's factor in the gradients
 
@@ -231,7 +244,7 @@ class StagePipeline:
 
         stages: list[_PipelineStageBase] = [
             _stage_class()(m, i, self.num_stages, self.device, group=self.group)
-            for m, i in zip(self.modules, self.indices, strict=True)
+            for m, i in zip(self._runs, self.indices, strict=True)
         ]
         kind = self.group_schedule(count) if training else "gpipe"
         # scale_grads=False: the loss is pre-weighted by rows/batch rows, and torch's
@@ -258,7 +271,9 @@ class StagePipeline:
 
     def _weighted_loss(self, each: int) -> Callable[[object, object], torch.Tensor]:
         def loss(output: object, target: object) -> torch.Tensor:
-            return self.loss_fn(output, target) * (each * self._weight / self._batch_rows)
+            with self._autocast():  # as one process computes it: beside the forward
+                value = self.loss_fn(output, target)
+            return value * (each * self._weight / self._batch_rows)
 
         return loss
 
@@ -367,7 +382,7 @@ class StagePipeline:
         with torch.no_grad():
             # (_rows checked that the first rank, the only one with one stage, has a tensor)
             if self.world_size == 1 and isinstance(x, torch.Tensor):  # nothing to pipeline
-                return nn.Sequential(*self.modules)(x.to(self.device))
+                return nn.Sequential(*self._runs)(x.to(self.device))
             for count, each in micro_batch_groups(n, m):
                 stop = start + count * each
                 tensor_x = x if self.is_first and isinstance(x, torch.Tensor) else None
@@ -403,14 +418,36 @@ class StagePipeline:
         return self
 
 
+class _StageForward(nn.Module):
+    """A stage module as torch's stage runs it: its forward inside ``autocast`` and a
+    profiler annotation (either may be None). Holds the module itself, so parameters and
+    buffers are the stage's own (the state-dict keys gain a prefix, which nothing here
+    reads: weights are always read from the stage modules)."""
+
+    def __init__(self, module: nn.Module,
+                 autocast: Callable[[], AbstractContextManager[Any]] | None,
+                 label: str | None) -> None:
+        super().__init__()
+        self.stage = module
+        self._autocast: Callable[[], AbstractContextManager[Any]] = autocast or nullcontext
+        self._label = label
+
+    def forward(self, *args: Any) -> Any:
+        mark: AbstractContextManager[Any] = (
+            torch.profiler.record_function(self._label) if self._label else nullcontext())
+        with mark, self._autocast():
+            return self.stage(*args)
+
+
 _STAGE_CLASS: list[type[PipelineStage]] = []
 
 
 def _stage_class() -> type[PipelineStage]:
     """torch's ``PipelineStage``, except that its shape inference leaves the module's
-    buffers as they were: a new stage runs its module once before the first micro-batch
-    to learn the shapes (on zeros or on that micro-batch, by torch version), which would
-    otherwise add a BatchNorm running-statistics update per new micro-batch shape. The
+    buffers and the random state as they were: a new stage runs its module once before
+    the first micro-batch to learn the shapes (on zeros or on that micro-batch, by torch
+    version), which would otherwise add a BatchNorm running-statistics update (and, on
+    torch 2.11, dropout draws) per new micro-batch shape. The
     buffers are put back just before the first real micro-batch (not right after the
     forward inference: some torch versions differentiate that forward afterwards)."""
     if not _STAGE_CLASS:
@@ -421,7 +458,12 @@ def _stage_class() -> type[PipelineStage]:
 
             def _prepare_forward_infra(self, *args: Any, **kwargs: Any) -> Any:
                 self._saved_buffers = [b.detach().clone() for b in self.submod.buffers()]
-                return super()._prepare_forward_infra(*args, **kwargs)
+                # The inference forward draws no random numbers either (dropout): torch
+                # 2.13 forks the RNG around it, 2.11 does not, and a resumed run builds
+                # its stages at another step than the uninterrupted one.
+                cuda = [self.device.index or 0] if self.device.type == "cuda" else []
+                with torch.random.fork_rng(devices=cuda):
+                    return super()._prepare_forward_infra(*args, **kwargs)
 
             def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
                 if self._saved_buffers is not None:

@@ -159,6 +159,9 @@ def assemble(config: TrainConfig, *, task: Task | None = None, launching: bool =
     if model is None and not relaunch:
         model = task.build_model()  # once (a launcher's workers build their own)
         _probe(task, model, config)
+    if relaunch:  # what every worker would refuse: one message, before any starts
+        choice.strategy.check_task(
+            task, lambda: model if model is not None else task.build_model())
     notes = (build.device_note(config, device), *auto_notes,
              *build.precision_notes(config, device))
     start = RunStart(plan, crash_plan_from_env(here.rank), stop_at_step,

@@ -105,6 +105,7 @@ from torchgpu.checkpoint import (
 )
 from torchgpu.checkpoint.atomic import write_pointer
 from torchgpu.checkpoint.discover import LATEST, later_checkpoints, newest_verified, set_aside
+from torchgpu.checkpoint.layout import read_meta
 from torchgpu.errors import CheckpointCorruptError, ResumeError
 from torchgpu.train import loop, outputs
 from torchgpu.train.config import TrainConfig
@@ -187,7 +188,31 @@ def plan_resume(config: TrainConfig, environ: Mapping[str, str] | None = None) -
             "--resume DIR naming a run, its checkpoints/ directory or one checkpoint, or "
             "drop --resume to start from scratch."
         )
+    _check_saved_settings(config, found)
     return ResumePlan(found, True, notes, named=found.resolve() == where.resolve())
+
+
+def _check_saved_settings(config: TrainConfig, found: Path) -> None:
+    """Refuse, before anything is written, a resume that changes a setting the saved
+    position depends on, as far as the checkpoint's meta.json and ``config`` tell it now
+    (the rest -- world size, batches per epoch, a searched batch size -- is checked when
+    the checkpoint is loaded)."""
+    saved = read_meta(found).get("config")
+    if not isinstance(saved, dict):
+        return
+    changed = [f"{key} {saved[key]!r} -> {getattr(config, key)!r}" for key in _FIXED
+               if key in saved and getattr(config, key, None) is not None
+               and saved[key] != getattr(config, key)]
+    if changed:
+        raise _cannot_resume(found, changed)
+
+
+def _cannot_resume(path: Path, changed: list[str]) -> ResumeError:
+    return ResumeError(
+        f"cannot resume from {path} exactly: {', '.join(changed)} differ from the run that "
+        "saved it, so its data position and optimizer state mean something else. Resume "
+        "with the saved values, or start a new run (another --out, without --resume)."
+    )
 
 
 @dataclass(frozen=True)
@@ -253,6 +278,9 @@ def _record(data: Mapping[str, Any]) -> EpochRecord:
 class RunCheckpoints:
     """Saving and restoring one ``torchgpu train`` run (see the module docstring).
 
+    ``model`` and ``optimizer`` are what is saved and restored; where they are spread
+    over the ranks, ``before_save`` (every rank, before each save) gathers them so that
+    rank 0's ``model.state_dict()`` / ``optimizer.state_dict()`` hold the whole run.
     The runner builds it once, calls :meth:`begin` (fresh or resumed state),
     :meth:`start_epoch` instead of :func:`loop.start_epoch`, passes :meth:`step_hook` as
     the loop's ``on_step``, and calls :meth:`stopped` when the loop stopped early.
@@ -265,7 +293,8 @@ class RunCheckpoints:
                  scheduler: Any = None, crash: CrashPlan | None = None,
                  stop_at_step: int | None = None,
                  sync: Callable[[], bool] | None = None,
-                 heartbeat: Heartbeat | None = None) -> None:
+                 heartbeat: Heartbeat | None = None,
+                 before_save: Callable[[], None] | None = None) -> None:
         assert config.out is not None
         self.config = config
         self.directory = checkpoints_dir(config.out)
@@ -277,6 +306,9 @@ class RunCheckpoints:
         # The loop's sync_now for this run (DDP agreement at a boundary); None: one process.
         self.sync = sync
         self.heartbeat = heartbeat  # marks the checkpoint's collectives (hang reports)
+        # Every rank, before each save: state spread over the ranks (the stage pipeline's
+        # weights and optimizer states) is gathered to rank 0, which writes.
+        self.before_save = before_save
         self.save_every = config.save_every
         self.last_saved: Path | None = None
         self.last_saved_step: int | None = None
@@ -365,12 +397,7 @@ class RunCheckpoints:
         changed = [f"{key} {saved.get(key)!r} -> {self.fingerprint[key]!r}"
                    for key in _FIXED if key in saved and saved[key] != self.fingerprint[key]]
         if changed:
-            raise ResumeError(
-                f"cannot resume from {loaded.path} exactly: {', '.join(changed)} differ from "
-                "the run that saved it, so its data position and optimizer state mean "
-                "something else. Resume with the saved values, or start a new run "
-                "(another --out, without --resume)."
-            )
+            raise _cannot_resume(loaded.path, changed)
         state = TrainState.from_dict(extra["train_state"])
         self.records[:] = [_record(r) for r in extra.get("epochs", [])]
         rngs = list(extra.get("rng_per_rank") or [])
@@ -444,6 +471,8 @@ class RunCheckpoints:
             return self._save(state)
 
     def _save(self, state: TrainState) -> Path:
+        if self.before_save is not None:
+            self.before_save()
         rng = capture_rng_state()
         epoch_rng = self._epoch_rng if self._epoch_rng is not None else rng["torch"]
         gathered = _gather((rng, epoch_rng), self.ranks)

@@ -32,6 +32,11 @@ MAX_SEED = 2**63 - 1
 #: Upper bound of counts such as --batch-size and --data-size (samples, steps): far above
 #: any real run, and small enough that no size computed from it overflows int64.
 MAX_COUNT = 2**31
+#: Largest --collective-timeout (seconds, about 24.8 days): torch's store waits on its
+#: sockets with poll() given the timeout as a 32-bit count of milliseconds (2**31 - 1 ms);
+#: beyond that it overflows and a run fails at its rendezvous (and past ~9.2e9 s the
+#: steady-clock deadline in nanoseconds, past ~8.6e13 s Python's timedelta).
+MAX_COLLECTIVE_TIMEOUT_S = (2**31 - 1) // 1000
 
 
 @dataclass(frozen=True)
@@ -339,10 +344,12 @@ def validate(config: TrainConfig) -> None:
             f"--clip-norm {config.clip_norm} must be a positive finite number, e.g. "
             "--clip-norm 1.0."
         )
-    if not (math.isfinite(config.collective_timeout) and config.collective_timeout > 0):
+    if not 0 < config.collective_timeout <= MAX_COLLECTIVE_TIMEOUT_S:  # nan fails too
         raise ConfigError(
-            f"--collective-timeout {config.collective_timeout} must be a positive finite "
-            "number of seconds, e.g. --collective-timeout 300 (the default)."
+            f"--collective-timeout {config.collective_timeout:g} is out of range: it must be "
+            f"a number of seconds more than 0 and at most {MAX_COLLECTIVE_TIMEOUT_S} (about "
+            f"{MAX_COLLECTIVE_TIMEOUT_S / 86400:.1f} days: torch's store waits on its sockets "
+            "with a 32-bit count of milliseconds), e.g. --collective-timeout 300 (the default)."
         )
     if config.keep_last is not None and config.save_every is None:
         raise UsageError(

@@ -24,6 +24,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -76,9 +77,10 @@ def _load_toml(text: str, path: str) -> dict[str, Any]:
         ) from None
 
 
-def read_settings(path: str) -> dict[str, Any]:
+def read_settings(path: str, keys: dict[str, str] | None = None) -> dict[str, Any]:
     """The settings in the TOML file at ``path``, by field name (dashes become
-    underscores), type-checked against :class:`TrainConfig`.
+    underscores), type-checked against :class:`TrainConfig`. ``keys``, when given, is
+    filled with each setting's key as the file spells it.
 
     Raises UsageError for a missing file or a file written by ``fit`` (``[run]`` has
     ``cli = false``), ConfigError for bad TOML, an unknown key or a value of the wrong
@@ -115,13 +117,56 @@ def read_settings(path: str) -> dict[str, Any]:
         if name == "batch_size" and value == "auto":
             ok = True  # --batch-size auto
         if not ok:
+            hint = (' (resume = "" continues the run in out from its latest checkpoint, '
+                    'resume = "DIR" from DIR)' if name == "resume" else "")
             raise ConfigError(
-                f"--config {path}: {key} = {value!r} has the wrong type: it must be "
-                f"{_type_name(allowed)}. Fix that line, e.g. {name} = "
+                f"--config {path}: {key} = {_shown(value)} has the wrong type: it must be "
+                f"{_type_name(allowed)}{hint}. Fix that line, e.g. {name} = "
                 f"{_example(allowed)}."
             )
         settings[name] = value
+        if keys is not None:
+            keys[name] = key
     return settings
+
+
+def _shown(value: Any) -> str:
+    """``value`` as TOML writes it, where it can."""
+    try:
+        return _value(value)
+    except TypeError:
+        return repr(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class FileSettings:
+    """The settings a run took from ``--config path``: ``{name: (key, value)}``, only
+    those the command line did not override."""
+
+    path: str
+    values: Mapping[str, tuple[str, Any]]
+
+    def name_keys(self, error: BaseException) -> None:
+        """Make ``error``'s message name the file's keys instead of the flags: a value
+        that came from the file is wrong there, not on the command line. ``--epochs 0``
+        becomes ``epochs = 0`` (and a bare ``--epochs``, ``epochs``) and the message starts
+        with ``--config PATH:``; a message that names none of them is left as it is."""
+        text = str(error)
+        named = text
+        for name, (key, value) in self.values.items():
+            flag = re.escape("--" + name.replace("_", "-"))
+            this = f"{key} = {_shown(value)}"
+            shown = {str(value), repr(value)} | ({f"{value:g}"} if isinstance(value, float)
+                                                 else set())
+            for spelled in sorted(shown, key=len, reverse=True):  # the file's value
+                named = re.sub(rf"{flag} {re.escape(spelled)}(?![\w.-])",
+                               this.replace("\\", "\\\\"), named)
+            # another number in the same place (an example of a good value)
+            named = re.sub(rf"{flag} (-?\d[\d.]*(?:e[+-]?\d+)?)(?![\w.-])", rf"{key} = \1",
+                           named)
+            named = re.sub(rf"{flag}(?![\w-])", key, named)
+        if named != text:
+            error.args = (f"--config {self.path}: {named}",)
 
 
 def _example(types: tuple[type, ...]) -> str:
@@ -147,18 +192,58 @@ def _absolute_spec(spec: str | None) -> str | None:
     return spec
 
 
-def settings_to_write(config: TrainConfig, *, world_size: int = 1,
-                      local_world_size: int = 1) -> dict[str, Any]:
+def _absolute_loss(loss: str | None) -> str | None:
+    """``--loss``: a built-in name (``mse``) as it is, a file spec made absolute."""
+    return _absolute_spec(loss) if loss is not None and ":" in loss else loss
+
+
+def _resolved_run(config: TrainConfig, device: str | None, model: Any) -> dict[str, Any]:
+    """What ``auto`` settings resolved to in this run, as settings: ``device`` (the
+    device it trained on: a bare ``cuda`` under several processes, which means each
+    rank's own GPU), ``precision`` (the mode ``auto`` picked on it), and for a model
+    split in one process (``model`` a SplitModel/Pipeline) its stage ``devices``, the
+    layers per stage (``balance``, also when measured by ``size``/``time``) and the
+    micro-batches the split-size sweep chose (``chunks``). A value not known here (no
+    ``model`` given, the one-stage-per-process pipeline) is kept as written."""
+    values: dict[str, Any] = {}
+    split = config.strategy in ("model", "pipeline")
+    if device is not None:
+        if config.device == "auto" and not split:
+            # several processes: "cuda" is each rank's cuda:LOCAL_RANK (build.choose_device)
+            values["device"] = device.split(":", 1)[0] if config.nproc else device
+        if config.precision == "auto":
+            from torchgpu.precision import resolve_mode
+
+            values["precision"] = resolve_mode(config.precision, device)
+    from torchgpu.parallel.model import SplitModel
+
+    if isinstance(model, SplitModel):
+        if config.devices is None:
+            values["devices"] = ",".join(str(d) for d in model.devices)
+        values["balance"] = ",".join(str(n) for n in model.balance)
+        chunks = getattr(model, "chunks", None)
+        if isinstance(chunks, int) and not isinstance(chunks, bool):
+            values["chunks"] = chunks
+    return values
+
+
+def settings_to_write(config: TrainConfig, *, world_size: int = 1, local_world_size: int = 1,
+                      device: str | None = None, model: Any = None) -> dict[str, Any]:
     """The settings of ``config`` (resolved) that reproduce the run: launch-only and
-    output-only settings left out, paths made absolute, the process count of the run
-    (``world_size`` processes, ``local_world_size`` per node) filled in."""
+    output-only settings left out, paths and file specs made absolute (``model``,
+    ``data``, ``loss``, ``out``), the process count of the run (``world_size``
+    processes, ``local_world_size`` per node) filled in, and what ``auto`` resolved to
+    on ``device`` with the wrapped ``model`` (see :func:`_resolved_run`)."""
     values = {f.name: getattr(config, f.name) for f in dataclasses.fields(TrainConfig)
               if f.name not in _NOT_WRITTEN}
     values["model"] = _absolute_spec(config.model)
+    values["loss"] = _absolute_loss(config.loss)
     if config.model is not None and config.target is None:
         values["data"] = _absolute_spec(config.data)  # a data spec
     elif config.data is not None:
         values["data"] = os.path.abspath(config.data)  # a CSV file
+    if config.out is not None:
+        values["out"] = os.path.abspath(config.out)
     if config.auto_batch_size and config.batch_size is not None:
         values["auto_batch_size"] = False  # the searched size ran: keep it, do not search
         values["effective_batch_size"] = None
@@ -168,6 +253,8 @@ def settings_to_write(config: TrainConfig, *, world_size: int = 1,
     else:
         values["nproc"] = None
         values["nnodes"] = 1
+    values.update(_resolved_run(dataclasses.replace(config, nproc=values["nproc"]), device,
+                                model))
     return values
 
 
@@ -200,8 +287,10 @@ def dumps(settings: Mapping[str, Any], run: Mapping[str, Any] | None = None,
 
 
 def write_config(out_dir: Path, config: TrainConfig, *, world_size: int, local_world_size: int,
-                 device: str) -> Path:
-    """Write ``OUT/config.toml`` for ``config`` (the settings that ran) and return its path.
+                 device: str, model: Any = None) -> Path:
+    """Write ``OUT/config.toml`` for ``config`` (the settings that ran, ``auto`` values
+    resolved on ``device`` and with the wrapped ``model``: :func:`settings_to_write`)
+    and return its path.
 
     A :func:`torchgpu.fit` run (``model`` is ``fit:<name>``: its model and data were
     objects) still records its settings; the file says it cannot be re-run from the
@@ -212,7 +301,7 @@ def write_config(out_dir: Path, config: TrainConfig, *, world_size: int, local_w
     from_fit = (config.model or "").startswith("fit:")
 
     settings = settings_to_write(config, world_size=world_size,
-                                 local_world_size=local_world_size)
+                                 local_world_size=local_world_size, device=device, model=model)
     comments: tuple[str, ...]
     if from_fit:
         comments = ("Settings of a torchgpu.fit() run. Its model and data were Python objects,",

@@ -14,7 +14,9 @@ starts (:func:`crash_plan_from_env`, :func:`hang_plan_from_env`), never in the l
 - ``TORCHGPU_FAULT_HANG_AT_STEP=N``: block this process for good before optimizer step
   ``N``'s gradient all-reduce (in the loss of step ``N``'s first micro-batch), the way a
   stuck data loader or a rank-dependent branch does; the other ranks wait in that
-  all-reduce until ``--collective-timeout``.
+  all-reduce until ``--collective-timeout``. In the pipeline with one stage per process:
+  before step ``N``'s stage schedule, where the other stages wait in their sends and
+  receives.
 - ``TORCHGPU_FAULT_RANK=R``: the global rank that crashes or hangs (default 0).
 
 Unset (the normal case), nothing is installed and the loop does no extra work.
@@ -93,14 +95,15 @@ class HangPlan:
 
     step: int
 
-    def wrap(self, loss_fn: Callable[[Any, Any], Any],
-             steps_done: Callable[[], int]) -> Callable[[Any, Any], Any]:
+    def wrap(self, loss_fn: Callable[[Any, Any], Any], steps_done: Callable[[], int],
+             before: str = "gradient all-reduce") -> Callable[[Any, Any], Any]:
         """``loss_fn``, blocking forever when called during step ``step`` (``steps_done()``
-        is the number of optimizer steps finished)."""
+        is the number of optimizer steps finished). ``before``: what of the step it blocks
+        before, for its message (the stage pipeline: its stages' sends and receives)."""
         def loss(out: Any, target: Any) -> Any:
             if steps_done() + 1 == self.step:
-                print(f"fault injection: hanging before step {self.step}'s gradient "
-                      f"all-reduce (pid {os.getpid()})", flush=True)
+                print(f"fault injection: hanging before step {self.step}'s {before} "
+                      f"(pid {os.getpid()})", flush=True)
                 while True:  # a real hang: signals set flags, nothing ends it but a kill
                     time.sleep(1.0)
             return loss_fn(out, target)

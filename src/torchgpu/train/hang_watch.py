@@ -33,6 +33,7 @@ from torchgpu.train.heartbeat import (
     HEARTBEAT_ENV,
     PHASES,
     STALE_S,
+    STEP_PHASES,
     TICK_S,
     clip,
 )
@@ -58,6 +59,8 @@ def _position(beat: dict[str, Any]) -> str:
     step = int(beat.get("step", 0))
     if phase == "training":
         return f"in step {step + 1} (forward/backward, before or in its gradient all-reduce)"
+    if phase == "stages":
+        return f"in step {step + 1} (its stages' forward/backward, sends and receives)"
     if phase == "done":
         return f"finished after step {step}"
     return f"in {PHASES.get(phase, phase)} after step {step}"
@@ -114,7 +117,7 @@ def diagnose(beats: dict[int, dict[str, Any]], dumps: list[Path] | None = None,
     failure = first["failure"]
     phase, step = str(failure.get("phase", "training")), int(failure.get("step", 0))
     collective = PHASES.get(phase, phase)
-    where = f"{collective} of step {step + 1}" if phase == "training" else \
+    where = f"{collective} of step {step + 1}" if phase in STEP_PHASES else \
         f"{collective} after step {step}"
     world = int(first.get("world_size", len(beats)))
     missing = [r for r in range(world) if r not in waiting]

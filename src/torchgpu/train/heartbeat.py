@@ -7,7 +7,9 @@ four times a second from values the training loop already keeps (``state.step``)
 the loop itself does no extra work per step. A file holds:
 
 - ``step`` (optimizer steps done), ``epoch``, ``phase`` (``setup``, ``training`` =
-  forward/backward and the gradient all-reduce of step ``step + 1``, ``agreement`` =
+  forward/backward and the gradient all-reduce of step ``step + 1``, ``stages`` = the
+  same for the multi-process stage pipeline, whose step waits on the stages' sends and
+  receives, ``agreement`` =
   the stop/loss all-reduce, ``checkpoint`` = a checkpoint's collectives, ``evaluation``,
   ``finishing`` = the results gather and the closing barrier), ``progress_at`` (when
   the step last advanced), ``line`` (the last line the rank printed) and, once the
@@ -50,11 +52,14 @@ AWAIT_KILL_S = 10.0
 PHASES = {
     "setup": "the process group's setup (DDP's parameter broadcast)",
     "training": "the gradient all-reduce",
+    "stages": "the stages' sends and receives",  # the multi-process stage pipeline's step
     "agreement": "the stop/loss agreement (an all-reduce)",
     "checkpoint": "a checkpoint's barrier (gather, then rank 0's write)",
     "evaluation": "the evaluation",
     "finishing": "the final results gather / closing barrier",
 }
+#: Phases of a step in progress: a collective failing there is "of step N + 1".
+STEP_PHASES = ("training", "stages")
 #: Flight-recorder settings for NCCL runs: (current name, older name, value); set only
 #: where the user set neither (torch >= 2.9 reads the TORCH_FR_* names and warns on the
 #: older ones).
@@ -194,7 +199,7 @@ class Heartbeat:
         """This rank's position in words (for its own error message)."""
         self._poll()
         return f"{PHASES.get(self.phase, self.phase)} of step {self._step + 1}" \
-            if self.phase == "training" else \
+            if self.phase in STEP_PHASES else \
             f"{PHASES.get(self.phase, self.phase)} after step {self._step}"
 
     @contextmanager

@@ -35,13 +35,14 @@ class Observers:
     profiler: StepProfiler | None = None
     tensorboard: TensorBoardLog | None = None
     memory: MemoryRecorder | None = None
+    model: nn.Module | None = None  # the model trained, for the memory estimate's twin
 
     @classmethod
     def start(cls, config: TrainConfig, model: nn.Module, device: torch.device, rank: int,
               out_dir: Path | None, state: TrainState, steps_left: int) -> Observers:
         """Create and arm what ``config`` asks for. Profiles and event files are rank 0's
         (``out_dir`` set); memory snapshots are every rank's (files named by rank)."""
-        watch = cls(device)
+        watch = cls(device, model=model)
         if config.profile and out_dir is not None:
             from torchgpu.train.profiling import StepProfiler, profile_window
 
@@ -108,8 +109,9 @@ class Observers:
             files["tensorboard"] = str(self.tensorboard.log_dir)
         if self.memory is not None and self.memory.files:
             summary["memory_snapshots"] = self.memory.summary()
-        entry = memory_estimate(config, planned, task, mode, world,
-                                str(summary["devices"][0]["device"]))
+        devices = [str(d["device"]) for d in summary["devices"]]
+        entry = memory_estimate(config, planned, task, mode, world, devices[0],
+                                model=self.model, devices=devices)
         summary["memory_estimate"] = entry
         annotate_devices(summary["devices"], entry)
         summary["files"] = {**summary.get("files", {}), **files}

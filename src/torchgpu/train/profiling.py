@@ -10,9 +10,11 @@ whole steps, data loading included. Nothing is added to the loop when the flag i
 Outputs (rank 0, under ``--out``): :data:`TRACE_FILE`, a Chrome trace that Perfetto
 (ui.perfetto.dev) and chrome://tracing open; :data:`TABLE_FILE`, the top operators by
 self time (also printed to stderr) and the share of the step spent in data loading,
-forward, backward, optimizer and communication (:func:`step_shares`), which also go
-into ``summary.json`` under ``profile``. Communication overlaps backward under DDP,
-so the shares can add up to more than 100 %.
+forward (the loss included), backward, optimizer, communication and other
+(:func:`step_shares`: each moment counted once, so they add up to 100 %; communication
+is the time the step waits for it, not what overlaps compute), which also go into
+``summary.json`` under ``profile``. A run with fewer steps than asked for is profiled
+whole, and says so.
 """
 
 from __future__ import annotations
@@ -51,10 +53,21 @@ PHASES: dict[str, Callable[[str], bool]] = {
 
 @dataclass(frozen=True)
 class ProfileWindow:
-    """Trace optimizer steps ``start + warmup + 1 .. start + warmup + steps``."""
+    """Trace optimizer steps ``start + warmup + 1 .. start + warmup + steps``
+    (``requested``: the steps ``--profile`` asked for)."""
 
     warmup: int
     steps: int
+    requested: int
+
+    def note(self) -> str | None:
+        """What the user is told when the run has fewer steps than ``--profile`` asked for."""
+        if self.steps >= self.requested:
+            return None
+        return (f"note: --profile {self.requested} asks for more steps than the run has "
+                f"left ({self.steps}): profiling all {self.steps}, without warm-up; pass "
+                f"--profile {max(1, self.steps - WARMUP_STEPS)} or more --epochs to profile "
+                "steps after a warm-up.")
 
 
 def profile_window(requested: int, remaining_steps: int) -> ProfileWindow:
@@ -62,7 +75,7 @@ def profile_window(requested: int, remaining_steps: int) -> ProfileWindow:
     warm-up of up to :data:`WARMUP_STEPS` steps, shortened so the ``requested`` steps
     still fit; the steps themselves capped at what the run has."""
     warmup = max(0, min(WARMUP_STEPS, remaining_steps - requested))
-    return ProfileWindow(warmup, max(0, min(requested, remaining_steps - warmup)))
+    return ProfileWindow(warmup, max(0, min(requested, remaining_steps - warmup)), requested)
 
 
 def union_us(intervals: Iterable[tuple[float, float]]) -> float:
@@ -77,15 +90,79 @@ def union_us(intervals: Iterable[tuple[float, float]]) -> float:
     return total
 
 
-def step_shares(events: Sequence[tuple[str, float, float]], window_us: float
-                ) -> dict[str, float]:
-    """The fraction of ``window_us`` each phase of :data:`PHASES` covers, from events
-    ``(name, start_us, end_us)``; nested events of one phase count once."""
-    shares: dict[str, float] = {}
-    for phase, matches in PHASES.items():
-        covered = union_us((s, e) for name, s, e in events if matches(name))
-        shares[phase] = covered / window_us if window_us > 0 else 0.0
+Event = tuple[str, float, float] | tuple[str, float, float, int]  # name, start, end[, thread]
+
+
+def step_shares(events: Sequence[Event], window_us: float) -> dict[str, float]:
+    """The share of ``window_us`` spent in each phase of :data:`PHASES`, and ``other``:
+    every moment counts once, so the shares add up to 1.
+
+    Events are ``(name, start_us, end_us[, thread])``. The main thread (the one with the
+    forward marks) says what the step is doing: at each moment its innermost phase event
+    (a collective called inside backward is communication). Between its phase events:
+    from the end of a forward to the next backward is the loss (counted as forward);
+    between two events of one phase, that phase (the autograd engine between nodes);
+    elsewhere communication where another thread's collective runs then (the main thread
+    waits for it, e.g. DDP's last all-reduce before the optimizer step), else ``other``.
+    Communication that overlaps compute is hidden behind it and not counted."""
+    phased = [(phase, float(e[1]), float(e[2]), int(e[3]) if len(e) > 3 else 0)
+              for e in events for phase, matches in PHASES.items() if matches(e[0])]
+    threads = [t for phase, _, _, t in phased if phase == "forward"] or \
+        [t for *_, t in phased]
+    main = max(set(threads), key=threads.count) if threads else 0
+    segments = _innermost([(s, e, phase) for phase, s, e, t in phased if t == main])
+    others = sorted((s, e) for phase, s, e, t in phased
+                    if t != main and phase == "communication")
+    totals = dict.fromkeys(PHASES, 0.0)
+    for i, (start, end, phase) in enumerate(segments):
+        if phase is None:
+            before = next((p for *_, p in reversed(segments[:i]) if p is not None), None)
+            after = next((p for *_, p in segments[i + 1:] if p is not None), None)
+            if (before, after) == ("forward", "backward") or (before == after and before):
+                phase = before
+            else:
+                waited = _overlap(start, end, others)
+                totals["communication"] += waited
+                end -= waited  # the rest stays "other"
+        if phase is not None:
+            totals[phase] += end - start
+    shares = {k: v / window_us if window_us > 0 else 0.0 for k, v in totals.items()}
+    shares["other"] = max(0.0, 1.0 - sum(shares.values()))
     return shares
+
+
+def _innermost(intervals: list[tuple[float, float, str]]
+               ) -> list[tuple[float, float, str | None]]:
+    """One thread's events cut into consecutive segments, each labelled with the
+    innermost event covering it (None: none does), from the first start to the last end.
+    An event that outlasts the one it starts in is cut at its end (one thread's spans
+    nest)."""
+    segments: list[tuple[float, float, str | None]] = []
+    stack: list[tuple[float, str]] = []  # (end, label), innermost last
+    cursor: float | None = None
+
+    def advance(to: float) -> None:
+        nonlocal cursor
+        while stack and stack[-1][0] <= to:
+            end, label = stack.pop()
+            if cursor is not None and end > cursor:
+                segments.append((cursor, end, label))
+            cursor = end if cursor is None or end > cursor else cursor
+        if cursor is not None and to > cursor:
+            segments.append((cursor, to, stack[-1][1] if stack else None))
+        cursor = to if cursor is None or to > cursor else cursor
+
+    for start, end, label in sorted(intervals, key=lambda x: (x[0], -x[1])):
+        advance(start)
+        stack.append((min(end, stack[-1][0]) if stack else end, label))
+    advance(float("inf") if not stack else max(e for e, _ in stack))
+    return segments
+
+
+def _overlap(start: float, end: float, intervals: list[tuple[float, float]]) -> float:
+    """How much of [start, end) the ``intervals`` (sorted by start) cover, once."""
+    return union_us((max(s, start), min(e, end)) for s, e in intervals
+                    if s < end and e > start)
 
 
 class _ForwardMarks:
@@ -136,6 +213,9 @@ class StepProfiler:
 
     def begin(self, state: TrainState) -> None:
         """The run (or its resumed part) starts at ``state.step``."""
+        note = self.window.note()
+        if note is not None:
+            print(note, file=sys.stderr)
         self.start_step = state.step + self.window.warmup
         if self.window.warmup == 0:
             self._start(state)
@@ -186,8 +266,10 @@ class StepProfiler:
             self._marks.remove()
         trace = self.out_dir / TRACE_FILE
         prof.export_chrome_trace(str(trace))
-        events = [(e.name, float(e.time_range.start), float(e.time_range.end))
-                  for e in prof.events()]
+        cpu = torch.profiler.DeviceType.CPU  # the host's events (kernels have their own)
+        events: list[Event] = [
+            (e.name, float(e.time_range.start), float(e.time_range.end), int(e.thread))
+            for e in prof.events() if getattr(e, "device_type", cpu) == cpu]
         shares = step_shares(events, seconds * 1e6)
         on_gpu = self.device.type == "cuda"
         sort_by = "self_device_time_total" if on_gpu else "self_cpu_time_total"
@@ -202,6 +284,7 @@ class StepProfiler:
             "trace": str(trace),
             "table": str(self.out_dir / TABLE_FILE),
             "warmup_steps": self.window.warmup,
+            "requested_steps": self.window.requested,
             "steps": steps,
             "step_seconds": step_s,
             "shares": shares,
@@ -215,7 +298,6 @@ def format_report(table: str, shares: dict[str, float], steps: int, step_seconds
     """The profile as a person reads it: where the step's time went, then the table."""
     per_step = f"{step_seconds * 1e3:.2f} ms/step" if step_seconds is not None else "no steps"
     parts = ", ".join(f"{name} {share:.0%}" for name, share in shares.items())
-    other = max(0.0, 1.0 - sum(v for k, v in shares.items() if k != "communication"))
-    return (f"profile: {steps} step(s), {per_step}; share of step time: {parts}, "
-            f"other {other:.0%}\ntrace (Perfetto / chrome://tracing): {trace}\n"
-            f"top operators by self time:\n{table}")
+    return (f"profile: {steps} step(s), {per_step}; share of step time (each moment once; "
+            f"forward includes the loss): {parts}\ntrace (Perfetto / chrome://tracing): "
+            f"{trace}\ntop operators by self time:\n{table}")

@@ -72,9 +72,13 @@ def gather(value: Any, distributed: bool) -> list[Any]:
     return out
 
 
-def write_config(out_dir: Path, config: TrainConfig, world: int, device: torch.device) -> None:
+def write_config(out_dir: Path, config: TrainConfig, world: int, device: torch.device,
+                 model: nn.Module | None = None) -> None:
+    """OUT/config.toml for the run: ``config`` as it ran, ``auto`` values resolved on
+    ``device`` and with the wrapped ``model`` (a split model's chunks, balance, devices)."""
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    write_config_file(out_dir, config, world_size=world, local_world_size=local, device=str(device))
+    write_config_file(out_dir, config, world_size=world, local_world_size=local,
+                      device=str(device), model=model)
 
 
 def epoch_record(state: TrainState, result: EvalResult, samples: int, seconds: float,

@@ -25,15 +25,12 @@ from torchgpu.data.batches import install_call_convention
 from torchgpu.distributed import init_distributed
 from torchgpu.errors import CollectiveTimeoutError, DistributedError, TorchGpuError, first_line
 from torchgpu.train import build, outputs
-from torchgpu.train.agreement import RankAgreement
 from torchgpu.train.assemble import Assembly, assemble, settle, with_stop_at
 from torchgpu.train.auto_batch import apply_auto_batch
-from torchgpu.train.backoff import for_run as backoff_for_run
 from torchgpu.train.checkpointing import Ranks, RunCheckpoints, RunStart
 from torchgpu.train.config import TrainConfig
-from torchgpu.train.evaluation import evaluate
 from torchgpu.train.heartbeat import Heartbeat, collective_failure
-from torchgpu.train.loop import LoopParts, run_epoch, sync_now
+from torchgpu.train.loop import run_epoch, sync_now
 from torchgpu.train.loss_plot import PlotWorker, worth_a_worker
 from torchgpu.train.observers import Observers
 from torchgpu.train.outputs import EpochRecord, MetricsBuffer
@@ -47,8 +44,7 @@ from torchgpu.train.report import (
     summary_of,
     write_config,
 )
-from torchgpu.train.shard import Shard
-from torchgpu.train.stage_strategy import train_stages
+from torchgpu.train.run_steps import StepContext
 from torchgpu.train.state import StopFlag
 from torchgpu.train.strategies import Strategy
 from torchgpu.train.task import Task, spreads_inputs
@@ -133,11 +129,6 @@ def _assembled(run: Assembly, agree: bool, model: nn.Module, stop: StopFlag,
     """The run, once assembled: wrap, batch size, train."""
     config, env, device, choice, data = run.config, run.env, run.device, run.choice, run.task
     out_dir = run.out_dir if env.is_main else None
-    if choice.strategy.own_run:  # the pipeline with one stage per process
-        staged = train_stages(config, env, device, data, model, out_dir, run.notes, stop)
-        if staged.out_dir is not None:
-            write_config(staged.out_dir, staged.config, env.world_size, device)
-        return staged
     model, wrap_notes = build.wrap_model(model, choice, config, data, device)
     config, batch_note = apply_auto_batch(config, model, data, device, env.world_size,
                                           run.memory_limit)
@@ -162,19 +153,16 @@ def _run(
     planned: Any = None,
     beat: Heartbeat | None = None,
 ) -> TrainResult:
-    from torchgpu.accumulate import GradAccumulator
+    """The run driver, the same for every strategy; what differs comes from the
+    strategy's steps (:mod:`torchgpu.train.run_steps`)."""
     from torchgpu.data import make_loader
-    from torchgpu.parallel.data import unwrap
     from torchgpu.precision import Precision
     from torchgpu.transfer import Prefetcher
 
     assert config.batch_size is not None and config.epochs is not None and config.lr is not None
     precision = Precision(config.precision, device)
-    optimizer = data.make_optimizer(model, config.lr)
-    acc = GradAccumulator(model, optimizer, config.accumulate, precision=precision,
-                          clip_norm=config.clip_norm, zero_after_step=False)
     train_loader = make_loader(data.train, config.batch_size, shuffle=True, seed=config.seed,
-                               dist=Shard(rank, world), device=device,
+                               dist=strategy.shard(rank, world), device=device,
                                num_workers=config.num_workers, pad=False,
                                dict_pairs=data.dict_batches)
     test_loader: Any = (make_loader(data.test, max(config.batch_size, 256) if data.kind != "custom"
@@ -182,50 +170,38 @@ def _run(
                                dict_pairs=data.dict_batches)
                    if data.test is not None else [])
     start = start or RunStart()
-    loss_fn = data.loss
-    if start.hang is not None:  # test-only: block before a step's gradient all-reduce
-        loss_fn = start.hang.wrap(loss_fn, lambda: state.step)
-    mode = strategy.name
-    target_device = strategy.output_device(model)  # model/pipeline: labels meet the output
-    if target_device == device:
-        target_device = None
-    parts = LoopParts(model=model, loss_fn=loss_fn, accumulator=acc, precision=precision,
-                      device=device, accumulate=config.accumulate,
-                      move_batches=device.type not in ("cpu", "cuda"),
-                      on_nonfinite=config.on_nonfinite, rank=rank, agree=agree,
-                      target_device=target_device,
-                      backoff=None if strategy.features.backoff is not None else
-                      backoff_for_run(model, acc, loss_fn, precision,
-                                      batch_size=config.batch_size,
-                                      accumulate=config.accumulate, device=device,
-                                      distributed=agree, out_dir=out_dir,
-                                      position=lambda: (state.step, state.epoch)),
-                      agreement=RankAgreement(world, heartbeat=beat) if agree else None,
-                      layout=getattr(train_loader.batch_sampler, "layout", None))
+    steps = strategy.steps(StepContext(
+        config=config, rank=rank, world=world, agree=agree, device=device, task=data,
+        model=model, precision=precision, stop=stop, out_dir=out_dir, heartbeat=beat,
+        hang=start.hang, position=lambda: (state.step, state.epoch),
+        layout=getattr(train_loader.batch_sampler, "layout", None),
+        resume_from=start.plan.source))
+    config, parts, mode = steps.config, steps.parts, strategy.name
+    assert config.epochs is not None
     is_main = out_dir is not None
     progress = (NullProgress() if config.json else
                 make_progress(config.progress, is_main=is_main, memory=memory_reader(device)))
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
-        for note in notes:
+        for note in (*notes, *steps.lines()):
             print(note, file=sys.stderr)
-        write_config(out_dir, config, world, device)
+        write_config(out_dir, config, world, device, steps.model)
     buffer = MetricsBuffer()
     batches_per_epoch = len(train_loader)
-    eval_model = strategy.eval_model(model)
     records: list[EpochRecord] = []
-    ckpt = RunCheckpoints(config, model=model, optimizer=optimizer, precision=precision,
-                          ranks=Ranks(rank, world), records=records, stop=stop,
-                          batches_per_epoch=batches_per_epoch, mode=mode, out_dir=out_dir,
-                          crash=start.crash, stop_at_step=start.stop_at_step,
-                          sync=(lambda: sync_now(parts)) if agree else None, heartbeat=beat)
+    ckpt = RunCheckpoints(config, model=steps.model, optimizer=steps.optimizer,
+                          precision=precision, ranks=Ranks(rank, world), records=records,
+                          stop=steps.stop, batches_per_epoch=batches_per_epoch, mode=mode,
+                          out_dir=out_dir, crash=start.crash, stop_at_step=start.stop_at_step,
+                          sync=(lambda: sync_now(parts)) if parts.agree else None,
+                          heartbeat=beat, before_save=steps.before_save)
     state = ckpt.begin(start.plan)  # fresh, or restored from a checkpoint
     if beat is not None:
         beat.follow(state)
-        beat.phase = "training"
+        beat.phase = steps.phase
     on_step = ckpt.step_hook()
     steps_left = math.ceil(batches_per_epoch / config.accumulate) * config.epochs - state.step
-    watch = Observers.start(config, model, device, rank, out_dir, state, steps_left)
+    watch = Observers.start(config, steps.observed, device, rank, out_dir, state, steps_left)
     on_step = watch.wrap(on_step)
     train_seconds = 0.0
     stopped_at: int | None = None  # the step the loop stopped at on a stop flag
@@ -243,7 +219,7 @@ def _run(
                 if device.type == "cuda":  # copies overlap compute on a side stream
                     batches = iter(Prefetcher(batches, device))
                 totals = run_epoch(parts, batches, state, batches_per_epoch=batches_per_epoch,
-                                   stop=stop, on_step=on_step, progress=progress,
+                                   stop=steps.stop, on_step=on_step, progress=progress,
                                    records=buffer.steps)
                 train_seconds += totals.seconds
                 if totals.stopped:
@@ -252,10 +228,9 @@ def _run(
                     ckpt.stopped(state, buffer, batches_per_epoch)  # save, say how to resume
                     break
                 with beat.during("evaluation") if beat is not None else nullcontext():
-                    result = evaluate(eval_model, test_loader, loss_fn, task=data.kind,
-                                      device=device, precision=precision,
-                                      target_device=target_device, metrics=data.metrics)
-                record = epoch_record(state, result, totals.samples, totals.seconds, world)
+                    result = steps.evaluate(test_loader)
+                record = epoch_record(state, result, totals.samples, totals.seconds,
+                                      steps.record_world)
                 records.append(record)
                 if out_dir is not None and epoch == first_epoch and worth_a_worker(
                         totals.seconds * (config.epochs - epoch - 1)):
@@ -275,16 +250,16 @@ def _run(
         watch.close(state)
     if beat is not None:
         beat.phase = "finishing"
-    final_state = strategy.full_state(model)
+    final_state = steps.full_state()
     peaks = gather((str(device), build.device_name(device), peak_memory(device)), agree)
     summary = summary_of(config, data, mode, world, state, records, peaks, train_seconds,
-                       time.perf_counter() - started, stop, precision.mode, stopped_at)
+                       time.perf_counter() - started, steps.stop, precision.mode, stopped_at)
     summary.update(ckpt.summary())
-    if parts.backoff is not None:
-        summary["oom_backoffs"] = [event.as_dict() for event in parts.backoff.events]
+    steps.summarize(summary, state, train_seconds)
     if out_dir is not None:
         watch.report(summary, config, planned, data, mode, world)
     if out_dir is not None:
         outputs.write_outputs(out_dir, records, final_state, summary,
                               f"{config.run_name}: {mode}, {world} process(es)", plot_worker)
-    return TrainResult(config, summary, state, tuple(records), unwrap(model), out_dir, notes)
+    return TrainResult(config, summary, state, tuple(records), steps.result_model, out_dir,
+                       notes)

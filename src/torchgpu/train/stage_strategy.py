@@ -6,17 +6,23 @@ gloo on CPU, NCCL on GPU; ``--schedule gpipe|1f1b|interleaved1f1b``, the last wi
 stages per process). Every rank iterates the same, unsharded batches (the order of the
 one-process run): rank 0 feeds the inputs, the last rank the labels.
 
-The steps run in the engine's loop, :func:`torchgpu.train.loop.run_epoch`, through
-:class:`StageSteps` (its loss and accumulator). Per step the last rank has the loss;
-one small all-reduce gives every rank ``[non-finite, stop, loss]``, so the loop on
-every rank takes the same decision (non-finite -> stop or skip, the stop flag at the
-same boundary) and rank 0, which writes the metrics, has the loss.
+The run goes through the run driver every strategy shares
+(:func:`torchgpu.train.runner.train`: checkpoints, observers, heartbeat, summary and
+outputs) and its loop, :func:`torchgpu.train.loop.run_epoch`; :class:`StageRun` supplies
+what differs: the steps (:class:`StageSteps`, the loop's loss and accumulator), the
+evaluation, the whole model gathered on rank 0 and the summary's ``pipeline`` entry.
+Per step the last rank has the loss; one small all-reduce gives every rank
+``[non-finite, stop, loss]``, so the loop on every rank takes the same decision
+(non-finite -> stop or skip, the stop flag at the same boundary) and rank 0, which
+writes the metrics, has the loss.
 Gradients accumulate over ``--accumulate`` batches, each weighted by its rows, and
 become the mean over the window's samples (as one process does); ``--clip-norm``
 clips the global norm (squared norms all-reduced over the stages). Evaluation runs a
 forward-only schedule over the held-out split; the last rank computes the metrics
-and broadcasts them. At the end the stages' weights are gathered on rank 0 under the
-plain model's keys, so ``model.safetensors`` loads into the unsplit model.
+and broadcasts them. ``model.safetensors`` and checkpoints hold the whole model under
+the plain model's keys, gathered on rank 0, and every stage's optimizer state keyed by
+parameter (:mod:`torchgpu.train.stage_state`), so ``--save-every``/``--resume`` and a
+stop continue exactly.
 
 Every batch runs in ``--chunks`` micro-batches, whatever its size: the smaller last
 batch, an odd test split and a batch that ``--chunks`` does not divide (which runs as
@@ -24,44 +30,40 @@ two schedules of equal micro-batches; see :mod:`torchgpu.parallel.stages`) — n
 is skipped and the losses, gradients and metrics equal the one-process run's. Without
 ``--chunks`` the default (4 per stage) becomes the nearest equal split of the batch
 when one is at least half as many (one schedule per step); ``--chunks auto`` sweeps the
-equal splits. Only fp32 is supported.
+equal splits (a resume keeps the choice of the run that saved it).
+
+Precision: ``bf16`` runs each stage's forward and the loss under autocast (the
+backward outside it); ``fp16`` is refused (see :mod:`torchgpu.train.strategies.stages`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-import sys
-import time
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from torchgpu.distributed import DistEnv
-from torchgpu.errors import UsageError
-from torchgpu.train import build, outputs
-from torchgpu.train.config import TrainConfig
 from torchgpu.train.evaluation import EvalResult, evaluate
-from torchgpu.train.loop import LoopParts, run_epoch, start_epoch
-from torchgpu.train.outputs import EpochRecord, MetricsBuffer
-from torchgpu.train.progress import NullProgress, make_progress
-from torchgpu.train.report import (
-    TrainResult,
-    epoch_record,
-    gather,
-    memory_reader,
-    peak_memory,
-    summary_of,
-)
-from torchgpu.train.shard import Shard
+from torchgpu.train.loop import LoopParts
+from torchgpu.train.run_steps import RunSteps, StepContext
 from torchgpu.train.split_flags import parse_balance, stages_per_rank
-from torchgpu.train.split_strategies import default_chunks, sample_batch
+from torchgpu.train.split_strategies import check_splittable, default_chunks, sample_batch
+from torchgpu.train.stage_state import StageOptimizers, gather_weights
 from torchgpu.train.state import StopFlag, TrainState
 
+if TYPE_CHECKING:
+    from torchgpu.precision import Precision
+    from torchgpu.train.config import TrainConfig
+
+#: The profiler's name for a forward (torchgpu.train.profiling.FORWARD_LABEL, which this
+#: module cannot import: train.profiling imports the config, which imports the strategies).
+FORWARD_LABEL = "torchgpu::forward"
 LossFn = Callable[[Any, Any], Tensor]
 
 
@@ -102,11 +104,14 @@ class StageTrainer:
     """This rank's stage(s) (one :class:`StagePipeline`, any batch shape) and its optimizer."""
 
     def __init__(self, model: nn.Module, config: TrainConfig, device: torch.device,
-                 loss_fn: LossFn, data: Any) -> None:
+                 data: Any, precision: Precision, chunks: int | None = None) -> None:
         from torchgpu.parallel.stages import StagePipeline
 
         assert config.batch_size is not None and config.lr is not None
-        self.model, self.config, self.device, self.loss_fn = model, config, device, loss_fn
+        self.model, self.config, self.device = model, config, device
+        self.loss_fn: LossFn = data.loss
+        self.metrics = data.metrics
+        self.precision = precision
         self.schedule = config.schedule or "gpipe"
         self.spr = stages_per_rank(self.schedule)
         self.ranks = dist.get_world_size()
@@ -115,18 +120,33 @@ class StageTrainer:
         self.last_rank = self.ranks - 1
         x, y = sample_batch(data, config.batch_size)
         self.sample = (x, y)
-        if isinstance(config.chunks, int):
+        if chunks is not None:
+            self.chunks = chunks
+        elif isinstance(config.chunks, int):
             self.chunks = config.chunks
         else:
             self.chunks = default_stage_chunks(int(x.shape[0]), self.schedule, self.ranks,
                                                self.stages)
         balance = parse_balance(config.balance) if config.balance is not None else None
-        self.pipe = StagePipeline(model, device=device, loss_fn=loss_fn, schedule=self.schedule,
-                                  chunks=self.chunks, balance=balance,
-                                  stages_per_rank=self.spr, sample=x)
+        autocast = precision.autocast if precision.dtype is not None else None
+        self.pipe = StagePipeline(model, device=device, loss_fn=self.loss_fn,
+                                  schedule=self.schedule, chunks=self.chunks, balance=balance,
+                                  stages_per_rank=self.spr, sample=x, autocast=autocast,
+                                  forward_label=FORWARD_LABEL if config.profile else None)
         self.balance = list(self.pipe.balance)
+        if config.activation_checkpointing:
+            # Per stage, as the one-process split does: the stages run their layers, never
+            # the whole model's forward (where the run's wrap put its checkpointing).
+            from torchgpu.memory.activation_checkpointing import (
+                apply_activation_checkpointing,
+            )
+
+            for stage in self.pipe.modules:
+                if len(stage) > 1:
+                    apply_activation_checkpointing(stage)
         self.params = list(self.pipe.parameters())
-        self.optimizer = build.make_optimizer(nn.ParameterList(self.params), config.lr)
+        # The run's optimizer (the user's factory, else the task's default) over the stages.
+        self.optimizer = data.make_optimizer(nn.ParameterList(self.params), config.lr)
         self.chunk_table: str | None = None
 
     # -- schedules -------------------------------------------------------------------
@@ -205,28 +225,19 @@ class StageTrainer:
         finally:
             pipe.train(True)
         result: EvalResult | None = None
-        if pipe.is_last:
+        if pipe.is_last:  # the loss under autocast, as one process computes it
             result = evaluate(nn.Identity(), last_outputs, self.loss_fn, task=task,
-                              device=self.device)
+                              device=self.device, precision=self.precision,
+                              metrics=self.metrics)
         box: list[Any] = [result]
         dist.broadcast_object_list(box, src=self.last_rank)
         got: EvalResult = box[0]
         return got
 
-    # -- weights -----------------------------------------------------------------------
-    def full_state(self) -> dict[str, Tensor]:
-        """The whole model's weights under the plain model's keys, on rank 0 (empty
-        elsewhere): each rank sends the tensors its stages own. Collective."""
-        own = {id(t) for m in self.pipe.modules for t in [*m.parameters(), *m.buffers()]}
-        mine = {k: v.detach().to("cpu").contiguous()
-                for k, v in self.model.state_dict(keep_vars=True).items()
-                if isinstance(v, Tensor) and id(v) in own}
-        gathered: list[Any] = [None] * self.ranks if self.rank == 0 else []
-        dist.gather_object(mine, gathered if self.rank == 0 else None, dst=0)
-        merged: dict[str, Tensor] = {}
-        for part in gathered:
-            merged.update(part)
-        return merged
+    # -- weights ---------------------------------------------------------------------
+    def gather(self) -> None:
+        """Every stage's weights into rank 0's model object (collective)."""
+        gather_weights(self.model, self.pipe.modules)
 
 
 class _Inputs(nn.Module):
@@ -315,91 +326,93 @@ class StageSteps:
         return True
 
 
-def train_stages(config: TrainConfig, env: DistEnv, device: torch.device, data: Any,
-                 model: nn.Module, out_dir: Path | None, notes: tuple[str, ...],
-                 stop: StopFlag) -> TrainResult:
-    """Train ``model`` as a pipeline over the processes of the current group; returns a
-    :class:`~torchgpu.train.report.TrainResult` (``model`` is this rank's full model
-    object, of which only its stages were trained). Call inside the process group."""
-    from torchgpu.data import make_loader
+def saved_chunks(checkpoint: Path | None) -> int | None:
+    """The ``--chunks`` the run that wrote ``checkpoint`` trained with (its meta.json's
+    resolved config), or None (no checkpoint, or none recorded)."""
+    if checkpoint is None:
+        return None
+    from torchgpu.checkpoint.layout import read_meta
 
-    # fp32 only, no resume, back-off or auto batch: declared (with the reasons) by
-    # torchgpu.train.strategies.stages and refused by validate() before this runs.
-    assert config.batch_size is not None and config.epochs is not None
-    from torchgpu.train.split_strategies import check_splittable
-    from torchgpu.train.task import as_task
+    chunks = (read_meta(checkpoint).get("config") or {}).get("chunks")
+    return chunks if isinstance(chunks, int) and not isinstance(chunks, bool) else None
 
-    data = as_task(data, config)
-    check_splittable(model, data, "pipeline")
-    if data.test is None:
-        raise UsageError(
-            "--strategy pipeline with several processes evaluates on held-out data each "
-            "epoch: give the data spec a (train, eval) pair, or run the pipeline in one "
-            "process (--devices ... without --nproc)."
-        )
-    loss_fn = data.loss
-    trainer = StageTrainer(model, config, device, loss_fn, data)
-    if config.chunks == "auto":
-        trainer.sweep_chunks()
-    # Unsharded: every rank walks the one-process order (rank 0 needs x, the last rank y).
-    train_loader = make_loader(data.train, config.batch_size, shuffle=True, seed=config.seed,
-                               dist=Shard(0, 1), device=device, num_workers=config.num_workers)
-    test_loader = make_loader(data.test, max(config.batch_size, 256), shuffle=False,
-                              device=device)
-    is_main = out_dir is not None
-    progress = (NullProgress() if config.json else
-                make_progress(config.progress, is_main=is_main, memory=memory_reader(device)))
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for note in notes:
-            print(note, file=sys.stderr)
-        print(f"pipeline over {trainer.ranks} processes ({trainer.schedule}, "
-              f"{trainer.stages} stages, balance {trainer.balance}, --chunks {trainer.chunks})",
-              file=sys.stderr)
-        if trainer.chunk_table is not None:
-            print(f"split-size sweep, chose --chunks {trainer.chunks}:\n{trainer.chunk_table}",
-                  file=sys.stderr)
-    state, buffer = TrainState(), MetricsBuffer()
-    records: list[EpochRecord] = []
-    batches_per_epoch = len(train_loader)
-    steps = StageSteps(trainer, stop, config.accumulate)
-    parts = LoopParts(model=_Inputs(), loss_fn=steps.loss, accumulator=steps,
-                      precision=NO_AUTOCAST, device=device, accumulate=config.accumulate,
-                      on_nonfinite=config.on_nonfinite, rank=trainer.last_rank)
-    train_seconds = 0.0
-    started = time.perf_counter()
-    progress.start(config.epochs, batches_per_epoch, 0)
-    try:
-        with stop.installed():
-            for epoch in range(config.epochs):
-                state.begin_epoch(epoch)
-                totals = run_epoch(parts, start_epoch(train_loader, config.seed, epoch), state,
-                                   batches_per_epoch=batches_per_epoch, stop=steps.agreed,
-                                   progress=progress, records=buffer.steps)
-                train_seconds += totals.seconds
-                if totals.stopped:
-                    break
-                result = trainer.evaluate(test_loader, data.kind)
-                record = epoch_record(state, result, totals.samples, totals.seconds, 1)
-                records.append(record)
-                state.epoch_losses.append((record.train_loss, record.test_loss))
-                if out_dir is not None:
-                    outputs.flush_epoch(out_dir, buffer, record)
-                progress.end_epoch(record, config.epochs)
-    finally:
-        progress.close()
-    final_state = trainer.full_state()
-    peaks = gather((str(device), build.device_name(device), peak_memory(device)), True)
-    summary = summary_of(config, data, "pipeline", env.world_size, state, records, peaks,
-                       train_seconds, time.perf_counter() - started, stop, "fp32")
-    # Every rank sees the whole batch: the global batch is one process's, not x world.
-    summary["global_batch"] = config.batch_size * config.accumulate
-    summary["throughput_samples_per_s"] = (state.samples / train_seconds if train_seconds
-                                           else None)
-    summary["pipeline"] = {"processes": trainer.ranks, "stages": trainer.stages,
-                           "schedule": trainer.schedule, "balance": trainer.balance,
-                           "chunks": trainer.chunks}
-    if out_dir is not None:
-        outputs.write_outputs(out_dir, records, final_state, summary,
-                              f"{config.run_name}: pipeline, {env.world_size} process(es)")
-    return TrainResult(config, summary, state, tuple(records), model, out_dir, notes)
+
+class StageRun(RunSteps):
+    """What the multi-process stage pipeline supplies to the shared run driver
+    (:mod:`torchgpu.train.run_steps`): :class:`StageSteps` as the loop's loss and
+    accumulator, the stop flag the ranks agree on, the forward-only evaluation, the whole
+    model gathered on rank 0 for checkpoints and the final file, every stage's optimizer
+    state (:class:`~torchgpu.train.stage_state.StageOptimizers`) and the summary's
+    ``pipeline`` entry. Call inside the process group, on every rank."""
+
+    phase = "stages"  # a step waits on the stages' sends and receives, then one all-reduce
+    record_world = 1  # every rank sees every sample: the throughput is one process's
+
+    def __init__(self, ctx: StepContext) -> None:
+        config, model, task = ctx.config, ctx.model, ctx.task
+        check_splittable(model, task, "pipeline")  # fit() under torchrun: no launcher check
+        resumed = saved_chunks(ctx.resume_from) if config.chunks == "auto" else None
+        trainer = StageTrainer(model, config, ctx.device, task, ctx.precision, chunks=resumed)
+        self.notes: tuple[str, ...] = ()
+        if resumed is not None:
+            self.notes = (f"--chunks auto: resuming with --chunks {resumed}, the split-size "
+                          "sweep's choice of the run that saved the checkpoint",)
+        elif config.chunks == "auto":
+            trainer.sweep_chunks()
+        # config.toml, checkpoints and the summary record the cut and the split the run
+        # made (measured for --balance time and --chunks auto), so they reproduce it.
+        config = dataclasses.replace(config, balance=",".join(map(str, trainer.balance)),
+                                     chunks=trainer.chunks if config.chunks == "auto"
+                                     else config.chunks)
+        steps = StageSteps(trainer, ctx.stop, config.accumulate)
+        loss_fn: LossFn = steps.loss
+        if ctx.hang is not None:  # test-only: block before step N's schedule (its sends)
+            position = ctx.position
+            loss_fn = ctx.hang.wrap(loss_fn, lambda: position()[0],
+                                    before="stage schedule (its sends and receives)")
+        self.parts = LoopParts(model=_Inputs(), loss_fn=loss_fn, accumulator=steps,
+                               precision=NO_AUTOCAST, device=ctx.device,
+                               accumulate=config.accumulate, on_nonfinite=config.on_nonfinite,
+                               rank=trainer.last_rank)
+        self.config, self.trainer, self.task = config, trainer, task
+        # The agreed flag: a step limit set on every rank at one boundary stops there; a
+        # signal on one rank reaches the others in the next step's all-reduce.
+        self.stop = steps.agreed
+        self.model = self.observed = self.result_model = model
+        self.optimizer = StageOptimizers(trainer.optimizer, model, trainer.pipe.modules)
+
+    def lines(self) -> tuple[str, ...]:
+        t = self.trainer
+        table = (f"split-size sweep, chose --chunks {t.chunks}:\n{t.chunk_table}",
+                 ) if t.chunk_table is not None else ()
+        checkpointing = ("activation checkpointing: each stage's layers in segments, all but "
+                         "the last recomputed in backward",) \
+            if self.config.activation_checkpointing else ()
+        return (*self.notes, f"pipeline over {t.ranks} processes ({t.schedule}, {t.stages} "
+                f"stages, balance {t.balance}, --chunks {t.chunks})", *checkpointing, *table)
+
+    def before_save(self) -> None:
+        self.trainer.gather()
+        self.optimizer.gather()
+
+    def evaluate(self, batches: Iterable[Any]) -> EvalResult:
+        return self.trainer.evaluate(batches, self.task.kind)
+
+    def full_state(self) -> dict[str, Tensor]:
+        self.trainer.gather()  # rank 0's model object: the whole trained model
+        if dist.get_rank() != 0:
+            return {}
+        return {k: v.detach() for k, v in self.model.state_dict().items()
+                if isinstance(v, Tensor)}
+
+    def summarize(self, summary: dict[str, Any], state: TrainState,
+                  train_seconds: float) -> None:
+        t, config = self.trainer, self.config
+        assert config.batch_size is not None
+        # Every rank sees the whole batch: the global batch is one process's, not x world.
+        summary["global_batch"] = config.batch_size * config.accumulate
+        summary["throughput_samples_per_s"] = (state.samples / train_seconds if train_seconds
+                                               else None)
+        summary["pipeline"] = {"processes": t.ranks, "stages": t.stages,
+                               "schedule": t.schedule, "balance": t.balance,
+                               "chunks": t.chunks}

@@ -3,18 +3,21 @@
 A strategy object knows where the run's device is (:meth:`Strategy.place`), how it
 wraps the model (:meth:`Strategy.wrap`), the model's full state for saving
 (:meth:`Strategy.full_state`), the model evaluation runs on (:meth:`Strategy.eval_model`),
-what it supports (:class:`Features`: resume, OOM back-off, ``--batch-size auto``,
-precisions, its own flags) and its own flag checks (:meth:`Strategy.check`). The
-checks that follow from the features alone (a feature it lacks, a flag it does not
-take, a process count it cannot run with) are made once for every strategy in
-:mod:`torchgpu.train.strategies.checks`, from these declarations, so their messages
-name the strategy and its reason.
+each rank's share of the data (:meth:`Strategy.shard`), what its run does differently
+from the shared run driver (:meth:`Strategy.steps`: the loop's pieces, evaluation, what
+a checkpoint saves, summary entries), what it supports (:class:`Features`: resume, OOM
+back-off, ``--batch-size auto``, precisions, its own flags) and its own flag checks
+(:meth:`Strategy.check`). The checks that follow from the features alone (a feature it
+lacks, a flag it does not take, a process count it cannot run with) are made once for
+every strategy in :mod:`torchgpu.train.strategies.checks`, from these declarations, so
+their messages name the strategy and its reason.
 
 Strategy objects hold no run state: one instance per strategy, shared by every run.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,10 +26,12 @@ from torch import Tensor, nn
 
 from torchgpu.errors import UsageError
 from torchgpu.parallel.data import unwrap
+from torchgpu.train.shard import Shard
 
 if TYPE_CHECKING:
     from torchgpu.distributed import DistEnv
     from torchgpu.train.config import TrainConfig
+    from torchgpu.train.run_steps import RunSteps, StepContext
 
 #: Every --precision value; a strategy's ``precisions`` is a subset.
 ALL_PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "auto")
@@ -67,8 +72,9 @@ class Strategy:
 
     ``processes``: ``"one"`` (runs in one process; several are refused), ``"several"``
     (one per device; in one process it falls back to :meth:`alone`), ``"any"``.
-    ``own_run``: sets its run up itself (trainer, evaluation, final state) around the
-    same loop, :func:`torchgpu.train.loop.run_epoch` (the multi-process stage pipeline).
+    Every strategy runs through the same run driver and loop
+    (:func:`torchgpu.train.runner.train`, :func:`torchgpu.train.loop.run_epoch`);
+    :meth:`steps` supplies what its run does differently.
     """
 
     name: str = ""
@@ -76,7 +82,6 @@ class Strategy:
     help: str = ""
     processes: str = "any"
     features: Features = Features()
-    own_run: bool = False
 
     def __repr__(self) -> str:
         return f"<strategy {self.label or self.name}>"
@@ -109,6 +114,12 @@ class Strategy:
     def alone(self) -> Strategy:
         """What a several-process strategy runs as in one process."""
         return self
+
+    def check_task(self, task: Any, build_model: Callable[[], nn.Module]) -> None:
+        """Refuse (UsageError) a model or data this strategy cannot train. A launcher calls
+        it before any worker starts, so the refusal is one message, printed once;
+        ``build_model`` builds the model (call it only when the check needs the model).
+        Default: nothing to check."""
 
     def one_process_message(self, world: int) -> str:
         return (f"--strategy {self.name} runs in one process but {world} processes were "
@@ -145,3 +156,17 @@ class Strategy:
     def output_device(self, model: nn.Module) -> torch.device | None:
         """Where the output lives when not on the run's device (labels go there)."""
         return None
+
+    # -- the run -------------------------------------------------------------------------
+    def shard(self, rank: int, world: int) -> Shard:
+        """This rank's slice of the training order (the loader's ``dist``). Default: its
+        own share of every global batch (data parallelism; one process: all of it)."""
+        return Shard(rank, world)
+
+    def steps(self, ctx: StepContext) -> RunSteps:
+        """What this strategy's run supplies to the run driver (see
+        :mod:`torchgpu.train.run_steps`). Default: the wrapped model, its optimizer and
+        the engine's accumulator (:class:`~torchgpu.train.run_steps.ModelSteps`)."""
+        from torchgpu.train.run_steps import ModelSteps
+
+        return ModelSteps(self, ctx)

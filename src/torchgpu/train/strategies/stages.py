@@ -1,55 +1,87 @@
 """``--strategy pipeline --nproc N``: one pipeline stage per process.
 
-The run's setup is :mod:`torchgpu.train.stage_strategy` (``own_run``: its own trainer
-over ``torch.distributed.pipelining`` schedules, where one step is a forward and backward
-of every micro-batch on every stage at once, its evaluation and its gathered final
-state); its steps run in the engine's loop, :func:`torchgpu.train.loop.run_epoch`, like
-every strategy's (non-finite handling, the stop decision, step records and progress
-are the loop's). What it cannot do is declared here, with the
-reason each user sees:
+It runs through the run driver and loop every strategy shares; what its run does
+differently (a trainer over ``torch.distributed.pipelining`` schedules, where one step
+is a forward and backward of every micro-batch on every stage at once, its evaluation,
+the whole model and every stage's optimizer state gathered on rank 0 for checkpoints)
+is :class:`torchgpu.train.stage_strategy.StageRun`, which :meth:`StagePipeline.steps`
+returns. Every rank reads every batch (rank 0 feeds the inputs, the last rank the
+labels): :meth:`StagePipeline.shard` is the whole order.
 
-- resume: each process holds only its stages' weights and optimizer state; a checkpoint
-  would have to gather them (and split them again on load), which is not written yet;
-- precision: the schedules run the stages' forward outside autocast and without a
-  GradScaler, so only fp32 is exact;
-- OOM back-off and ``--batch-size auto``: a stage that runs out of memory leaves the
-  others waiting mid-schedule in their send/receive, so no retry can be agreed on.
+Resume (``--save-every``/``--resume``, a stop), ``--precision bf16`` and every observer
+work as for the other strategies. What it cannot do is declared here, with the reason
+each user sees:
+
+- ``--precision fp16``: a GradScaler decides per process from the gradients it sees,
+  and here each process sees only its stages' gradients: one stage's overflow would
+  skip the step (and shrink the scale) on that process alone while the others step,
+  and the stages would train different steps. A scaler would need the ranks to agree
+  on every step's inf/NaN check (an all-reduce of found-inf before any optimizer
+  steps) and to keep one scale, which torch's GradScaler does not do across a
+  pipeline; bf16 needs no scaler;
+- OOM back-off and ``--batch-size auto``: a stage that runs out of memory raises inside
+  the schedule while the other stages wait in their sends and receives for activations
+  or gradients that never come, so no smaller retry can be agreed on (the run would
+  hang until ``--collective-timeout``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
 
 from torchgpu.errors import UsageError
+from torchgpu.train.shard import Shard
 from torchgpu.train.split_flags import device_list, stages_per_rank
 from torchgpu.train.strategies.base import Features, Strategy
 
 if TYPE_CHECKING:
     from torchgpu.train.config import TrainConfig
+    from torchgpu.train.run_steps import RunSteps, StepContext
 
-_STRANDED = ("a stage that runs out of memory would leave the others waiting "
-             "mid-schedule")
+_STRANDED = ("a stage that runs out of memory raises inside the schedule while the other "
+             "stages wait in their sends and receives for data that never comes, so no "
+             "smaller retry can be agreed on")
 
 
 class StagePipeline(Strategy):
-    """One stage (two with interleaved 1F1B) per process, its own loop."""
+    """One stage (two with interleaved 1F1B) per process, through the shared run driver."""
 
     name = "pipeline"
     label = "--strategy pipeline with several processes (--nproc)"
     help = "one pipeline stage per process"
     processes = "several"
-    own_run = True
     features = Features(
-        resume="each process holds only its stages, and their checkpoint is not written "
-               "yet; run without them, or pipeline in one process with --devices",
         backoff=_STRANDED,
         auto_batch=f"{_STRANDED}; pass --batch-size B",
-        precisions=("fp32",),
-        precision_why="the stage schedules run without autocast or a GradScaler; pass "
-                      "--precision fp32, or run the pipeline in one process (--devices ... "
-                      "without --nproc)",
+        precisions=("fp32", "bf16", "auto"),
+        precision_why="fp16 needs a GradScaler, and each process's scaler would check "
+                      "only its own stages' gradients for inf/NaN, so one stage could skip "
+                      "a step (and lower its scale) that the others take, and the stages "
+                      "would drift apart; use --precision bf16 (no scaler needed) or fp32",
         flags=frozenset({"balance", "devices", "chunks", "schedule"}),
         estimate="pipeline")
+
+    def shard(self, rank: int, world: int) -> Shard:
+        # Every stage steps every batch: each rank walks the one-process order.
+        return Shard(0, 1)
+
+    def wrap(self, model: nn.Module, config: TrainConfig, task: Any,
+             device: torch.device) -> tuple[nn.Module, tuple[str, ...]]:
+        return model, ()  # the stage trainer moves this rank's stages to its device
+
+    def steps(self, ctx: StepContext) -> RunSteps:
+        from torchgpu.train.stage_strategy import StageRun
+
+        return StageRun(ctx)
+
+    def check_task(self, task: Any, build_model: Callable[[], nn.Module]) -> None:
+        from torchgpu.train.split_strategies import check_splittable
+
+        check_splittable(build_model(), task, self.name)
 
     def check(self, config: TrainConfig, nproc: int) -> None:
         if config.devices is not None:
