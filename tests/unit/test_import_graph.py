@@ -3,9 +3,13 @@
 Every ``import`` / ``from ... import`` in src/torchgpu is read with ``ast`` (module
 level, inside functions and classes alike); only ``if TYPE_CHECKING:`` blocks are left
 out, since they never run. ``from pkg import name`` is an edge to ``pkg.name`` when that
-is a module, else to ``pkg`` (its ``__init__``). A strongly connected component of more
-than one module is a cycle: it fails the test with the modules and the edges that close
-it.
+is a module, else to ``pkg`` (its ``__init__``). Imports that hide count too:
+``importlib.import_module("torchgpu....")`` / ``__import__`` with a literal name, and
+names of a package that exports lazily (:mod:`torchgpu._lazy`: its ``TYPE_CHECKING``
+block is resolved at run time): ``from pkg import name`` is an edge to the module that
+defines ``name``, and ``import pkg`` an edge to every module it exports from. A
+strongly connected component of more than one module is a cycle: it fails the test with
+the modules and the edges that close it.
 """
 
 from __future__ import annotations
@@ -40,9 +44,32 @@ def _runtime_imports(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
             yield node
 
 
+def _string_imports(tree: ast.Module) -> Iterator[str]:
+    """Module names given as string literals to ``import_module`` / ``__import__``."""
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+                and ast.unparse(node.func).split(".")[-1] in ("import_module", "__import__")):
+            yield node.args[0].value
+
+
+def _lazy_tables(modules: dict[str, tuple[Path, bool]]) -> dict[str, dict[str, str]]:
+    """``{package: {name: defining module}}`` for the packages exporting through
+    torchgpu._lazy."""
+    from torchgpu._lazy import export_table
+
+    tables = {}
+    for name, (file, is_package) in modules.items():
+        if is_package and "exports(__name__, __file__" in file.read_text():
+            tables[name] = export_table(str(file))
+    return tables
+
+
 def import_graph() -> dict[str, set[str]]:
     """``{module: modules of torchgpu it imports}``."""
     modules = _modules()
+    lazy = _lazy_tables(modules)
 
     def known(name: str) -> str | None:
         while name and name not in modules:
@@ -52,20 +79,24 @@ def import_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, (file, is_package) in modules.items():
         package = name if is_package else name.rpartition(".")[0]
-        for node in _runtime_imports(ast.parse(file.read_text(), str(file))):
+        tree = ast.parse(file.read_text(), str(file))
+        targets = list(_string_imports(tree))
+        for node in _runtime_imports(tree):
             if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
+                targets += [alias.name for alias in node.names]
+                targets += [module for alias in node.names
+                            for module in lazy.get(alias.name, {}).values()]
             else:
                 base = node.module or ""
                 if node.level:
                     parent = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join([*parent, base] if base else parent)
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
-                           for a in node.names]
-            for target in targets:
-                module = known(target) if target.startswith("torchgpu") else None
-                if module is not None and module != name:
-                    graph[name].add(module)
+                targets += [f"{base}.{a.name}" if f"{base}.{a.name}" in modules
+                            else lazy.get(base, {}).get(a.name, base) for a in node.names]
+        for target in targets:
+            module = known(target) if target.startswith("torchgpu") else None
+            if module is not None and module != name:
+                graph[name].add(module)
     return graph
 
 
@@ -124,6 +155,14 @@ def test_graph_sees_imports_inside_functions() -> None:
     assert "torchgpu.parallel.chunks" in graph["torchgpu.parallel.pipeline"]
     assert all(target.startswith("torchgpu") for targets in graph.values()
                for target in targets)
+
+
+def test_graph_sees_imports_hidden_in_strings() -> None:
+    graph = import_graph()
+    # a name from a lazy package is an edge to its defining module; doctor's
+    # import_module("torchgpu.placement") is an edge too
+    assert "torchgpu.devices.spec" in graph["torchgpu.train.build"]  # get_device
+    assert "torchgpu.placement" in graph["torchgpu.cli.doctor"]
 
 
 def test_no_import_cycles() -> None:

@@ -1,41 +1,75 @@
 """The curated public API: at most 20 names, written once (the ``if TYPE_CHECKING`` block
 of ``torchgpu/__init__.py``); every name in ``torchgpu.__all__`` resolves lazily, and
-the lazy table, ``__all__`` and what the type checker reads list the same names."""
+the lazy table, ``__all__`` and what the type checker reads list the same names. The
+subpackages that export lazily (devices, memory, train) use the same one list."""
 
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
+
+import pytest
 
 import torchgpu
-from tests.procs import test_env
+from tests.procs import REPO, test_env
+from torchgpu._lazy import export_table
+
+LAZY = ["torchgpu", "torchgpu.devices", "torchgpu.memory", "torchgpu.train"]
 
 
-def _type_checker_view() -> dict[str, str]:
+def _type_checker_view(package: ModuleType) -> dict[str, str]:
     """What mypy and IDEs read: the imports under ``if TYPE_CHECKING`` (parsed by ast)."""
-    tree = ast.parse(Path(torchgpu.__file__).read_text())
+    tree = ast.parse(Path(str(package.__file__)).read_text())
     block = next(node for node in tree.body
                  if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING")
     return {alias.asname or alias.name: str(stmt.module) for stmt in block.body
             if isinstance(stmt, ast.ImportFrom) for alias in stmt.names}
 
 
-def test_all_matches_the_lazy_table() -> None:
-    assert set(torchgpu.__all__) - {"__version__"} == set(torchgpu._API)
-
-
-def test_the_lazy_table_is_the_type_checkers_view() -> None:
-    view = _type_checker_view()
-    assert view == torchgpu._API
-    assert all(stmt.names[0].asname == stmt.names[0].name for stmt in ast.walk(
-        ast.parse(Path(torchgpu.__file__).read_text())) if isinstance(stmt, ast.ImportFrom)
-        and stmt.module and stmt.module.startswith("torchgpu"))  # re-exported explicitly
+@pytest.mark.parametrize("name", LAZY)
+def test_all_and_the_lazy_table_are_the_type_checkers_view(name: str) -> None:
+    package = importlib.import_module(name)
+    table = export_table(str(package.__file__))
+    assert table == _type_checker_view(package)
+    assert set(package.__all__) - {"__version__"} == set(table)
+    assert sorted(dir(package)) == sorted(package.__all__)
+    for export in table:  # each resolves, from the module the block names
+        assert getattr(package, export) is getattr(importlib.import_module(table[export]),
+                                                   export)
+    tree = ast.parse(Path(str(package.__file__)).read_text())
+    block = next(node for node in tree.body
+                 if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING")
+    assert all(alias.asname == alias.name for stmt in block.body  # re-exported explicitly
+               if isinstance(stmt, ast.ImportFrom) for alias in stmt.names)
 
 
 def test_at_most_20_public_names() -> None:
-    assert len(torchgpu._API) <= 20, sorted(torchgpu._API)
+    assert len(export_table(str(torchgpu.__file__))) <= 20
+
+
+def test_the_type_checker_refuses_a_misspelt_name(tmp_path: Path) -> None:
+    # __getattr__ is out of the type checker's sight: a typo is an error, not Any.
+    user = tmp_path / "user.py"
+    user.write_text("import torchgpu\nimport torchgpu.devices\n"
+                    "ok = torchgpu.to_device\nbad = torchgpu.to_devcie\n"
+                    "worse = torchgpu.devices.lst_devices\n")
+    done = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-incremental",
+                           str(user)], capture_output=True, text=True, timeout=300,
+                          cwd=REPO, env=test_env())
+    assert 'no attribute "to_devcie"' in done.stdout, done.stdout + done.stderr
+    assert 'no attribute "lst_devices"' in done.stdout
+    assert "user.py:3:" not in done.stdout  # the real name type-checks
+
+
+def test_an_export_block_is_required(tmp_path: Path) -> None:
+    init = tmp_path / "__init__.py"
+    init.write_text("from typing import TYPE_CHECKING\n")
+    with pytest.raises(ImportError, match="export block"):
+        export_table(str(init))
 
 
 def test_demoted_names_live_in_their_submodules() -> None:

@@ -24,78 +24,28 @@ here initialises CUDA unless asked (``init_cuda=True``) or already done.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-# name -> module that defines it.
-_EXPORTS: dict[str, str] = {
-    "DeviceInfo": "torchgpu.devices.info",
-    "GpuProcess": "torchgpu.devices.nvml",
-    "VisibleDevices": "torchgpu.devices.visible",
-    "parse_visible_devices": "torchgpu.devices.visible",
-    "physical_gpus": "torchgpu.devices.visible",
-    "cpu_device_info": "torchgpu.devices.listing",
-    "list_devices": "torchgpu.devices.listing",
-    "select_devices": "torchgpu.devices.selection",
-    "set_visible_devices": "torchgpu.devices.set_visible",
-    "cuda_device_count": "torchgpu.devices.cuda_status",
-    "cuda_initialized": "torchgpu.devices.cuda_status",
-    "cuda_unavailable_reason": "torchgpu.devices.cuda_status",
-    "driver_evidence": "torchgpu.devices.cuda_status",
-    "default_device": "torchgpu.devices.spec",
-    "get_device": "torchgpu.devices.spec",
-    "placement_device": "torchgpu.devices.spec",
-    "format_bytes": "torchgpu.sizes",
-    "parse_size": "torchgpu.sizes",
-}
+from torchgpu._lazy import exports
 
-__all__ = [
-    "DeviceInfo",
-    "GpuProcess",
-    "VisibleDevices",
-    "cpu_device_info",
-    "cuda_device_count",
-    "cuda_initialized",
-    "cuda_unavailable_reason",
-    "default_device",
-    "driver_evidence",
-    "format_bytes",
-    "get_device",
-    "list_devices",
-    "parse_size",
-    "parse_visible_devices",
-    "physical_gpus",
-    "placement_device",
-    "select_devices",
-    "set_visible_devices",
-]
-
-
-def __getattr__(name: str) -> Any:
-    module_name = _EXPORTS.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'torchgpu.devices' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(__all__) | set(globals()))
-
-
-if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from torchgpu.devices.cuda_status import (
-        cuda_device_count,
-        cuda_initialized,
-        cuda_unavailable_reason,
-        driver_evidence,
-    )
-    from torchgpu.devices.info import DeviceInfo
-    from torchgpu.devices.listing import cpu_device_info, list_devices
-    from torchgpu.devices.nvml import GpuProcess
-    from torchgpu.devices.selection import select_devices
-    from torchgpu.devices.set_visible import set_visible_devices
-    from torchgpu.devices.spec import default_device, get_device, placement_device
-    from torchgpu.devices.visible import VisibleDevices, parse_visible_devices, physical_gpus
-    from torchgpu.sizes import format_bytes, parse_size
+if TYPE_CHECKING:  # the exports, one name per line (read by torchgpu._lazy)
+    from torchgpu.devices.cuda_status import cuda_device_count as cuda_device_count
+    from torchgpu.devices.cuda_status import cuda_initialized as cuda_initialized
+    from torchgpu.devices.cuda_status import cuda_unavailable_reason as cuda_unavailable_reason
+    from torchgpu.devices.cuda_status import driver_evidence as driver_evidence
+    from torchgpu.devices.info import DeviceInfo as DeviceInfo
+    from torchgpu.devices.listing import cpu_device_info as cpu_device_info
+    from torchgpu.devices.listing import list_devices as list_devices
+    from torchgpu.devices.nvml import GpuProcess as GpuProcess
+    from torchgpu.devices.selection import select_devices as select_devices
+    from torchgpu.devices.set_visible import set_visible_devices as set_visible_devices
+    from torchgpu.devices.spec import default_device as default_device
+    from torchgpu.devices.spec import get_device as get_device
+    from torchgpu.devices.spec import placement_device as placement_device
+    from torchgpu.devices.visible import VisibleDevices as VisibleDevices
+    from torchgpu.devices.visible import parse_visible_devices as parse_visible_devices
+    from torchgpu.devices.visible import physical_gpus as physical_gpus
+    from torchgpu.sizes import format_bytes as format_bytes
+    from torchgpu.sizes import parse_size as parse_size
+else:
+    __getattr__, __dir__, __all__ = exports(__name__, __file__)

@@ -23,60 +23,27 @@ nothing else.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-# name -> module that defines it.
-_EXPORTS: dict[str, str] = {
-    "MemoryEstimate": "torchgpu.memory.estimate.estimator",
-    "estimate_memory": "torchgpu.memory.estimate.estimator",
-    "find_batch_size": "torchgpu.memory.batch_size_search",
-    "keep_effective": "torchgpu.memory.batch_size_search",
-    "OOMBackoff": "torchgpu.memory.oom",
-    "is_oom": "torchgpu.memory.oom",
-    "apply_activation_checkpointing": "torchgpu.memory.activation_checkpointing",
-    "checkpointing_report": "torchgpu.memory.activation_checkpointing",
-    "remove_activation_checkpointing": "torchgpu.memory.activation_checkpointing",
-    "find_repeated_blocks": "torchgpu.memory.repeated_blocks",
-    "saved_tensor_bytes": "torchgpu.memory.saved_tensors",
-}
+from torchgpu._lazy import exports
 
-__all__ = [
-    "MemoryEstimate",
-    "OOMBackoff",
-    "apply_activation_checkpointing",
-    "checkpointing_report",
-    "estimate_memory",
-    "find_batch_size",
-    "find_repeated_blocks",
-    "is_oom",
-    "keep_effective",
-    "remove_activation_checkpointing",
-    "saved_tensor_bytes",
-]
-
-
-def __getattr__(name: str) -> Any:
-    module_name = _EXPORTS.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'torchgpu.memory' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(__all__) | set(globals()))
-
-
-if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+if TYPE_CHECKING:  # the exports, one name per line (read by torchgpu._lazy)
     from torchgpu.memory.activation_checkpointing import (
-        apply_activation_checkpointing,
-        checkpointing_report,
-        remove_activation_checkpointing,
+        apply_activation_checkpointing as apply_activation_checkpointing,
     )
-    from torchgpu.memory.batch_size_search import find_batch_size, keep_effective
-    from torchgpu.memory.estimate.estimator import MemoryEstimate, estimate_memory
-    from torchgpu.memory.oom import OOMBackoff, is_oom
-    from torchgpu.memory.repeated_blocks import find_repeated_blocks
-    from torchgpu.memory.saved_tensors import saved_tensor_bytes
+    from torchgpu.memory.activation_checkpointing import (
+        checkpointing_report as checkpointing_report,
+    )
+    from torchgpu.memory.activation_checkpointing import (
+        remove_activation_checkpointing as remove_activation_checkpointing,
+    )
+    from torchgpu.memory.batch_size_search import find_batch_size as find_batch_size
+    from torchgpu.memory.batch_size_search import keep_effective as keep_effective
+    from torchgpu.memory.estimate.estimator import MemoryEstimate as MemoryEstimate
+    from torchgpu.memory.estimate.estimator import estimate_memory as estimate_memory
+    from torchgpu.memory.oom import OOMBackoff as OOMBackoff
+    from torchgpu.memory.oom import is_oom as is_oom
+    from torchgpu.memory.repeated_blocks import find_repeated_blocks as find_repeated_blocks
+    from torchgpu.memory.saved_tensors import saved_tensor_bytes as saved_tensor_bytes
+else:
+    __getattr__, __dir__, __all__ = exports(__name__, __file__)

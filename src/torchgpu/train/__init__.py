@@ -10,29 +10,14 @@ composition. Submodules import lazily.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-__all__ = ["TrainConfig", "TrainResult", "TrainState", "train"]
+from torchgpu._lazy import exports
 
-_NAMES = {
-    "TrainConfig": "torchgpu.train.config",
-    "TrainResult": "torchgpu.train.report",
-    "train": "torchgpu.train.runner",
-    "TrainState": "torchgpu.train.state",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module 'torchgpu.train' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
-
-
-if TYPE_CHECKING:  # pragma: no cover
-    from torchgpu.train.config import TrainConfig
-    from torchgpu.train.report import TrainResult
-    from torchgpu.train.runner import train
-    from torchgpu.train.state import TrainState
+if TYPE_CHECKING:  # the exports, one name per line (read by torchgpu._lazy)
+    from torchgpu.train.config import TrainConfig as TrainConfig
+    from torchgpu.train.report import TrainResult as TrainResult
+    from torchgpu.train.runner import train as train
+    from torchgpu.train.state import TrainState as TrainState
+else:
+    __getattr__, __dir__, __all__ = exports(__name__, __file__)
