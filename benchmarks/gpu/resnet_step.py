@@ -93,7 +93,8 @@ def torchgpu_loop(model: nn.Module, batches: Batches, device: torch.device, prec
 
     batch = int(batches[0][0].shape[0])
     epoch = TrainEpoch(model, device, batches, batch_size=batch, lr=LR)
-    epoch.parts = loop_parts(model, device, batch_size=batch, lr=LR, task="classification",
+    epoch.parts = loop_parts(model, device, batch_size=batch, lr=LR,
+                             loss_fn=nn.CrossEntropyLoss(),
                              precision=precision, state=epoch.state,
                              samples=batch * len(batches))
     return epoch

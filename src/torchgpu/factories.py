@@ -1,4 +1,4 @@
-"""Resolve ``module:attr`` specs (``--model``, ``--data``, ``--loss``) to Python objects.
+"""Resolve ``module:attr`` specs (``--model``, ``--data``, ``--loss``, ``--optimizer``) to objects.
 
 A spec names an attribute of an importable module or of a Python file:
 
@@ -45,6 +45,7 @@ WANTS = {
     "model": "an nn.Module or a function returning one",
     "data": "a Dataset, a (train, eval) pair of Datasets, or a function returning either",
     "loss": "a function loss(output, target) -> Tensor",
+    "optimizer": "a function optimizer(params) -> torch.optim.Optimizer, or an Optimizer class",
 }
 
 

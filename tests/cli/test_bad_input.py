@@ -25,13 +25,14 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
 
 @pytest.fixture
 def no_data_loading(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fail the test if a run gets as far as loading its data."""
-    from torchgpu.train import build
+    """Fail the test if a run gets as far as loading its data (the housing example's,
+    which these runs train)."""
+    from torchgpu.examples import housing
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("data was loaded before the bad flag was refused")
 
-    monkeypatch.setattr(build, "load_data", refuse)
+    monkeypatch.setattr(housing, "load", refuse)
 
 
 # --------------------------------------------------------------------------- --out

@@ -389,27 +389,27 @@ def test_workers_load_the_launchers_data_instead_of_parsing_again(
     import os
 
     import torchgpu.data.csv as csv_module
-    from torchgpu.train import build
+    from torchgpu.examples import table
     from torchgpu.train.config import TrainConfig, resolve
 
     rows = "".join(f"{i},{i * 0.5},{i % 7}\n" for i in range(60))
     path = write(tmp_path, "a,b,y\n" + rows)
     config = resolve(TrainConfig(data=str(path), target="y", out=str(tmp_path / "out")))
-    data = build.load_data(config)
-    monkeypatch.delenv(build.HANDOFF_ENV, raising=False)
-    with build.data_handoff(config, data):
-        handed = os.environ[build.HANDOFF_ENV]
+    data = table.load(config)
+    monkeypatch.delenv(table.HANDOFF_ENV, raising=False)
+    with table.data_handoff(config, data):
+        handed = os.environ[table.HANDOFF_ENV]
         parsed: list[object] = []
         real = csv_module.read_numeric_csv
         monkeypatch.setattr(csv_module, "read_numeric_csv",
                             lambda *a: parsed.append(a) or real(*a))
-        again = build.load_data(config)  # what a worker does
+        again = table.load(config)  # what a worker does
         assert parsed == []
         assert torch.equal(again.train.tensors[0], data.train.tensors[0])
         assert torch.equal(again.test.tensors[1], data.test.tensors[1])
         # Another seed (or an edited file) is not what was handed off: parsed again.
-        build.load_data(resolve(TrainConfig(data=str(path), target="y", seed=1,
+        table.load(resolve(TrainConfig(data=str(path), target="y", seed=1,
                                             out=str(tmp_path / "out"))))
         assert len(parsed) == 1
-    assert build.HANDOFF_ENV not in os.environ
+    assert table.HANDOFF_ENV not in os.environ
     assert not Path(handed).exists()

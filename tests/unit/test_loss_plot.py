@@ -24,8 +24,8 @@ TITLE = "housing: single, 1 process(es)"
 
 
 def _records() -> list[EpochRecord]:
-    return [EpochRecord(epoch=x - 1, step=x * 26, train_loss=a, test_loss=b, test_r2=0.5,
-                        test_accuracy=None, samples_per_s=1.0, seconds=0.01)
+    return [EpochRecord(epoch=x - 1, step=x * 26, train_loss=a, test_loss=b,
+                        samples_per_s=1.0, seconds=0.01, metrics={"r2": 0.5})
             for x, a, b in zip(XS, TRAIN, TEST, strict=True)]
 
 

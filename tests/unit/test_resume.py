@@ -30,30 +30,30 @@ from torchgpu.errors import (
     ConfigError,
     ResumeError,
 )
-from torchgpu.train import build
+from torchgpu.examples import housing
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.faults import crash_plan_from_env
 from torchgpu.train.report import TrainResult
 from torchgpu.train.runner import train
 from torchgpu.train.state import StopFlag, TrainState
 
-BUILTIN_MODEL = build.build_model
+BUILTIN_MODEL = housing.build_model
 # 100 samples -> 80 train rows, batch 16 -> 5 micro-batches per epoch.
 BASE = {"example": "housing", "data_size": 100, "epochs": 3, "batch_size": 16,
         "progress": "off", "device": "cpu"}
 TIMING = ("seconds", "samples_per_s")
 
 
-def _dropout_model(config: TrainConfig, data: Any) -> nn.Module:
-    """A model whose forward pass consumes the global RNG (dropout)."""
-    torch.manual_seed(config.seed)
+def _dropout_model(data: Any) -> nn.Module:
+    """A model whose forward pass consumes the global RNG (dropout); built, as the housing
+    plug-in's net is, under torch.manual_seed(seed)."""
     return nn.Sequential(nn.Linear(data.input_shape[0], 32), nn.ReLU(), nn.Dropout(0.3),
                          nn.Linear(32, data.num_outputs))
 
 
 @pytest.fixture(autouse=True)
 def dropout_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(build, "build_model", _dropout_model)
+    monkeypatch.setattr(housing, "build_model", _dropout_model)
 
 
 def _config(out: Path, **kw: Any) -> TrainConfig:
@@ -80,7 +80,7 @@ def _identical(a: TrainResult, b: TrainResult) -> bool:
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[int, TrainResult]]:
     """Uninterrupted runs (dropout model), by --accumulate."""
     patch = pytest.MonkeyPatch()
-    patch.setattr(build, "build_model", _dropout_model)
+    patch.setattr(housing, "build_model", _dropout_model)
     root = tmp_path_factory.mktemp("reference")
     try:
         yield {k: train(_config(root / f"acc{k}", accumulate=k)) for k in (1, 2)}
@@ -378,7 +378,7 @@ def long_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.
 
     out = tmp_path_factory.mktemp("long") / "run"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(build, "build_model", BUILTIN_MODEL)
+        patch.setattr(housing, "build_model", BUILTIN_MODEL)
         train(config_from_argv([*LONG, "--out", str(out)]))
     return load_file(out / "model.safetensors")
 

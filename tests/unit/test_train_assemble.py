@@ -14,7 +14,8 @@ from torch.utils.data import TensorDataset
 
 import torchgpu
 from torchgpu.cli.main import main
-from torchgpu.train import assemble, auto_strategy, build, config, task
+from torchgpu.examples import housing
+from torchgpu.train import assemble, auto_strategy, build, config, plugin
 
 
 def _count(monkeypatch: pytest.MonkeyPatch, events: list[str], name: str, module: Any,
@@ -34,8 +35,8 @@ def events(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
     _count(monkeypatch, seen, "validate", config, "validate", assemble, auto_strategy)
     _count(monkeypatch, seen, "resolve", config, "resolve", assemble)
-    _count(monkeypatch, seen, "data", build, "load_data")
-    _count(monkeypatch, seen, "task", task, "task_for_config", assemble)
+    _count(monkeypatch, seen, "data", housing, "load")
+    _count(monkeypatch, seen, "task", plugin, "task_for_config", assemble)
     _count(monkeypatch, seen, "choose_device", build, "choose_device")
     _count(monkeypatch, seen, "choose_strategy", build, "choose_strategy")
     _count(monkeypatch, seen, "decide_strategy", auto_strategy, "decide_strategy", assemble)

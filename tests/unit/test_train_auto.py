@@ -12,7 +12,6 @@ import pytest
 import torch
 from torch import nn
 
-from torchgpu.data import example_data
 from torchgpu.errors import UsageError
 from torchgpu.planning.decide import Workload
 from torchgpu.planning.footprint import Footprint, LayerFootprint
@@ -33,7 +32,10 @@ MiB = 1024**2
 
 @pytest.fixture(scope="module")
 def housing() -> Any:
-    return example_data("housing", seed=0, size=120)
+    """The housing plug-in's Task (120 rows), as a run of --example housing has it."""
+    from torchgpu.examples import housing as plugin
+
+    return plugin.task(resolve(TrainConfig(example="housing", data_size=120, out="unused")))
 
 
 def _config(**kw: Any) -> TrainConfig:
@@ -167,11 +169,9 @@ def test_the_printed_pipeline_command_builds_the_planned_pipeline(housing: Any) 
     from torchgpu.planning.commands import train_command
     from torchgpu.planning.measure import measure_footprint
     from torchgpu.planning.strategies import all_candidates
-    from torchgpu.train.build import build_model
     from torchgpu.train.split_strategies import build_split_model
 
-    config = _config(device="cpu")
-    model = build_model(config, housing)
+    model = housing.build_model()
     fp = measure_footprint(model, housing.train.tensors[0][:16])
     targets = parse_devices("1x1GiB,1x100MiB")
     row = next(c for c in all_candidates(fp, targets, 16) if c.strategy == "pipeline")
@@ -181,10 +181,7 @@ def test_the_printed_pipeline_command_builds_the_planned_pipeline(housing: Any) 
     argv = shlex.split(command)[2:]
     argv[argv.index("--devices") + 1] = "cpu,cpu"
     parsed = resolve(config_from_argv([*argv, "--out", "unused"]))
-    from torchgpu.train.task import as_task
-
-    pipe = build_split_model(build_model(parsed, housing), as_task(housing, parsed), parsed,
-                             torch.device("cpu"))
+    pipe = build_split_model(housing.build_model(), housing, parsed, torch.device("cpu"))
     assert isinstance(pipe, Pipeline)
     assert tuple(pipe.balance) == row.balance
     assert (pipe.chunks, pipe.checkpoint) == (row.chunks, "except_last")

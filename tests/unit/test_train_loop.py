@@ -187,18 +187,20 @@ def test_epoch_order_depends_only_on_seed_and_epoch() -> None:
 
 
 def test_evaluate_computes_r2_and_accuracy() -> None:
+    from torchgpu.train.metrics import R2, Accuracy
+
     x = torch.randn(30, 1)
-    perfect = evaluate(nn.Identity(), [(x, x.clone())], nn.MSELoss(), task="regression",
-                       device=torch.device("cpu"))
-    assert perfect.loss == 0.0 and perfect.r2 == pytest.approx(1.0)
+    perfect = evaluate(nn.Identity(), [(x, x.clone())], nn.MSELoss(),
+                       device=torch.device("cpu"), metrics={"r2": R2()})
+    assert perfect.loss == 0.0 and perfect.metrics["r2"] == pytest.approx(1.0)
     mean_only = evaluate(nn.Identity(), [(torch.full((30, 1), float(x.mean())), x)],
-                         nn.MSELoss(), task="regression", device=torch.device("cpu"))
-    assert mean_only.r2 == pytest.approx(0.0, abs=1e-6)
+                         nn.MSELoss(), device=torch.device("cpu"), metrics={"r2": R2()})
+    assert mean_only.metrics["r2"] == pytest.approx(0.0, abs=1e-6)
     logits = torch.tensor([[2.0, 0.0], [0.0, 2.0], [2.0, 0.0], [2.0, 0.0]])
     labels = torch.tensor([0, 1, 1, 0])
     result = evaluate(nn.Identity(), [(logits, labels)], nn.CrossEntropyLoss(),
-                      task="classification", device=torch.device("cpu"))
-    assert result.accuracy == 0.75 and result.r2 is None and math.isfinite(result.loss)
+                      device=torch.device("cpu"), metrics={"accuracy": Accuracy()})
+    assert result.metrics == {"accuracy": 0.75} and math.isfinite(result.loss)
 
 
 def test_only_rank_zero_shows_progress(capsys: pytest.CaptureFixture[str]) -> None:

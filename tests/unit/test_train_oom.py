@@ -166,16 +166,16 @@ def test_cannot_fit_reports_the_effective_batch_with_accumulation() -> None:
 
 
 def _patch_model(monkeypatch: pytest.MonkeyPatch, limit: int) -> None:
-    from torchgpu.train import build
+    from torchgpu.examples import housing
 
-    original = build.build_model
+    original = housing.build_model
 
-    def build_model(config: Any, data: Any) -> nn.Module:
-        model = original(config, data)
+    def build_model(data: Any) -> nn.Module:
+        model = original(data)
         model.register_forward_pre_hook(_limit_hook(limit, []))
         return model
 
-    monkeypatch.setattr(build, "build_model", build_model)
+    monkeypatch.setattr(housing, "build_model", build_model)
 
 
 def test_cli_exits_1_with_a_cannot_fit_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -18,7 +18,7 @@ from torchgpu.train.state import TrainState
 
 def _record(epoch: int, loss: float) -> EpochRecord:
     return EpochRecord(epoch=epoch, step=4 * (epoch + 1), train_loss=loss, test_loss=1.0,
-                       test_r2=0.5, test_accuracy=None, samples_per_s=1000.0, seconds=0.1)
+                       samples_per_s=1000.0, seconds=0.1, metrics={"r2": 0.5})
 
 
 def test_rich_bar_moves_to_the_next_epoch_with_its_loss(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,7 +5,6 @@ split-size sweep, and the pure helpers of the split and stage strategies."""
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -23,13 +22,14 @@ from torchgpu.precision import Precision
 from torchgpu.train.config import TrainConfig, validate
 from torchgpu.train.evaluation import evaluate
 from torchgpu.train.loop import LoopParts, run_epoch
+from torchgpu.train.metrics import Accuracy
 from torchgpu.train.runner import train
 from torchgpu.train.split_flags import parse_balance
 from torchgpu.train.split_strategies import build_split_model, default_chunks
 from torchgpu.train.stage_strategy import chunk_ok, chunks_for_rows
 from torchgpu.train.state import TrainState
 from torchgpu.train.strategies import check_config
-from torchgpu.train.task import as_task
+from torchgpu.train.task import Task
 
 HOUSING = {"example": "housing", "data_size": 90, "epochs": 2, "batch_size": 8,
            "progress": "off", "device": "cpu"}
@@ -124,12 +124,12 @@ class TinyResNet(nn.Module):
         return nn.Sequential(self.stem, self.layer1, self.layer2, self.head)
 
 
-def _image_data() -> Any:
+def _image_data() -> Task:
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(24, 3, 8, 8, generator=gen)
     y = torch.randint(0, 3, (24,), generator=gen)
-    return SimpleNamespace(train=TensorDataset(x, y), test=TensorDataset(x[:8], y[:8]),
-                           task="classification")
+    return Task(name="images", build_model=TinyResNet, train=TensorDataset(x, y),
+                test=TensorDataset(x[:8], y[:8]), loss=nn.CrossEntropyLoss())
 
 
 def _loop(model: nn.Module, data: Any, target_device: torch.device | None) -> nn.Module:
@@ -154,15 +154,17 @@ def test_resnet_like_split_with_batchnorm_equals_single(strategy: str, chunks: i
     single = _loop(TinyResNet(), data, None)
     torch.manual_seed(0)
     config = TrainConfig(strategy=strategy, devices="cpu,cpu", chunks=chunks, batch_size=8)
-    split = build_split_model(TinyResNet(), as_task(data, config), config, torch.device("cpu"))
+    split = build_split_model(TinyResNet(), data, config, torch.device("cpu"))
     assert isinstance(split, SplitModel) and len(split.devices) == 2
     _loop(split, data, split.output_device)
     _close(split.state_dict(), single.state_dict())  # weights and BN running statistics
-    got = evaluate(split, [data.test.tensors], nn.CrossEntropyLoss(), task="classification",
-                   device=torch.device("cpu"), target_device=split.output_device)
+    got = evaluate(split, [data.test.tensors], nn.CrossEntropyLoss(),
+                   device=torch.device("cpu"), target_device=split.output_device,
+                   metrics={"accuracy": Accuracy()})
     want = evaluate(single, [data.test.tensors], nn.CrossEntropyLoss(),
-                    task="classification", device=torch.device("cpu"))
-    assert got.loss == pytest.approx(want.loss, rel=1e-5) and got.accuracy == want.accuracy
+                    device=torch.device("cpu"), metrics={"accuracy": Accuracy()})
+    assert got.loss == pytest.approx(want.loss, rel=1e-5)
+    assert got.metrics["accuracy"] == want.metrics["accuracy"]
 
 
 def test_the_loop_moves_labels_to_target_device() -> None:

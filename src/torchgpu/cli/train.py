@@ -26,6 +26,7 @@ from torchgpu.train.config import (
     TrainConfig,
 )
 from torchgpu.train.config_file import FileSettings
+from torchgpu.train.optimizers import OPTIMIZER_NAMES
 from torchgpu.train.split_flags import parse_batch_size, parse_chunks
 
 
@@ -87,6 +88,10 @@ def _parser() -> ArgumentParser:
     run.add_argument("--auto-batch-size", action=argparse.BooleanOptionalAction, default=False,
                      help=argparse.SUPPRESS)
     run.add_argument("--lr", type=float)
+    run.add_argument("--optimizer", metavar="NAME|SPEC", help=f"{'|'.join(OPTIMIZER_NAMES)} "
+                     "(at --lr) or module:function taking the params and returning an "
+                     "Optimizer (default: adam for built-in examples and CSV tables, adamw "
+                     "for --model)")
     run.add_argument("--clip-norm", type=float, metavar="X", help="max gradient norm")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--num-workers", type=int, default=0, metavar="N",
@@ -291,7 +296,7 @@ def main(argv: list[str]) -> int:
         if run.auto_note:
             print(run.auto_note, file=sys.stderr)
         del run  # the workers hold the data now; free it in the launcher
-        from torchgpu.train.build import data_handoff
+        from torchgpu.examples.table import data_handoff
 
         # The workers load the data parsed here instead of parsing the CSV again.
         with data_handoff(launched, example):

@@ -6,11 +6,13 @@ error for bad input, so a bad run leaves nothing behind:
 1. :func:`settle`: validate, resolve (defaults, the ``--out`` name), ``--out`` creatable;
 2. :func:`assemble`: decide -- the processes a launcher starts, the device, the
    precision and observers it allows, the strategy that runs, the resume point, the
-   ``--out`` check; then load the data (:func:`~torchgpu.train.task.task_for_config`,
-   unless a task is given) and build the model (``task.build_model()``; a launcher that
-   starts workers builds none: each worker builds its own); a user's model then runs
-   one forward and loss on two samples (:func:`~torchgpu.train.task.probe`), so a model
-   that does not fit its data or loss is refused before ``--out`` exists.
+   ``--out`` check; then load the data (the plug-in's Task:
+   :func:`~torchgpu.train.plugin.task_for_config`, unless a task is given; ``--optimizer``
+   applied to either) and build the model (``task.build_model()``; a launcher that
+   starts workers builds none: each worker builds its own); a model the plug-in does not
+   vouch for (a user's: ``not task.trusted``) then runs one forward and loss on two
+   samples (:func:`~torchgpu.train.task.probe`), so a model that does not fit its data
+   or loss is refused before ``--out`` exists.
 
 ``--strategy auto`` is the one exception to that order: the planner measures the data
 and the model, so for it the data is loaded and the model built first, the planner
@@ -40,7 +42,8 @@ from torchgpu.train.config import TrainConfig, resolve, validate
 from torchgpu.train.faults import crash_plan_from_env, hang_plan_from_env
 from torchgpu.train.memory_snapshot import refuse_off_cuda
 from torchgpu.train.out_dir import check_creatable, check_out_dir
-from torchgpu.train.task import Task, probe, task_for_config
+from torchgpu.train.plugin import task_for_config, with_optimizer
+from torchgpu.train.task import Task, probe
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,8 @@ def assemble(config: TrainConfig, *, task: Task | None = None, launching: bool =
     model: nn.Module | None = None
     auto_notes: tuple[str, ...] = ()
     planned: Any = None
+    if task is not None:  # fit's: --optimizer (optimizer="sgd") applies to it too
+        task = with_optimizer(task, config)
     if config.strategy == strategies.AUTO:  # the planner measures the data and model
         task = task if task is not None else task_for_config(config)
         model = task.build_model()
@@ -174,11 +179,13 @@ def assemble(config: TrainConfig, *, task: Task | None = None, launching: bool =
 
 
 def _probe(task: Task, model: nn.Module, config: TrainConfig) -> None:
-    """A user's model meets its data and loss once before anything is written."""
-    if task.user_model:
-        probe(task, model, model_label=f"--model {config.model}" if config.model
-              else "the model", data_label=f"--data {config.data}" if config.data
-              else "the training data")
+    """A model its plug-in does not vouch for meets its data and loss once before
+    anything is written."""
+    if task.trusted:
+        return
+    probe(task, model, model_label=f"--model {config.model}" if config.model
+          else "the model", data_label=f"--data {config.data}" if config.data
+          else "the training data")
 
 
 def with_stop_at(run: Assembly, stop_at_step: int | None) -> Assembly:

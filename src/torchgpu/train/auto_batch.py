@@ -43,6 +43,7 @@ from torchgpu.errors import UsageError
 from torchgpu.memory.batch_size_search import BatchSearchResult, find_batch_size, keep_effective
 from torchgpu.memory.oom import Agree
 from torchgpu.train.config import TrainConfig
+from torchgpu.train.task import Task
 
 #: Test-only: a simulated memory limit in samples (``N`` or ``N0,N1,...`` per rank).
 SIMULATE_ENV = "TORCHGPU_SIMULATE_MEMORY_LIMIT_SAMPLES"
@@ -132,7 +133,7 @@ def make_probe(
 def search_batch_size(
     model: nn.Module,
     loss_fn: Callable[[Tensor, Tensor], Tensor],
-    data: Any,
+    data: Task,
     device: torch.device,
     *,
     world_size: int = 1,
@@ -145,17 +146,14 @@ def search_batch_size(
     agree: Agree | None = None,
 ) -> AutoBatch:
     """Find the micro-batch for ``model`` (already on ``device``; the unwrapped model
-    under DDP) on ``data.train`` (``data``: a :class:`~torchgpu.train.task.Task`).
+    under DDP) on ``data.train`` (``data``: the run's Task).
     Collective under a process group (every rank calls it).
 
     ``effective_batch`` (all processes) must be a multiple of ``world_size``.
     Raises UsageError for an effective batch that does not split over the processes,
     :class:`~torchgpu.errors.OutOfMemoryBackoffError` when one sample does not fit.
     """
-    from torchgpu.train.task import as_task
-
-    data = as_task(data)
-    rows = len(data.train)
+    rows = data.train_rows
     per_rank_rows = math.ceil(rows / world_size)
     per_rank_effective: int | None = None
     if effective_batch is not None:
@@ -197,7 +195,7 @@ def search_batch_size(
 def apply_auto_batch(
     config: TrainConfig,
     model: nn.Module,
-    data: Any,
+    data: Task,
     device: torch.device,
     world_size: int,
     limit_samples: int | None = None,

@@ -34,6 +34,8 @@ from torch import nn
 from torchgpu.errors import UsageError
 from torchgpu.train import strategies
 from torchgpu.train.config import TrainConfig, validate
+from torchgpu.train.optimizers import planned_name
+from torchgpu.train.task import Task
 
 #: Activations + backward temporaries per saved byte in the cheap bound.
 BOUND_FACTOR = 3
@@ -98,7 +100,7 @@ def _planner_precision(precision: str) -> str:
 def decide_strategy(
     config: TrainConfig,
     world_size: int,
-    data: Any,
+    data: Task,
     *,
     launching: bool = False,
     plan_fn: Callable[..., Any] | None = None,
@@ -108,7 +110,8 @@ def decide_strategy(
     """Resolve ``--strategy auto`` for ``config`` (a resolved config) with ``world_size``
     processes. ``launching``: the caller can still start ``plan.nproc`` processes (the
     CLI before torchrun); otherwise a plan that needs more processes than exist raises
-    UsageError with the plan's command. ``plan_fn`` replaces the planner and
+    UsageError with the plan's command. ``data``: the run's Task (its samples, and the
+    optimizer whose state the planner counts). ``plan_fn`` replaces the planner and
     ``small_step_bytes`` the skip threshold (tests). ``model``: the run's model, already
     built (measured in eval mode, left as it was); default: ``data.build_model()``.
     """
@@ -118,9 +121,6 @@ def decide_strategy(
     keep = "ddp" if world_size > 1 else "single"
     if config.strategy != "auto":
         return AutoDecision(config, "", None, 0)
-    from torchgpu.train.task import as_task
-
-    data = as_task(data, config)
     if model is None:
         model = data.build_model()
     inputs, _ = data.sample(1)
@@ -143,10 +143,11 @@ def decide_strategy(
                              device="meta")
     else:  # a structured batch (dicts of token ids...): real rows, the estimator fakes them
         sample = data.sample(config.batch_size)[0]
-    builtin = config.data is None and config.model is None
+    # config.example is set (resolved) only for a built-in example: it names the run in
+    # the plan's command line.
     plan = plan_fn(model, sample, batch_size=batch, devices=planner_devices(config),
-                   optimizer="adam", precision=_planner_precision(config.precision),
-                   example=config.example if builtin else None)
+                   optimizer=planned_name(data.optimizer),
+                   precision=_planner_precision(config.precision), example=config.example)
     single = next((c for c in plan.candidates if c.label == "single"), None)
     if single is not None and single.fits:
         return AutoDecision(

@@ -1,25 +1,20 @@
-"""Turning a TrainConfig into the pieces: device, strategy, data, model, wrapper.
+"""Turning a TrainConfig into the pieces: device, strategy, wrapper.
 
 Each function does one thing and raises a torchgpu error for bad input, so
 :func:`torchgpu.train.assemble.assemble` can run all of them before ``--out`` is
 created. What differs per strategy is asked of the strategy object
-(:mod:`torchgpu.train.strategies`).
+(:mod:`torchgpu.train.strategies`); the data and the model come from the run's plug-in
+(:mod:`torchgpu.train.plugin`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import tempfile
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
-from torchgpu.data import ExampleData
 from torchgpu.distributed import DistEnv
-from torchgpu.errors import DataError
 from torchgpu.train import strategies
 from torchgpu.train.config import TrainConfig
 
@@ -92,102 +87,6 @@ def precision_notes(config: TrainConfig, device: torch.device) -> tuple[str, ...
     return ()
 
 
-def load_data(config: TrainConfig) -> ExampleData:
-    """The example's data, or the CSV file's (DataError for a bad file, exit 2).
-
-    ``config.batch_size`` (resolved; None with ``--batch-size auto``): a CSV whose
-    train split holds fewer rows than one batch is refused here.
-    """
-    from torchgpu.data import csv_data, example_data
-
-    if config.data is not None:
-        assert config.target is not None
-        handed = _handed_off(config)
-        if handed is not None:
-            return handed
-        return csv_data(config.data, config.target, seed=config.seed,
-                        batch_size=config.batch_size)
-    name = config.example or "housing"
-    data = example_data(name, seed=config.seed, size=config.data_size)
-    n_train, n_test = len(data.train), len(data.test)
-    if config.batch_size is not None and n_train < config.batch_size:
-        # The loader would silently make one smaller batch: refuse, as for a CSV table.
-        more = " or a larger --data-size" if config.data_size is not None else ""
-        raise DataError(
-            f"example {name} has {n_train + n_test} samples, so the train split holds "
-            f"{n_train} (test {n_test}), fewer than one batch of {config.batch_size}: use "
-            f"--batch-size {n_train} or less{more}"
-        )
-    return data
-
-
-#: The launcher's hand-off to its workers: a file holding the data it already loaded.
-HANDOFF_ENV = "TORCHGPU_DATA_HANDOFF"
-
-
-def _source_key(config: TrainConfig) -> dict[str, Any]:
-    """What the handed-off data was made from: the CSV file as it was, target, seed."""
-    assert config.data is not None
-    stat = os.stat(config.data)
-    return {"path": os.path.abspath(config.data), "size": stat.st_size,
-            "mtime_ns": stat.st_mtime_ns, "target": config.target, "seed": config.seed}
-
-
-def _handed_off(config: TrainConfig) -> ExampleData | None:
-    """The data the launcher wrote for this run (see :func:`data_handoff`), or None when
-    there is none, or it was made from another file, version, target or seed."""
-    from torchgpu.data.handoff import load_example
-
-    path = os.environ.get(HANDOFF_ENV)
-    if not path or config.data is None or not os.path.isfile(config.data):
-        return None
-    return load_example(path, expected_key=_source_key(config))
-
-
-@contextlib.contextmanager
-def data_handoff(config: TrainConfig, data: ExampleData | None) -> Iterator[None]:
-    """While relaunching under torchrun: the launcher's CSV data, already parsed, split
-    and standardised, written once to a temporary file that every worker on this node
-    loads instead of parsing the CSV again (``HANDOFF_ENV`` names it; the workers
-    inherit the variable). Removed, and the variable restored, on exit. Built-in
-    examples are generated in milliseconds and need none."""
-    if config.data is None or config.target is None or data is None:
-        yield
-        return
-    from torchgpu.data.handoff import save_example
-
-    previous = os.environ.get(HANDOFF_ENV)
-    with tempfile.TemporaryDirectory(prefix="torchgpu-data-") as tmp:
-        path = os.path.join(tmp, "data.npz")
-        save_example(data, path, key=_source_key(config))
-        del data  # the caller drops its copy too while the workers run
-        os.environ[HANDOFF_ENV] = path
-        try:
-            yield
-        finally:
-            if previous is None:
-                os.environ.pop(HANDOFF_ENV, None)
-            else:
-                os.environ[HANDOFF_ENV] = previous
-
-
-def build_model(config: TrainConfig, data: ExampleData) -> nn.Module:
-    """The model for ``data``, initialised from ``config.seed`` (identical on every rank)."""
-    from torchgpu.models import build_model as build
-
-    torch.manual_seed(config.seed)
-    if config.data is not None or config.example == "housing":
-        return build("housing", in_dim=data.input_shape[0], out_dim=data.num_outputs)
-    if config.example == "lenet":
-        return build("lenet", num_classes=data.num_outputs)
-    return build("resnet50", num_classes=data.num_outputs)
-
-
-def loss_function(task: str) -> Callable[[Tensor, Tensor], Tensor]:
-    """MSE for regression (targets already (N, 1)), cross-entropy for classification."""
-    return nn.MSELoss() if task == "regression" else nn.CrossEntropyLoss()
-
-
 def wrap_model(
     model: nn.Module,
     choice: strategies.Choice,
@@ -210,11 +109,6 @@ def wrap_model(
         notes = (checkpointing_report(model).describe(),)
     wrapped, more = choice.strategy.wrap(model, config, data, device)
     return wrapped, notes + more
-
-
-def make_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
-    """Adam over the trainable parameters (the seeds' optimizer)."""
-    return torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
 
 
 def device_name(device: torch.device) -> str:

@@ -268,10 +268,15 @@ def history_lines(state: TrainState, records: Iterable[EpochRecord]) -> list[str
 
 
 def _record(data: Mapping[str, Any]) -> EpochRecord:
+    """The EpochRecord that ``record.as_dict()`` saved: its ``test_<name>`` entries are the
+    task's metrics again (``None`` ones left out: checkpoints written before metrics were
+    plug-ins hold ``test_r2: None`` / ``test_accuracy: None`` for tasks without them)."""
     names = {f.name for f in dataclasses.fields(EpochRecord)}
     values = {k: v for k, v in data.items() if k in names}
     for key in ("train_loss", "test_loss", "samples_per_s", "seconds"):
         values[key] = math.nan if values.get(key) is None else float(values[key])
+    values["metrics"] = {k[len("test_"):]: float(v) for k, v in data.items()
+                         if k.startswith("test_") and k != "test_loss" and v is not None}
     return EpochRecord(**values)
 
 

@@ -45,7 +45,7 @@ class ExampleDefaults:
 
     epochs: int
     batch_size: int
-    lr: float  # Adam learning rate
+    lr: float  # the optimizer's learning rate
 
 
 # housing: 404 training rows, batch 16 -> 26 steps/epoch; 40 epochs reach test R² >= 0.8 in a
@@ -72,6 +72,9 @@ class TrainConfig:
     data: str | None = None  # a CSV path, or with ``model`` a data spec (module:attr)
     model: str | None = None  # a model spec: module.path:attr or path/to/file.py:attr
     loss: str | None = None  # mse | cross_entropy | a module:function spec (with model)
+    # adam | adamw | sgd (at lr) | a module:function spec (params -> Optimizer); None: the
+    # task's default (Adam for the built-in examples, AdamW for a user's model)
+    optimizer: str | None = None
     target: str | None = None
     data_size: int | None = None
     device: str = "auto"
@@ -269,7 +272,7 @@ def _check_model_flags(config: TrainConfig) -> None:
 def validate(config: TrainConfig) -> None:
     """Raise ConfigError / UsageError for the first bad value in ``config``.
 
-    Checks names (example, strategy, precision, on_nonfinite, progress), numbers
+    Checks names (example, strategy, precision, on_nonfinite, progress, optimizer), numbers
     (nproc >= 1, epochs >= 1, ...), and combinations (``--data`` needs ``--target``;
     ``--example`` and ``--data`` exclude each other; ``--keep-last`` needs
     ``--save-every``). Device specs and data files are checked where they are used.
@@ -297,6 +300,10 @@ def validate(config: TrainConfig) -> None:
     _choice("on_nonfinite", config.on_nonfinite, ON_NONFINITE)
     _choice("progress", config.progress, PROGRESS_MODES)
     _choice("log", config.log, LOG_FORMATS)
+    if config.optimizer is not None:
+        from torchgpu.train.optimizers import check_name
+
+        check_name(config.optimizer)
     _at_least("profile", config.profile, 1, " (optimizer steps to trace)")
     _at_least("nproc", config.nproc, 1, " (the number of processes on this node)")
     _at_least("nnodes", config.nnodes, 1)

@@ -192,9 +192,10 @@ def _absolute_spec(spec: str | None) -> str | None:
     return spec
 
 
-def _absolute_loss(loss: str | None) -> str | None:
-    """``--loss``: a built-in name (``mse``) as it is, a file spec made absolute."""
-    return _absolute_spec(loss) if loss is not None and ":" in loss else loss
+def _absolute_name(value: str | None) -> str | None:
+    """``--loss`` / ``--optimizer``: a built-in name (``mse``, ``adam``) as it is, a file
+    spec made absolute."""
+    return _absolute_spec(value) if value is not None and ":" in value else value
 
 
 def _resolved_run(config: TrainConfig, device: str | None, model: Any) -> dict[str, Any]:
@@ -231,13 +232,14 @@ def settings_to_write(config: TrainConfig, *, world_size: int = 1, local_world_s
                       device: str | None = None, model: Any = None) -> dict[str, Any]:
     """The settings of ``config`` (resolved) that reproduce the run: launch-only and
     output-only settings left out, paths and file specs made absolute (``model``,
-    ``data``, ``loss``, ``out``), the process count of the run (``world_size``
+    ``data``, ``loss``, ``optimizer``, ``out``), the process count of the run (``world_size``
     processes, ``local_world_size`` per node) filled in, and what ``auto`` resolved to
     on ``device`` with the wrapped ``model`` (see :func:`_resolved_run`)."""
     values = {f.name: getattr(config, f.name) for f in dataclasses.fields(TrainConfig)
               if f.name not in _NOT_WRITTEN}
     values["model"] = _absolute_spec(config.model)
-    values["loss"] = _absolute_loss(config.loss)
+    values["loss"] = _absolute_name(config.loss)
+    values["optimizer"] = _absolute_name(config.optimizer)
     if config.model is not None and config.target is None:
         values["data"] = _absolute_spec(config.data)  # a data spec
     elif config.data is not None:

@@ -1,7 +1,7 @@
 """Evaluation on the held-out split: :func:`evaluate` and its :class:`EvalResult`.
 
-Once per epoch, off the hot path: the model in eval mode, sums in float64 on the CPU,
-R² (regression), accuracy (classification) or a task's own metrics.
+Once per epoch, off the hot path: the model in eval mode, the loss summed in float64 on
+the CPU, and the task's metrics (:mod:`torchgpu.train.metrics`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from torchgpu.data.batches import batch_rows
+from torchgpu.train.metrics import MetricLike, Tally
 from torchgpu.transfer import to_device
 
 LossFn = Callable[[Any, Any], Tensor]
@@ -29,14 +30,11 @@ class Autocaster(Protocol):
 
 @dataclass(frozen=True)
 class EvalResult:
-    """Held-out metrics: mean loss, and R² (regression) or accuracy (classification)."""
+    """Held-out results: the mean loss, the samples seen and the task's metrics by name."""
 
     loss: float
-    r2: float | None
-    accuracy: float | None
     samples: int
-    metrics: dict[str, float] = field(default_factory=dict)  # a user task's, by name
-
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @torch.no_grad()
@@ -45,19 +43,20 @@ def evaluate(
     batches: Iterable[tuple[Any, Any]],
     loss_fn: LossFn,
     *,
-    task: str,
     device: torch.device,
     precision: Autocaster | None = None,
     target_device: torch.device | None = None,
-    metrics: Mapping[str, Callable[[Any, Any], float]] | None = None,
+    metrics: Mapping[str, MetricLike] | None = None,
 ) -> EvalResult:
-    """Mean loss over ``batches`` plus R² (``task="regression"``), accuracy
-    (``"classification"``) or ``metrics`` (``{name: fn(output, target) -> float}``, each
-    batch's value weighted by its samples; ``"custom"``).
+    """Mean loss over ``batches`` and ``metrics`` (:mod:`torchgpu.train.metrics`: a
+    function ``fn(output, target) -> float`` averaged over the samples, each batch
+    weighted by its rows, or an object reset here, updated per batch and computed at the
+    end; NaN when there were no samples).
 
     Batches are ``(inputs, target)`` of any structure (:mod:`torchgpu.data.batches`).
-    Sums are kept in float64 on the CPU; the model is put in eval mode and back into
-    train mode afterwards. Labels go to ``target_device`` (default ``device``: where the
+    The loss is summed in float64 on the CPU; a tensor output is cast to float32 before
+    the loss and the metrics see it. The model is put in eval mode and back into train
+    mode afterwards. Labels go to ``target_device`` (default ``device``: where the
     output is). The caller chooses which batches (all ranks may evaluate
     the full held-out split; it is small and the result is then identical everywhere).
     """
@@ -65,9 +64,7 @@ def evaluate(
     model.eval()
     loss_total = 0.0
     count = 0
-    sse = sum_y = sum_y2 = 0.0
-    correct = 0
-    sums = dict.fromkeys(metrics or {}, 0.0)
+    tally = Tally(metrics)
     try:
         for x, y in batches:
             n = int(x.shape[0]) if isinstance(x, Tensor) else batch_rows(x)
@@ -86,24 +83,7 @@ def evaluate(
                 out = out.float()
             loss_total += float(loss_fn(out, y)) * n
             count += n
-            for name, fn in (metrics or {}).items():
-                sums[name] += float(fn(out, y)) * n
-            if task == "regression":
-                target = y.double().reshape(out.shape)
-                sse += float(((out.double() - target) ** 2).sum())
-                sum_y += float(target.sum())
-                sum_y2 += float((target**2).sum())
-            elif task == "classification":
-                correct += int((out.argmax(dim=1) == y).sum())
+            tally.update(out, y, n)
     finally:
         model.train(was_training)
-    if count == 0:
-        return EvalResult(math.nan, None, None, 0, {k: math.nan for k in sums})
-    averaged = {k: v / count for k, v in sums.items()}
-    if task == "regression":
-        total = sum_y2 - sum_y * sum_y / count
-        r2 = 1.0 - sse / total if total > 0 else math.nan
-        return EvalResult(loss_total / count, r2, None, count, averaged)
-    if task == "classification":
-        return EvalResult(loss_total / count, None, correct / count, count, averaged)
-    return EvalResult(loss_total / count, None, None, count, averaged)
+    return EvalResult(loss_total / count if count else math.nan, count, tally.results())

@@ -25,6 +25,7 @@ from torchgpu.train.runner import train
 from torchgpu.train.task import as_factory, seeded, user_task
 
 # Settings that only the command line's launcher reads, or that name data/model sources.
+# (``optimizer`` is one: fit's keyword argument takes its name, or a factory.)
 _NOT_SETTINGS = frozenset({
     "example", "data", "target", "data_size", "model", "loss", "nproc", "nnodes",
     "node_rank", "rdzv_endpoint", "max_restarts", "gpus", "json", "auto_batch_size",
@@ -73,8 +74,8 @@ def fit(
     *,
     eval_data: Any = None,
     loss: Callable[[Any, Any], Tensor] | None = None,
-    metrics: Mapping[str, Callable[[Any, Any], float]] | None = None,
-    optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None,
+    metrics: Mapping[str, Any] | None = None,
+    optimizer: str | Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None,
     **settings: Any,
 ) -> TrainResult:
     """Train ``model`` on ``train_data``; return the :class:`TrainResult` (the trained,
@@ -88,9 +89,13 @@ def fit(
     - pairs: ``loss(model(inputs), target)`` (tuple/list inputs: ``model(*inputs)``);
       dicts: ``model(**batch)``, the loss is ``output.loss`` / ``output["loss"]`` / a
       scalar output, or ``loss(output, batch)`` when ``loss`` is given.
-    - ``metrics``: ``{name: fn(output, target_or_batch) -> float}`` on ``eval_data``
-      each epoch (in ``summary["final"]`` as ``test_<name>``).
-    - ``optimizer``: ``params -> Optimizer`` (default AdamW at ``lr``, 1e-3).
+    - ``metrics``: ``{name: metric}`` on ``eval_data`` each epoch (in ``summary["final"]``
+      and the epoch records as ``test_<name>``): a function ``fn(output,
+      target_or_batch) -> float``, averaged over the samples, or an object with
+      ``reset()``/``update(output, target)``/``compute()`` (e.g. a torchmetrics Metric),
+      for metrics that are not a mean over samples (:mod:`torchgpu.train.metrics`).
+    - ``optimizer``: ``params -> Optimizer``, or a name, ``"adam"``/``"adamw"``/``"sgd"``
+      (at ``lr``), as ``--optimizer`` takes (default AdamW at ``lr``, 1e-3).
     - ``settings``: the ``torchgpu train`` flags by name: ``epochs``, ``batch_size``
       (int or ``"auto"``), ``effective_batch_size``, ``strategy`` (``"auto"``, single,
       dp, ddp, fsdp, model, pipeline), ``devices``, ``chunks``, ``accumulate``,
@@ -108,11 +113,13 @@ def fit(
     """
     name = type(model).__name__ if isinstance(model, nn.Module) else getattr(
         model, "__name__", "model")
+    if isinstance(optimizer, str):  # a name (or spec): a setting, recorded in config.toml
+        settings = {**settings, "optimizer": optimizer}
     config = config_from_settings(settings, name, type(train_data).__name__)
     factory = as_factory(model)
     if not isinstance(model, nn.Module):
         factory = seeded(factory, config.seed)
     task = user_task(factory, train_data, eval_data, loss=loss, metrics=metrics, name=name)
-    if optimizer is not None:
+    if optimizer is not None and not isinstance(optimizer, str):
         task = dataclasses.replace(task, optimizer=optimizer)
     return train(config, task=task)

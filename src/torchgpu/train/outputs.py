@@ -26,29 +26,25 @@ MODEL_FILE = "model.safetensors"
 
 @dataclass(frozen=True)
 class EpochRecord:
-    """One epoch's results. ``test_r2`` for regression, ``test_accuracy`` for
-    classification, ``metrics`` (written as ``test_<name>``) for a user task's metrics."""
+    """One epoch's results; ``metrics`` are the task's, by name (written ``test_<name>``:
+    ``test_r2`` for the housing example, ``test_accuracy`` for lenet)."""
 
     epoch: int
     step: int  # optimizer steps taken so far (global)
     train_loss: float  # mean over the epoch's micro-batches
     test_loss: float
-    test_r2: float | None
-    test_accuracy: float | None
     samples_per_s: float  # training samples per second, this process
     seconds: float  # wall time of the epoch's training part
-    metrics: Mapping[str, float] = field(default_factory=dict)  # a user task's, by name
+    metrics: Mapping[str, float] = field(default_factory=dict)  # the task's, by name
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            **{f"test_{name}": value for name, value in self.metrics.items()},
             "kind": "epoch",
             "epoch": self.epoch,
             "step": self.step,
             "train_loss": self.train_loss,
             "test_loss": self.test_loss,
-            "test_r2": self.test_r2,
-            "test_accuracy": self.test_accuracy,
+            **{f"test_{name}": value for name, value in self.metrics.items()},
             "samples_per_s": self.samples_per_s,
             "seconds": self.seconds,
         }

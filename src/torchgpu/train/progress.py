@@ -17,6 +17,8 @@ from torchgpu.train.outputs import EpochRecord
 from torchgpu.train.state import TrainState
 
 MemoryReader = Callable[[], str]  # "" when there is nothing to show
+#: How the epoch line shows a metric: its label and format (others: ``name 0.1234``).
+SHOWN: dict[str, tuple[str, str]] = {"r2": ("R²", ".3f"), "accuracy": ("acc", ".3f")}
 
 
 def process_rss_bytes() -> int:
@@ -62,11 +64,9 @@ def format_epoch(record: EpochRecord, epochs: int, memory: str = "") -> str:
         f"train {record.train_loss:.4g}",
         f"test {record.test_loss:.4g}",
     ]
-    if record.test_r2 is not None:
-        parts.append(f"R² {record.test_r2:.3f}")
-    if record.test_accuracy is not None:
-        parts.append(f"acc {record.test_accuracy:.3f}")
-    parts += [f"{name} {value:.4g}" for name, value in record.metrics.items()]
+    for name, value in record.metrics.items():
+        label, form = SHOWN.get(name, (name, ".4g"))
+        parts.append(f"{label} {value:{form}}")
     parts.append(f"{record.samples_per_s:,.0f} samples/s")
     if memory:
         parts.append(memory)

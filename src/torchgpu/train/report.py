@@ -87,7 +87,6 @@ def epoch_record(state: TrainState, result: EvalResult, samples: int, seconds: f
         math.nan)
     return EpochRecord(
         epoch=state.epoch, step=state.step, train_loss=train_loss, test_loss=result.loss,
-        test_r2=result.r2, test_accuracy=result.accuracy,
         samples_per_s=samples * world / seconds if seconds > 0 else math.nan, seconds=seconds,
         metrics=result.metrics,
     )
@@ -97,9 +96,10 @@ def summary_of(config: TrainConfig, data: Any, mode: str, world: int, state: Tra
              records: list[EpochRecord], peaks: list[Any], train_seconds: float,
              wall_seconds: float, stop: StopFlag, precision_mode: str,
              stopped_at: int | None = -1) -> dict[str, Any]:
-    """The run's summary.json. ``stopped_at``: the step the loop stopped at on the stop
-    flag, None when it ran to the end (a signal after the last step stops nothing);
-    -1 (the default): judge by the flag alone."""
+    """The run's summary.json. ``data``: the run's Task (``final`` holds its metrics as
+    ``test_<name>``, beside the losses; ``task`` its label). ``stopped_at``: the step the
+    loop stopped at on the stop flag, None when it ran to the end (a signal after the
+    last step stops nothing); -1 (the default): judge by the flag alone."""
     stopped = stop.is_set() if stopped_at == -1 else stopped_at is not None
     final = records[-1] if records else None
     assert config.batch_size is not None
@@ -107,10 +107,6 @@ def summary_of(config: TrainConfig, data: Any, mode: str, world: int, state: Tra
         "train_loss": final.train_loss if final else None,
         "test_loss": final.test_loss if final else None,
     }
-    if data.kind == "regression":
-        final_metrics["test_r2"] = final.test_r2 if final else None
-    elif data.kind == "classification":
-        final_metrics["test_accuracy"] = final.test_accuracy if final else None
     for name in data.metrics:
         final_metrics[f"test_{name}"] = final.metrics.get(name) if final else None
     samples_all = state.samples * world

@@ -155,7 +155,7 @@ class ModelSteps(RunSteps):
 
     def evaluate(self, batches: Iterable[Any]) -> EvalResult:
         task = self._task
-        return evaluate(self._eval_model, batches, task.loss, task=task.kind,
+        return evaluate(self._eval_model, batches, task.loss,
                         device=self._device, precision=self._precision,
                         target_device=self._target_device, metrics=task.metrics)
 

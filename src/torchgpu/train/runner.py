@@ -165,10 +165,9 @@ def _run(
                                dist=strategy.shard(rank, world), device=device,
                                num_workers=config.num_workers, pad=False,
                                dict_pairs=data.dict_batches)
-    test_loader: Any = (make_loader(data.test, max(config.batch_size, 256) if data.kind != "custom"
-                               else config.batch_size, shuffle=False, device=device,
-                               dict_pairs=data.dict_batches)
-                   if data.test is not None else [])
+    test_loader: Any = (make_loader(data.test, data.eval_batch(config.batch_size),
+                                    shuffle=False, device=device, dict_pairs=data.dict_batches)
+                        if data.test is not None else [])
     start = start or RunStart()
     steps = strategy.steps(StepContext(
         config=config, rank=rank, world=world, agree=agree, device=device, task=data,

@@ -31,6 +31,7 @@ from torchgpu.train.split_flags import device_list, parse_balance, processes
 
 if TYPE_CHECKING:
     from torchgpu.train.config import TrainConfig
+    from torchgpu.train.task import Task
 
 CHUNKS_PER_STAGE = 4
 
@@ -84,19 +85,19 @@ def split_device(config: TrainConfig, env: DistEnv) -> torch.device:
         ) from None
 
 
-def sample_batch(data: Any, rows: int) -> tuple[Any, Any]:
+def sample_batch(data: Task, rows: int) -> tuple[Any, Any]:
     """The first ``rows`` training samples ``(x, y)`` of a Task (balance and chunk
     measurements)."""
-    n = max(1, min(rows, len(data.train)))
+    n = max(1, min(rows, len(data.train)))  # type: ignore[arg-type]
     x, y = data.sample(n)
     return x, y
 
 
-def check_splittable(model: nn.Module, data: Any, strategy: str) -> None:
+def check_splittable(model: nn.Module, data: Task, strategy: str) -> None:
     """Refuse (UsageError, exit 2) a model or data that cannot be cut into stages:
     stages need an ``nn.Sequential``, a model with ``as_sequential()`` or a list of
     blocks, fed one tensor per batch."""
-    if getattr(data, "dict_batches", False):
+    if data.dict_batches:
         raise UsageError(
             f"--strategy {strategy} passes one tensor from stage to stage, but the data yields "
             "dict batches (model(**batch)): use --strategy single, dp, ddp or fsdp for this "
@@ -121,7 +122,7 @@ def default_chunks(batch_size: int, stages: int) -> int:
 
 
 def build_split_model(
-    model: nn.Module, data: Any, config: TrainConfig, device: torch.device,
+    model: nn.Module, data: Task, config: TrainConfig, device: torch.device,
     kind: str | None = None,
 ) -> nn.Module:
     """The model of ``--strategy model`` or ``pipeline`` in one process (``kind``;

@@ -208,7 +208,7 @@ class StageTrainer:
         self.optimizer.zero_grad(set_to_none=True)
 
     # -- evaluation --------------------------------------------------------------------
-    def evaluate(self, batches: Iterable[tuple[Tensor, Tensor]], task: str) -> EvalResult:
+    def evaluate(self, batches: Iterable[tuple[Tensor, Tensor]]) -> EvalResult:
         """Held-out metrics on every rank (computed on the last, broadcast from it). Each
         batch runs forward-only in the largest equal split up to one micro-batch per stage,
         so every row of every batch counts once."""
@@ -226,7 +226,7 @@ class StageTrainer:
             pipe.train(True)
         result: EvalResult | None = None
         if pipe.is_last:  # the loss under autocast, as one process computes it
-            result = evaluate(nn.Identity(), last_outputs, self.loss_fn, task=task,
+            result = evaluate(nn.Identity(), last_outputs, self.loss_fn,
                               device=self.device, precision=self.precision,
                               metrics=self.metrics)
         box: list[Any] = [result]
@@ -396,7 +396,7 @@ class StageRun(RunSteps):
         self.optimizer.gather()
 
     def evaluate(self, batches: Iterable[Any]) -> EvalResult:
-        return self.trainer.evaluate(batches, self.task.kind)
+        return self.trainer.evaluate(batches)
 
     def full_state(self) -> dict[str, Tensor]:
         self.trainer.gather()  # rank 0's model object: the whole trained model

@@ -1,21 +1,22 @@
 """Task: what the engine trains on what — the one plug-in shape.
 
-A :class:`Task` bundles a model factory, the training and evaluation datasets, the loss
-and the evaluation metrics. The built-in examples (:func:`example_task`), a CSV table
-(:func:`csv_task`), ``--model SPEC --data SPEC`` (:func:`spec_task`) and
-:func:`torchgpu.fit` (:func:`user_task`) all produce one, and the runner treats them
-alike.
+A :class:`Task` bundles a model factory, the training and evaluation datasets, the loss,
+the evaluation metrics, the default optimizer and the evaluation batch size. The built-in
+examples and CSV tables (the plug-ins of :mod:`torchgpu.examples`), ``--model SPEC
+--data SPEC`` (:func:`torchgpu.train.plugin.task_for_config`) and :func:`torchgpu.fit`
+(:func:`user_task`) all produce one, and the engine treats them alike: nothing in it
+asks which kind of task it runs.
 
 Batches follow :mod:`torchgpu.data.batches`: ``(inputs, target)`` pairs, or dicts
 (``model(**batch)``; with no loss given, the loss is the model's ``output.loss``,
 ``output["loss"]`` or its scalar output; a given loss is called ``loss(output, batch)``).
-Metrics are ``{name: fn(output, target_or_batch) -> float}``, averaged over the
-evaluation samples (each batch weighted by its samples).
+Metrics are ``{name: metric}`` (:mod:`torchgpu.train.metrics`): a function
+``fn(output, target_or_batch) -> float`` averaged over the evaluation samples, or an
+object with ``reset``/``update``/``compute`` (torchmetrics-style) for aggregated metrics.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,22 +28,33 @@ from torch.utils.data import Dataset, IterableDataset
 from torchgpu.data.base import ExampleData
 from torchgpu.data.batches import DictPairs, output_loss
 from torchgpu.errors import DataError, UsageError
-from torchgpu.train.config import TrainConfig
+from torchgpu.train import optimizers
+from torchgpu.train.metrics import MetricLike, check_metrics
+from torchgpu.train.optimizers import OptimizerChoice
 
 LossFn = Callable[[Any, Any], Tensor]
-MetricFn = Callable[[Any, Any], float]
 LOSS_NAMES: tuple[str, ...] = ("mse", "cross_entropy")
 
 
 @dataclass(frozen=True)
 class Task:
-    """A model factory, data, loss and metrics.
+    """A model factory, data, loss, metrics, default optimizer and evaluation batch.
 
-    ``kind``: ``regression`` / ``classification`` (built-in metrics R² / accuracy, kept
-    for the built-in examples and CSV tables) or ``custom`` (the ``metrics`` given).
+    ``metrics``: ``{name: metric}``, reported as ``test_<name>``
+    (:mod:`torchgpu.train.metrics`). ``optimizer``: the run's optimizer unless
+    ``--optimizer`` names another: ``adam``/``adamw``/``sgd`` at ``--lr``, or a function
+    ``params -> Optimizer`` (:mod:`torchgpu.train.optimizers`); AdamW for a user's model,
+    Adam for the built-in examples (as the seeds). ``eval_batch_size``: the held-out
+    split's batch is at least this many rows (evaluation keeps no activations for
+    backward, so it takes larger batches); None: the training batch size.
     ``dict_batches``: the datasets yield dicts (collated by :class:`DictPairs`).
     ``example``: the in-memory tensors of a built-in example or CSV table (the planner
-    and the model/pipeline strategies measure on them); None for user data.
+    and the model/pipeline strategies measure on them; a launcher hands a CSV's to its
+    workers); None for user data. ``trusted``: the plug-in vouches that its model takes
+    its data and loss (the built-in examples do), so the two-sample :func:`probe` before
+    ``--out`` exists is skipped (for ResNet-50 it costs a forward). ``kind``: a label for
+    summary.json's ``task`` (``regression``, ``classification``, ``custom``); nothing in
+    the engine depends on it.
     """
 
     name: str
@@ -50,33 +62,30 @@ class Task:
     train: Dataset[Any]
     test: Dataset[Any] | None
     loss: LossFn
-    metrics: Mapping[str, MetricFn] = field(default_factory=dict)
-    kind: str = "custom"
+    metrics: Mapping[str, MetricLike] = field(default_factory=dict)
+    optimizer: OptimizerChoice = "adamw"
+    eval_batch_size: int | None = None
     dict_batches: bool = False
     example: ExampleData | None = None
+    trusted: bool = False
+    kind: str = "custom"
     description: str = ""
-    # params -> Optimizer; None: the engine's default (Adam for the built-in examples,
-    # as the seeds; AdamW for a user's model)
-    optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None
-    user_model: bool = False  # a user's model: AdamW by default
 
     def make_optimizer(self, model: nn.Module, lr: float) -> torch.optim.Optimizer:
-        """The run's optimizer over ``model``'s trainable parameters: ``optimizer`` if
-        given, else AdamW (a user's model) or Adam (the built-in examples, as the seeds)
-        at ``lr``."""
+        """The run's optimizer (:attr:`optimizer`) over ``model``'s trainable parameters,
+        at ``lr`` for a built-in name. UsageError when a factory fails or returns no
+        Optimizer."""
         params = [p for p in model.parameters() if p.requires_grad]
-        if self.optimizer is not None:
-            made = self.optimizer(params)
-            if not isinstance(made, torch.optim.Optimizer):
-                raise UsageError(
-                    f"the optimizer factory returned a {type(made).__name__}, not a "
-                    "torch.optim.Optimizer: pass a function params -> Optimizer, e.g. "
-                    "lambda params: torch.optim.SGD(params, lr=0.1)"
-                )
-            return made
-        if self.user_model:
-            return torch.optim.AdamW(params, lr=lr)
-        return torch.optim.Adam(params, lr=lr)
+        return optimizers.make(self.optimizer, params, lr)
+
+    @property
+    def train_rows(self) -> int:
+        """Samples in the training split (a map-style Dataset has ``len()``)."""
+        return len(self.train)  # type: ignore[arg-type]
+
+    def eval_batch(self, batch_size: int) -> int:
+        """The held-out split's batch size when training takes ``batch_size`` rows."""
+        return max(batch_size, self.eval_batch_size or 0)
 
     @property
     def collate(self) -> Callable[[list[Any]], Any] | None:
@@ -88,7 +97,7 @@ class Task:
         (cycling when the dataset is smaller): probes, measurements, the planner."""
         from torch.utils.data import TensorDataset, default_collate
 
-        n = len(self.train)  # type: ignore[arg-type]
+        n = self.train_rows
         if isinstance(self.train, TensorDataset) and len(self.train.tensors) == 2:
             index = torch.arange(max(1, rows)) % n
             return self.train.tensors[0][index], self.train.tensors[1][index]
@@ -112,18 +121,6 @@ def loss_by_name(name: str) -> LossFn:
         "module:function spec; pass one of those, e.g. --loss cross_entropy or "
         "--loss mypkg.losses:my_loss"
     )
-
-
-def _builtin_loss(kind: str) -> LossFn:
-    # MSE for regression (targets already (N, 1)), cross-entropy for classification.
-    return nn.MSELoss() if kind == "regression" else nn.CrossEntropyLoss()
-
-
-def from_example(data: ExampleData, name: str, build_model: Callable[[], nn.Module]) -> Task:
-    """A built-in example's or CSV table's Task: its datasets, loss and built-in metrics."""
-    return Task(name=name, build_model=build_model, train=data.train, test=data.test,
-                loss=_builtin_loss(data.task), kind=data.task, example=data,
-                description=getattr(data, "description", ""))
 
 
 def _is_dict_dataset(dataset: Dataset[Any], what: str) -> bool:
@@ -174,13 +171,16 @@ def check_dataset(dataset: Any, what: str) -> Dataset[Any]:
 
 
 def user_task(build_model: Callable[[], nn.Module], train: Any, test: Any = None,
-              loss: LossFn | None = None, metrics: Mapping[str, MetricFn] | None = None,
+              loss: LossFn | None = None, metrics: Mapping[str, Any] | None = None,
               name: str = "model") -> Task:
-    """A Task for a user's model and datasets (``fit`` and ``--model/--data``).
+    """A Task for a user's model and datasets (``fit`` and ``--model/--data``): AdamW
+    by default, evaluation in training-sized batches.
 
     Raises DataError for data the engine cannot take (not a map-style Dataset, items that
-    are neither pairs nor dicts, train and eval of different shapes).
+    are neither pairs nor dicts, train and eval of different shapes), UsageError for pairs
+    without a loss or a malformed metric.
     """
+    checked = check_metrics(metrics)
     train = check_dataset(train, "the training data")
     dict_batches = _is_dict_dataset(train, "the training data")
     if test is not None:
@@ -201,8 +201,7 @@ def user_task(build_model: Callable[[], nn.Module], train: Any, test: Any = None
             )
         loss = output_loss
     return Task(name=name, build_model=build_model, train=train, test=test, loss=loss,
-                metrics=dict(metrics or {}), kind="custom", dict_batches=dict_batches,
-                user_model=True)
+                metrics=checked, dict_batches=dict_batches)
 
 
 def as_factory(model: nn.Module | Callable[[], nn.Module], what: str = "model"
@@ -234,77 +233,6 @@ def seeded(factory: Callable[[], nn.Module], seed: int) -> Callable[[], nn.Modul
         return factory()
 
     return build
-
-
-def task_for_config(config: TrainConfig) -> Task:
-    """The Task ``config`` names (resolved config): a built-in example, a CSV table, or
-    ``--model SPEC`` with ``--data SPEC`` (or a CSV) and ``--loss``. Loads the data once;
-    the model is built later, by ``task.build_model()`` (seeded by ``config.seed``).
-
-    Raises UsageError / DataError (exit 2) for a bad spec, naming it and the fix.
-    """
-    from torchgpu.train import build
-
-    if config.model is None:
-        data = build.load_data(config)
-        return from_example(data, config.run_name,
-                            seeded(lambda: build.build_model(config, data), config.seed))
-    from torchgpu.factories import resolve_callable, resolve_data, resolve_model
-
-    model_spec = config.model
-
-    def build_user_model() -> nn.Module:
-        model: nn.Module = resolve_model(model_spec)
-        return model
-
-    loss: LossFn | None = None
-    if config.loss is not None:
-        loss = (loss_by_name(config.loss) if ":" not in config.loss
-                else _checked_loss(resolve_callable(config.loss), config.loss))
-    if config.target is not None:  # --model with a CSV table
-        data = build.load_data(config)
-        task = from_example(data, config.run_name, seeded(build_user_model, config.seed))
-        return dataclasses.replace(task, loss=loss or task.loss, user_model=True)
-    assert config.data is not None
-    train, test = resolve_data(config.data)
-    task = user_task(seeded(build_user_model, config.seed), train, test, loss=loss,
-                     name=config.run_name)
-    if task.dict_batches and config.loss in LOSS_NAMES:
-        raise UsageError(
-            f"--loss {config.loss} takes (output, target) but --data {config.data} yields "
-            "dict batches, which have no separate target: drop --loss when the model "
-            "computes its loss from the batch's labels (output.loss), or pass "
-            "--loss module:function with a function loss(output, batch) -> Tensor"
-        )
-    return task
-
-
-def _checked_loss(fn: Any, spec: str) -> LossFn:
-    if isinstance(fn, type) and issubclass(fn, nn.Module):
-        fn = fn()  # --loss torch.nn:L1Loss names a class: use an instance
-    if not callable(fn):
-        raise UsageError(
-            f"--loss {spec} is a {type(fn).__name__}, not a function: name a function "
-            "loss(output, target) -> Tensor (or an nn.Module loss class)"
-        )
-    return fn  # type: ignore[no-any-return]
-
-
-def as_task(data: Task | ExampleData, config: TrainConfig | None = None) -> Task:
-    """``data`` as a Task: a Task as it is; a built-in :class:`ExampleData` with its loss,
-    metrics and (given ``config``) its built-in model, so functions taking the run's data
-    accept both."""
-    if isinstance(data, Task):
-        return data
-    from torchgpu.train import build
-
-    def build_model() -> nn.Module:
-        if config is None:
-            raise UsageError("a built-in example's model needs the run's TrainConfig")
-        return build.build_model(config, data)
-
-    name = config.run_name if config is not None else getattr(data, "description", "")
-    return from_example(data, name, build_model)
 
 
 def probe(task: Task, model: nn.Module, *, model_label: str = "the model",

@@ -38,8 +38,8 @@ class TensorBoardLog:
     """One run's event files in ``out_dir/tensorboard`` (rank 0 only).
 
     Scalars, by TensorBoard tag: ``train/loss`` per optimizer step; per epoch (at the
-    epoch's last step) ``train/epoch_loss``, ``test/loss``, ``test/r2`` or
-    ``test/accuracy``, ``test/<metric>`` for a user task's metrics,
+    epoch's last step) ``train/epoch_loss``, ``test/loss``, ``test/<name>`` for each of
+    the task's metrics (``test/r2`` for housing, ``test/accuracy`` for lenet),
     ``throughput/samples_per_s`` and ``memory/peak_bytes``.
     """
 
@@ -61,8 +61,6 @@ class TensorBoardLog:
         values: dict[str, float | None] = {
             "train/epoch_loss": record.train_loss,
             "test/loss": record.test_loss,
-            "test/r2": record.test_r2,
-            "test/accuracy": record.test_accuracy,
             "throughput/samples_per_s": record.samples_per_s,
             "memory/peak_bytes": float(peak_memory_bytes) if peak_memory_bytes else None,
             **{f"test/{name}": value for name, value in record.metrics.items()},

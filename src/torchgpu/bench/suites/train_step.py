@@ -2,9 +2,11 @@
 for the ``overhead`` suite.
 
 :func:`loop_parts` builds :class:`~torchgpu.train.loop.LoopParts` with the same calls and
-arguments as the runner's ``_run`` for one process: ``build.make_optimizer`` (Adam),
-``GradAccumulator`` with the Precision and clip norm, ``build.loss_function``, the label
-device from ``output_device``, the loader's shard layout, and the OOM back-off from
+arguments as the runner's ``_run`` for one process: the built-in examples' optimizer
+(Adam, :mod:`torchgpu.examples.common`, made by :func:`torchgpu.train.optimizers.make`),
+``GradAccumulator`` with the Precision and clip norm, the example's loss (the housing
+example's MSE unless another is given), the label device from ``output_device``, the
+loader's shard layout, and the OOM back-off from
 ``train.backoff.for_run`` (armed for strategy "single": every window's batches are held
 for a replay). :func:`TrainEpoch`
 calls ``run_epoch`` with what the runner passes per epoch: the stop flag, the checkpoint
@@ -18,8 +20,8 @@ field with the ones a real ``train()`` call builds, so the two cannot drift apar
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -32,17 +34,20 @@ Batches = Sequence[tuple[Tensor, Tensor]]
 
 
 def loop_parts(model: nn.Module, device: torch.device, *, batch_size: int, lr: float,
-               task: str = "regression", precision: str = "fp32", accumulate: int = 1,
+               loss_fn: Callable[[Any, Any], Tensor] | None = None,
+               precision: str = "fp32", accumulate: int = 1,
                clip_norm: float | None = None, on_nonfinite: str = "stop",
                mode: str = "single", state: TrainState | None = None,
                samples: int | None = None) -> LoopParts:
     """``LoopParts`` for ``model`` on ``device``, exactly as the runner builds them for one
-    process of strategy ``mode`` (``state``: the TrainState the back-off reports from;
-    ``samples``: the epoch's sample count, for the loader's shard layout)."""
+    process of strategy ``mode`` (``loss_fn``: the task's loss, default the housing
+    example's MSE; ``state``: the TrainState the back-off reports from; ``samples``: the
+    epoch's sample count, for the loader's shard layout)."""
     from torchgpu.accumulate import GradAccumulator
     from torchgpu.data.shards import ShardLayout
+    from torchgpu.examples.common import OPTIMIZER
     from torchgpu.precision import Precision
-    from torchgpu.train import build, strategies
+    from torchgpu.train import optimizers, strategies
     from torchgpu.train.backoff import for_run as backoff_for_run
     from torchgpu.train.loop import LoopParts
     from torchgpu.train.split_strategies import output_device
@@ -50,10 +55,11 @@ def loop_parts(model: nn.Module, device: torch.device, *, batch_size: int, lr: f
 
     progress_state = state if state is not None else TrainState()
     mixed = Precision(precision, device)
-    optimizer = build.make_optimizer(model, lr)
+    optimizer = optimizers.make(OPTIMIZER, [p for p in model.parameters() if p.requires_grad],
+                                lr)
     acc = GradAccumulator(model, optimizer, accumulate, precision=mixed, clip_norm=clip_norm,
                           zero_after_step=False)
-    loss_fn = build.loss_function(task)
+    loss_fn = loss_fn if loss_fn is not None else nn.MSELoss()
     target_device = output_device(model)
     if target_device == device:
         target_device = None

@@ -1,0 +1,170 @@
+"""Evaluation metrics: what a run reports as ``test_<name>`` after each epoch.
+
+A metric is one of two things:
+
+- a function ``fn(output, target_or_batch) -> float``, called on every evaluation batch
+  and averaged over the evaluation samples (each batch weighted by its rows): the right
+  shape for means such as a per-sample accuracy or error;
+- an object with ``reset()``, ``update(output, target_or_batch)`` and ``compute() ->
+  float``, reset before each evaluation, updated with every batch and computed once at
+  its end: the shape for metrics that are not a mean of per-batch values (R² over the
+  whole split, F1, perplexity from summed log-likelihoods). torchmetrics' ``Metric`` has
+  these three methods, so its metrics plug in as they are (``compute()`` may return a
+  one-element tensor).
+
+``target_or_batch`` is the batch's target for ``(inputs, target)`` pairs and the whole
+batch for dict batches (:mod:`torchgpu.data.batches`). :class:`R2` and :class:`Accuracy`
+are the built-in examples' metrics (:mod:`torchgpu.examples`), objects of the second
+kind. :class:`Tally` is what :func:`torchgpu.train.evaluation.evaluate` keeps while it
+runs the batches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+from torch import Tensor
+
+from torchgpu.errors import UsageError
+
+
+@runtime_checkable
+class Metric(Protocol):
+    """A metric that aggregates over the whole evaluation (torchmetrics-style)."""
+
+    def reset(self) -> None: ...
+
+    def update(self, output: Any, target: Any) -> Any: ...
+
+    def compute(self) -> Any: ...
+
+
+MetricFn = Callable[[Any, Any], float]
+#: What a Task's ``metrics`` maps names to: a per-batch function or a :class:`Metric`.
+MetricLike = Metric | MetricFn
+
+
+def aggregates(metric: object) -> bool:
+    """True when ``metric`` is an object with ``reset``/``update``/``compute`` (checked
+    before callability: a torchmetrics Metric is callable too)."""
+    return all(callable(getattr(metric, name, None)) for name in ("reset", "update", "compute"))
+
+
+def check_metrics(metrics: Mapping[Any, Any] | None) -> dict[str, MetricLike]:
+    """``metrics`` as a plain dict, each entry checked.
+
+    Raises UsageError naming the entry and the fix for a name that is not a non-empty
+    string, the name ``loss`` (its ``test_loss`` would overwrite the run's loss), and a
+    value that is neither a function nor an object with reset/update/compute.
+    """
+    checked: dict[str, MetricLike] = {}
+    for name, metric in (metrics or {}).items():
+        if not isinstance(name, str) or not name:
+            raise UsageError(
+                f"metrics: the name {name!r} is not a non-empty string: name each metric, "
+                "e.g. metrics={'accuracy': fn}; it is reported as test_<name>"
+            )
+        if name == "loss":
+            raise UsageError(
+                "metrics: a metric named 'loss' would be reported as test_loss, which is the "
+                "run's own evaluation loss: give it another name, e.g. 'my_loss'"
+            )
+        if not (aggregates(metric) or callable(metric)):
+            raise UsageError(
+                f"metrics[{name!r}] is a {type(metric).__name__}: pass a function "
+                "fn(output, target_or_batch) -> float (averaged over the evaluation samples) "
+                "or an object with reset(), update(output, target) and compute() -> float "
+                "(e.g. a torchmetrics Metric)"
+            )
+        checked[name] = metric
+    return checked
+
+
+def _number(value: Any, name: str) -> float:
+    """``compute()``'s or a function's result as a float (a one-element tensor too)."""
+    if isinstance(value, Tensor):
+        if value.numel() != 1:
+            raise UsageError(
+                f"metric {name!r} returned a tensor of shape {tuple(value.shape)}: a metric "
+                "gives one number per evaluation; reduce it (e.g. .mean())"
+            )
+        return float(value.item())
+    return float(value)
+
+
+class Tally:
+    """One evaluation's metrics: reset on creation, :meth:`update` per batch, then
+    :meth:`results`. Functions are summed weighted by rows; objects are updated."""
+
+    def __init__(self, metrics: Mapping[str, MetricLike] | None) -> None:
+        self._metrics = dict(metrics or {})
+        self._sums = {name: 0.0 for name, m in self._metrics.items() if not aggregates(m)}
+        self._count = 0
+        for metric in self._metrics.values():
+            if aggregates(metric):
+                metric.reset()  # type: ignore[union-attr]
+
+    def update(self, output: Any, target: Any, rows: int) -> None:
+        """One batch of ``rows`` samples: its output and its target (or the dict batch)."""
+        self._count += rows
+        for name, metric in self._metrics.items():
+            if name in self._sums:
+                self._sums[name] += _number(metric(output, target), name) * rows  # type: ignore[operator]
+            else:
+                metric.update(output, target)  # type: ignore[union-attr]
+
+    def results(self) -> dict[str, float]:
+        """Every metric by name; NaN for all of them when no sample was seen."""
+        if self._count == 0:
+            return {name: math.nan for name in self._metrics}
+        return {name: self._sums[name] / self._count if name in self._sums
+                else _number(metric.compute(), name)  # type: ignore[union-attr]
+                for name, metric in self._metrics.items()}
+
+
+class R2:
+    """The coefficient of determination over the whole evaluation split,
+    ``1 - SSE / SST`` with ``SST = sum(y²) - sum(y)² / n``, from float64 sums (NaN when the
+    targets do not vary). The output and target must hold the same number of values; the
+    target is reshaped to the output's shape."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.sse = self.sum_y = self.sum_y2 = 0.0
+        self.count = 0
+
+    def update(self, output: Tensor, target: Tensor) -> None:
+        target = target.double().reshape(output.shape)
+        self.sse += float(((output.double() - target) ** 2).sum())
+        self.sum_y += float(target.sum())
+        self.sum_y2 += float((target**2).sum())
+        self.count += int(target.shape[0])
+
+    def compute(self) -> float:
+        if self.count == 0:
+            return math.nan
+        total = self.sum_y2 - self.sum_y * self.sum_y / self.count
+        return 1.0 - self.sse / total if total > 0 else math.nan
+
+
+class Accuracy:
+    """The share of samples whose highest-scoring class (``output.argmax(dim=1)``) is the
+    target class index, over the whole evaluation split."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.correct = 0
+        self.count = 0
+
+    def update(self, output: Tensor, target: Tensor) -> None:
+        self.correct += int((output.argmax(dim=1) == target).sum())
+        self.count += int(target.shape[0])
+
+    def compute(self) -> float:
+        return self.correct / self.count if self.count else math.nan
