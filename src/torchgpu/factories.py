@@ -198,7 +198,9 @@ def resolve_model(spec: str) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise UsageError(
             f"--model {spec} returned a {type(model).__name__}, not an nn.Module: the factory "
-            "must return the model, e.g. def build() -> nn.Module."
+            "must return the model, e.g. def build() -> nn.Module"
+            + ("; blocks go in an nn.ModuleList or nn.Sequential, not a Python list."
+               if isinstance(model, list | tuple) else ".")
         )
     return model
 
