@@ -32,10 +32,11 @@ from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "src"))
 
+from torchgpu.bench.pressure import PressureMonitor
 from torchgpu.bench.report import write_report
 from torchgpu.bench.result import Plot, SuiteResult
 from torchgpu.bench.suites.common import sync_for
-from torchgpu.bench.timer import PressureMonitor, measure_interleaved, pairwise_ratios
+from torchgpu.bench.timer import measure_interleaved, pairwise_ratios
 from torchgpu.bench.verdict import time_verdict
 
 LR = 1e-3

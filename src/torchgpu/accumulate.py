@@ -111,7 +111,9 @@ class GradAccumulator:
             is not None else None)
         self.clip_norm: float | None = None if clip_norm is None else float(clip_norm)
         self._ddp = find_ddp(model)
-        self._pending = 0
+        # micro-steps in the current window (read-only for callers; a plain attribute,
+        # not a property: the training loop reads it twice per step)
+        self.pending = 0
         self._window_samples: float | None = None
         self._seen_samples = 0  # samples given to backward() in this window
         self._unsynced = False  # some micro-step of this window skipped the all-reduce
@@ -128,10 +130,6 @@ class GradAccumulator:
     @property
     def window_samples(self) -> float | None:
         return self._window_samples
-
-    @property
-    def pending(self) -> int:
-        return self._pending
 
     @property
     def skipped_steps(self) -> int:
@@ -158,9 +156,9 @@ class GradAccumulator:
                 f"{window_samples!r}: pass the window's sample count (over all ranks divided "
                 "by the world size under DDP), or None to weight micro-batches alike."
             )
-        if self._pending:
+        if self.pending:
             raise ConfigError(
-                f"set_steps({steps}) called in the middle of a window ({self._pending} of "
+                f"set_steps({steps}) called in the middle of a window ({self.pending} of "
                 f"{self._steps} micro-steps pending): call it right after a step, after "
                 "flush(), or after reset()."
             )
@@ -179,7 +177,7 @@ class GradAccumulator:
         length and ``window_samples`` stay (a replayed window uses them again)."""
         self.optimizer.zero_grad(set_to_none=True)
         self._stale = False
-        self._pending = 0
+        self.pending = 0
         self._seen_samples = 0
         self._unsynced = False
 
@@ -195,7 +193,7 @@ class GradAccumulator:
         """Context for one micro-batch's forward and backward; yields whether this
         micro-step closes the window. Under DDP, non-boundary micro-steps run in
         ``no_sync()`` so their backward does not all-reduce."""
-        boundary = self._pending + 1 >= self._steps
+        boundary = self.pending + 1 >= self._steps
         if self._ddp is None or boundary:
             yield boundary
             return
@@ -228,8 +226,8 @@ class GradAccumulator:
             self._scaling.backward(scaled)
         else:
             torch.autograd.backward(scaled)
-        self._pending += 1
-        if self._pending < self._steps:
+        self.pending += 1
+        if self.pending < self._steps:
             return False
         return self._apply()
 
@@ -243,7 +241,7 @@ class GradAccumulator:
         all-reduced here. Returns True when a step was applied; False when nothing was
         pending or the GradScaler skipped it.
         """
-        if self._pending == 0:
+        if self.pending == 0:
             return False
         seen = float(self._seen_samples)
         if self._unsynced and self._ddp is not None:
@@ -254,7 +252,7 @@ class GradAccumulator:
         if self._window_samples is not None:
             factor = self._window_samples / seen if seen > 0 else 1.0
         else:
-            factor = self._steps / self._pending
+            factor = self._steps / self.pending
         if factor != 1.0:
             with torch.no_grad():
                 for param in self.model.parameters():
@@ -283,7 +281,7 @@ class GradAccumulator:
             self.optimizer.zero_grad(set_to_none=True)
         else:
             self._stale = True
-        self._pending = 0
+        self.pending = 0
         self._seen_samples = 0
         self._unsynced = False
         return stepped

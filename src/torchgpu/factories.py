@@ -33,7 +33,7 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import Any, cast
+from typing import Any
 
 from torch import Tensor, nn
 from torch.utils.data import Dataset
@@ -163,7 +163,8 @@ def resolve_factory(spec: str) -> Callable[[], nn.Module]:
     Raises :class:`UsageError` (exit 2) for a malformed spec, a module or file that
     cannot be imported, a missing attribute or a non-callable one.
     """
-    return cast(Callable[[], nn.Module], resolve_callable(spec, "model"))
+    factory: Callable[[], nn.Module] = resolve_callable(spec, "model")  # Callable[..., Any]
+    return factory
 
 
 def _call(factory: Callable[[], Any], spec: str, what: str) -> Any:
@@ -198,7 +199,9 @@ def resolve_model(spec: str) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise UsageError(
             f"--model {spec} returned a {type(model).__name__}, not an nn.Module: the factory "
-            "must return the model, e.g. def build() -> nn.Module."
+            "must return the model, e.g. def build() -> nn.Module"
+            + ("; blocks go in an nn.ModuleList or nn.Sequential, not a Python list."
+               if isinstance(model, list | tuple) else ".")
         )
     return model
 

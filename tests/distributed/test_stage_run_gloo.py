@@ -359,7 +359,12 @@ def test_activation_checkpointing_recomputes_inside_each_stage(checkpointing: bo
                          activation_checkpointing=checkpointing)
     trainer = StageTrainer(model, config, torch.device("cpu"), _Task(),
                            Precision("fp32", "cpu"))
-    trainer.pipe.train(False)
+    # The stages train (checkpointing recomputes only in training mode), their dropout
+    # and BatchNorm layers stay in eval.
+    trainer.pipe.train(True)
+    for layer in model:
+        if isinstance(layer, (nn.Dropout, nn.BatchNorm1d)):
+            layer.eval()
     x, y = _Task().sample(8)
     trainer.pipe.step(x, y, rows=8, weight=8)  # the first: torch's stage infers shapes too
     trainer.optimizer.zero_grad()

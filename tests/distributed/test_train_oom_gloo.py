@@ -37,6 +37,13 @@ def test_only_rank_1_runs_out_of_memory_and_both_back_off_together(
         window = row["backoff_window"]  # 32 x 2: rank 1 fails in a no_sync micro-step
         assert window["pairs"] == [[32, 2], [16, 4], [8, 8]]
         assert window["equal_to_reference"] and window["same_weights_on_all_ranks"]
+        # with dropout, the OOM after the mask was drawn: the replay draws the same masks
+        for name, pairs in (("backoff_dropout", case["pairs"]),
+                            ("backoff_dropout_window", window["pairs"])):
+            dropout = row[name]
+            assert dropout["pairs"] == pairs, name
+            assert dropout["equal_to_reference"] and dropout["losses_match_reference"], name
+            assert dropout["same_weights_on_all_ranks"], name
 
 
 @pytest.mark.slow

@@ -32,10 +32,14 @@ def batches(rank: int, batch: int, samples: int = 128) -> list[tuple[torch.Tenso
     return list(zip(x.split(batch), y.split(batch), strict=True))
 
 
+def dropout_net() -> nn.Module:
+    return nn.Sequential(nn.Linear(13, 32), nn.ReLU(), nn.Dropout(0.5), nn.Linear(32, 1))
+
+
 def setup(batch: int, accumulate: int, *, on_nonfinite: str = "stop", backoff: bool = True,
-          loss_fn: Any = None) -> tuple[nn.Module, LoopParts]:
+          loss_fn: Any = None, build: Any = HousingNet) -> tuple[nn.Module, LoopParts]:
     torch.manual_seed(0)
-    model = DDP(HousingNet())
+    model = DDP(build())
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     precision = Precision("fp32", "cpu")
     acc = GradAccumulator(model, optimizer, accumulate, precision=precision)
@@ -67,14 +71,16 @@ def same_everywhere(values: list[float]) -> bool:
 
 
 def backoff_case(batch: int, accumulate: int, limit: int, ref_batch: int,
-                 ref_accumulate: int) -> dict[str, Any]:
+                 ref_accumulate: int, build: Any = HousingNet) -> dict[str, Any]:
     rank = dist.get_rank()
-    model, parts = setup(batch, accumulate)
+    model, parts = setup(batch, accumulate, build=build)
     if rank == 1:
-        model.module.register_forward_pre_hook(oom_above(limit))
+        # with dropout: on the last layer, after the dropout drew its mask
+        hooked = model.module[3] if build is dropout_net else model.module
+        hooked.register_forward_pre_hook(oom_above(limit))
     state = TrainState()
     run_epoch(parts, batches(rank, batch), state, batches_per_epoch=128 // batch)
-    reference, ref_parts = setup(ref_batch, ref_accumulate, backoff=False)
+    reference, ref_parts = setup(ref_batch, ref_accumulate, backoff=False, build=build)
     ref_state = TrainState()
     run_epoch(ref_parts, batches(rank, ref_batch), ref_state, batches_per_epoch=128 // ref_batch)
     assert parts.backoff is not None
@@ -151,6 +157,8 @@ def main() -> None:
         "rank": dist.get_rank(),
         "backoff_1x": backoff_case(64, 1, 16, 16, 4),
         "backoff_window": backoff_case(32, 2, 8, 8, 8),
+        "backoff_dropout": backoff_case(64, 1, 16, 16, 4, build=dropout_net),
+        "backoff_dropout_window": backoff_case(32, 2, 8, 8, 8, build=dropout_net),
         "skip": nonfinite_case("skip", 1),
         "skip_window": nonfinite_case("skip", 2),
         "stop": nonfinite_case("stop", 1),

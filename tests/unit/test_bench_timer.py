@@ -8,14 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from torchgpu.bench.pressure import PressureMonitor, parse_pressure
+from torchgpu.bench.report import dumps
 from torchgpu.bench.result import Plot, SuiteResult, best_index, plot_value
 from torchgpu.bench.timer import (
     Measurement,
-    PressureMonitor,
-    dumps,
     measure_interleaved,
     pairwise_ratios,
-    parse_pressure,
     round_orders,
 )
 
@@ -408,15 +407,15 @@ def test_pressure_is_clamped_and_flags_noise(tmp_path: Path) -> None:
     psi.write_text(SAMPLE_PSI.replace("total=8300434", "total=9400434"))  # 1.1 s stalled in 1 s
     pressure = monitor.stop()
     assert pressure is not None and pressure.stalled_fraction == 1.0 and pressure.noisy
-    from torchgpu.bench.timer import NOISY_STALLED_FRACTION, is_noisy
+    from torchgpu.bench.pressure import NOISY_STALLED_FRACTION, is_noisy
 
     assert not is_noisy(NOISY_STALLED_FRACTION) and is_noisy(NOISY_STALLED_FRACTION + 0.01)
     assert not is_noisy(None)
 
 
 def test_report_records_provenance_verdicts_and_warns_when_noisy(tmp_path: Path) -> None:
+    from torchgpu.bench.pressure import CpuPressure
     from torchgpu.bench.report import noise_warning, render_markdown, write_report
-    from torchgpu.bench.timer import CpuPressure
 
     ms = (Measurement.from_samples("a", [1.0, 2.0]),)
     result = SuiteResult(suite="demo", quick=False, devices=("cpu",), measurements=ms,

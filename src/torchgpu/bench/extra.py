@@ -42,8 +42,9 @@ def run_extra(script: Path, out: Path, args: Sequence[str] = (),
     """
     import torch
 
-    from torchgpu.bench.report import cpu_model_name, git_revision, torchgpu_version
-    from torchgpu.bench.timer import NOISY_STALLED_FRACTION, PressureMonitor
+    from torchgpu.bench.pressure import NOISY_STALLED_FRACTION, PressureMonitor
+    from torchgpu.bench.report import git_revision, torchgpu_version
+    from torchgpu.devices.host import cpu_name
 
     with tempfile.TemporaryDirectory() as tmp:
         produced = Path(tmp) / "result.json"
@@ -70,7 +71,7 @@ def run_extra(script: Path, out: Path, args: Sequence[str] = (),
         "torch": torch.__version__,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
-        "cpu": cpu_model_name(),
+        "cpu": cpu_name(),
         "cpu_count": os.cpu_count() or 1,
         "cpu_pressure": pressure.to_json() if pressure is not None else None,
         "noisy": pressure.noisy if pressure is not None else False,

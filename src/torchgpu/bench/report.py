@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import platform
 import subprocess
@@ -33,8 +34,10 @@ from typing import Any
 import torch
 
 from torchgpu.bench.plots import write_plot
+from torchgpu.bench.pressure import NOISY_STALLED_FRACTION, CpuPressure
 from torchgpu.bench.result import SuiteResult
-from torchgpu.bench.timer import NOISY_STALLED_FRACTION, CpuPressure, Measurement, Ratio, dumps
+from torchgpu.bench.timer import Measurement, Ratio
+from torchgpu.devices.host import cpu_name
 
 SCHEMA = "torchgpu.bench/2"
 
@@ -45,24 +48,13 @@ def default_out(name: str, now: _dt.datetime | None = None) -> Path:
     return Path("runs") / f"bench-{name}-{stamp}"
 
 
-def cpu_model_name() -> str:
-    """The CPU's model name from /proc/cpuinfo, else platform's best guess."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def device_name(spec: str) -> str:
     """A human name for a device spec; CUDA names are asked for only for CUDA specs."""
     device = torch.device(spec)
     if device.type == "cuda":
         return str(torch.cuda.get_device_name(device.index or 0))
     if device.type == "cpu":
-        return cpu_model_name()
+        return cpu_name()
     return device.type
 
 
@@ -124,7 +116,7 @@ def results_document(
         "cuda": torch.version.cuda,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
-        "cpu": cpu_model_name(),
+        "cpu": cpu_name(),
         "cpu_count": os.cpu_count() or 1,
         "devices": devices,
         "device_names": sorted({d["name"] for d in devices}),
@@ -330,4 +322,19 @@ def machine_tag() -> str:
     if torch.cuda.is_available():
         count = torch.cuda.device_count()
         return f"{count}x-{slug(torch.cuda.get_device_name(0))}"
-    return f"cpu-{os.cpu_count() or 1}c-{slug(cpu_model_name())}"
+    return f"cpu-{os.cpu_count() or 1}c-{slug(cpu_name())}"
+
+
+def dumps(data: object) -> str:
+    """JSON text for results (indent 2, infinities as strings so the file stays valid JSON)."""
+    return json.dumps(_finite(data), indent=2, sort_keys=False)
+
+
+def _finite(value: object) -> object:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value

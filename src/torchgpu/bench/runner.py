@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
+from torchgpu.bench.pressure import PressureMonitor
 from torchgpu.bench.result import SuiteResult
 from torchgpu.bench.suites import SUITES
-from torchgpu.bench.timer import PressureMonitor
 from torchgpu.errors import UsageError
 
 # Every CPU variant, in this process and in worker processes alike, runs with this many

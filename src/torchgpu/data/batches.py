@@ -54,6 +54,43 @@ def _rebuild(obj: object, fn: Callable[[Tensor], Tensor]) -> object:
     return obj
 
 
+def _numbers_only(value: list[Any]) -> tuple[int, str] | None:
+    """``(length, element type)`` when ``value`` is a (nested) list of Python numbers."""
+    if not value:
+        return None
+    flat: list[Any] = []
+    pending: list[Any] = [value]
+    while pending:
+        current = pending.pop()
+        for v in current:
+            (pending if isinstance(v, list) else flat).append(v)
+    if flat and all(isinstance(v, int | float | bool) for v in flat):
+        return len(value), type(flat[0]).__name__
+    return None
+
+
+def check_dict_item(item: object, what: str) -> None:
+    """Refuse a dict item holding Python lists of numbers (a tokenizer's
+    ``{"input_ids": [...]}`` without ``return_tensors``): ``default_collate`` would batch
+    such a list position by position (a list of per-token tensors), which no model's
+    forward takes. Raises :class:`DataError` naming the key and the fix."""
+    if not isinstance(item, Mapping):
+        return
+    for key, value in item.items():
+        found = _numbers_only(value) if isinstance(value, list) else None
+        if found is None:
+            continue
+        length, kind = found
+        raise DataError(
+            f"{what}: item 0's {key!r} is a Python list of {length} {kind}s, not a tensor; "
+            "torch's default collate would batch it position by position (a list of "
+            f"{length} tensors), which no model takes as {key}. Return tensors from "
+            f"__getitem__ (torch.tensor(item[{key!r}]); a tokenizer called with "
+            "return_tensors='pt' gives them), every item padded to the same length (a "
+            "tokenizer's padding='max_length')."
+        )
+
+
 def batch_rows(obj: object) -> int:
     """Samples in ``obj``: the first dimension of its first tensor with one.
 

@@ -295,10 +295,10 @@ def retie(state: dict[str, Any], model: nn.Module) -> dict[str, Any]:
     A full state dict gathered from an FSDP2 model (``get_model_state_dict`` with
     ``full_state_dict=True``) gathers each name on its own, so a tied LM head comes back
     as a copy of the embedding: re-tied, the checkpoint stores it once, as for the other
-    strategies."""
+    strategies. A tied name missing from ``state`` is added, as ``state_dict()`` has it."""
     first: dict[int, str] = {}
     for name, param in unwrap(model).named_parameters(remove_duplicate=False):
         source = first.setdefault(id(param), name)
-        if source != name and source in state and name in state:
+        if source != name and source in state:  # (also a name the gather left out)
             state[name] = state[source]
     return state

@@ -12,8 +12,9 @@ than ``chunks`` gives one row per micro-batch, never an empty one.
 with :class:`MicroBatchTypeError`, what it cannot join without changing the result: a
 value holding no tensor, a 0-dimensional tensor (a loss, a sum over the batch), a
 type it does not know, or a non-tensor value that differs between micro-batches;
-given the micro-batches' row counts (the pipeline's output) also a tensor whose dim 0
-is not the rows (or one multiple of them) and any number (see :func:`gather`).
+given the micro-batches' row counts (the pipeline's output) also a tensor it cannot tell
+to hold the rows along dim 0 (or one multiple of them) and any number (see
+:func:`gather` and :func:`_check_rows`).
 """
 
 from __future__ import annotations
@@ -171,9 +172,11 @@ def gather(
     ``rows`` (the row count of each micro-batch, as the pipeline passes it) adds the
     checks that the joined value is the one the whole batch would give: every tensor's
     dim 0 must be the same multiple of its micro-batch's rows (``(rows, ...)`` or
-    flattened ``(rows * L, ...)``; not ``x.mean(0, keepdim=True)`` nor a sequence-first
-    ``(L, rows, ...)``), and numbers (int, float, complex) are refused, since a count or
-    a mean taken on a micro-batch is not the batch's even when all micro-batches agree.
+    flattened ``(rows * L, ...)``; not ``x.mean(0, keepdim=True)``, a sequence-first
+    ``(L, rows, ...)`` or ``x.t()``), and where equal micro-batches leave that in doubt
+    the tensor is refused too (:func:`_check_rows`); numbers (int, float, complex) are
+    refused, since a count or a mean taken on a micro-batch is not the batch's even when
+    all micro-batches agree.
     """
     if not outputs:
         raise ConfigError("gather needs at least one micro-batch output, got none")
@@ -204,22 +207,64 @@ def _describe(value: object) -> str:
     return f"a {type(value).__name__} ({text})"
 
 
+_NOT_BATCH_FIX = (
+    "the pipeline joins micro-batch outputs along dim 0, which gives the plain model's "
+    "output only when dim 0 holds the rows (or a fixed multiple of them, e.g. flattened "
+    "tokens); put the batch first (e.g. batch_first=True, .transpose(0, 1)), reduce over "
+    "the batch outside the pipeline, or use split_model, which returns any output unchanged"
+)
+
+
 def _check_rows(parts: list[torch.Tensor], rows: Sequence[int], path: str, source: str) -> None:
-    """Refuse tensors whose dim 0 is not one multiple of the micro-batch rows."""
+    """Refuse tensors the pipeline cannot tell to be batch-major (rows along dim 0).
+
+    What is decidable from shapes:
+
+    - dim 0 must be one multiple ``k >= 1`` of each micro-batch's row count, for every
+      micro-batch (``(rows, ...)``, or flattened ``(rows * L, ...)``). Micro-batches of
+      different sizes settle the question: a sequence-first ``(L, rows, ...)``, a
+      transposed ``(F, rows)``, a ``mean(0, keepdim=True)`` fail it.
+    - The other dims must agree between micro-batches (a ``(rows, rows)`` matrix of pairs
+      within a micro-batch tracks the rows there, and joins into the wrong thing).
+    - When every micro-batch has the same ``n`` rows (M > 1), shapes cannot tell dim 0
+      from a dim that merely has ``n`` (or ``k * n``) entries. Then a layout that puts
+      the batch after dim 0 is refused as in doubt, with both fixes: dim 0 a multiple
+      ``k > 1`` of ``n`` and a later dim of exactly ``n`` (sequence-first ``(k * n, n,
+      ...)``, ``x.t()`` of ``(n, k * n)``), or -- three or more dims -- dim 1 of ``n``
+      entries (time-major ``(L, n, ...)`` with ``L == n``: nn.LSTM, nn.GRU and
+      nn.Transformer without ``batch_first``). What stays undecidable is accepted as
+      batch-first: a 2-D ``(n, n)`` (``n`` classes, or ``x.t()`` of ``(n, n)``), image
+      sides equal to ``n``. A single micro-batch is returned as is: nothing to doubt.
+    """
     pairs = list(zip(parts, rows, strict=True))
     factors = {p.shape[0] // n if p.shape[0] % n == 0 else -1 for p, n in pairs if n}
+    shapes = ", ".join(f"{tuple(p.shape)} for {n} rows" for p, n in pairs[:4])
     if factors and (len(factors) > 1 or -1 in factors or 0 in factors):
-        shapes = ", ".join(
-            f"{tuple(p.shape)} for {n} rows" for p, n in pairs[:4]
-        )
         raise MicroBatchTypeError(
-            f"{source} returned tensors at {path} whose dim 0 is not the batch ({shapes}): the "
-            "pipeline joins micro-batch outputs along dim 0, which gives the plain model's "
-            "output only when dim 0 holds the rows (or a fixed multiple of them, e.g. "
-            "flattened tokens); put the batch first (e.g. batch_first=True, .transpose(0, 1)), "
-            "reduce over the batch outside the pipeline, or use split_model, which returns any "
-            "output unchanged"
-        )
+            f"{source} returned tensors at {path} whose dim 0 is not the batch ({shapes}): "
+            + _NOT_BATCH_FIX)
+    if len({tuple(p.shape[1:]) for p in parts}) > 1:
+        raise MicroBatchTypeError(
+            f"{source} returned tensors at {path} whose later dims differ between "
+            f"micro-batches ({shapes}), so they cannot be joined: a dim that follows the rows "
+            "of each micro-batch (e.g. pairs within the batch) is not the batch's; "
+            + _NOT_BATCH_FIX)
+    if len(parts) < 2 or len(set(rows)) != 1 or not factors:
+        return
+    n, (k,) = rows[0], factors
+    shape = parts[0].shape
+    later = [j for j in range(1, len(shape)) if shape[j] == n]
+    dims = later if k > 1 else [1] if n > 1 and len(shape) >= 3 and shape[1] == n else []
+    if dims:
+        raise MicroBatchTypeError(
+            f"{source} returned tensors at {path} of shape {tuple(parts[0].shape)} for "
+            f"micro-batches of {n} rows each: dim {dims[0]} has {n} entries, as many as the "
+            f"rows, so the batch may lie along dim {dims[0]} instead of dim 0 (sequence-first, "
+            "x.t(), pairs within the micro-batch), and joining along dim 0 would then differ "
+            "from the plain model's output. If dim 0 is not the batch: "
+            + _NOT_BATCH_FIX + f". If dim 0 is the batch and dim {dims[0]} only happens to have "
+            f"{n} entries, choose chunks (or the batch size) so the micro-batches have another "
+            "size")
 
 
 def _join(

@@ -67,12 +67,13 @@ def named_layers(
     at several positions (``nn.Sequential(lin1, act, lin2, act)`` has four layers):
     ``named_children()`` would yield such an object once and silently drop a layer.
     """
-    if isinstance(module, nn.Sequential):
+    view = getattr(module, "as_sequential", None)
+    if isinstance(module, nn.Sequential) and not callable(view):
+        _check_plain_forward(module)
         return module, _positions(module)
     if isinstance(module, (list, tuple)) and all(isinstance(m, nn.Module) for m in module):
         seq = nn.Sequential(*module)
         return seq, _positions(seq)
-    view = getattr(module, "as_sequential", None)
     if isinstance(module, nn.Module) and callable(view):
         seq = view()
         if not isinstance(seq, nn.Sequential):
@@ -85,6 +86,23 @@ def named_layers(
     raise ConfigError(
         f"cannot split a {type(module).__name__}: give an nn.Sequential, a list of modules, or a "
         "module with an as_sequential() method returning nn.Sequential"
+    )
+
+
+def _check_plain_forward(seq: nn.Sequential) -> None:
+    """Refuse an ``nn.Sequential`` subclass with its own ``forward``: splitting runs its
+    children one after another, which silently drops whatever that forward adds (a
+    residual sum, a reshape). torchgpu's activation checkpointing counts as plain (its
+    forward runs the same layers in order)."""
+    base: type[nn.Module] = getattr(seq, "_torchgpu_ckpt_base", type(seq))
+    if base.forward is nn.Sequential.forward:
+        return
+    raise ConfigError(
+        f"cannot split a {base.__name__}: it is an nn.Sequential subclass with its own "
+        "forward(), and a split runs its layers one after another, which would silently "
+        f"skip what that forward does. Give {base.__name__} an as_sequential() method "
+        "returning an nn.Sequential of the layers its forward runs, in order (wrap a residual "
+        "or any extra step in a module of its own), or pass a plain nn.Sequential"
     )
 
 

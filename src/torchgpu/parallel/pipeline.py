@@ -33,7 +33,12 @@ as in the plain model. The last layer's outputs are concatenated along dim 0
 named tuples, lists and dicts, next to values every micro-batch gives alike (None,
 strings, flags). Anything else (no tensor at all, a 0-dimensional loss, a tensor
 whose dim 0 is not the batch, a number such as a row count) is refused with a
-``MicroBatchTypeError`` (a ``TypeError``) naming the layer and the value, for every M.
+``MicroBatchTypeError`` (a ``TypeError``) naming the layer and the value, for every M;
+a tensor whose batch may lie after dim 0 (sequence-first, ``x.t()``) is also refused
+whenever micro-batches of equal size leave that in doubt (see
+:func:`torchgpu.parallel.microbatch._check_rows` for what shapes can decide).
+An ``nn.Sequential`` subclass with its own ``forward`` is refused (split, it would run
+as a plain Sequential): give it ``as_sequential()``.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from torchgpu.errors import ConfigError, DistributedError
+from torchgpu.errors import ConfigError, DistributedError, MicroBatchTypeError
 from torchgpu.parallel.chunks import ChunkChoice, micro_batch_groups, sweep_chunks
 from torchgpu.parallel.microbatch import batch_size
 from torchgpu.parallel.model import (
@@ -185,10 +185,11 @@ class StagePipeline:
         ] = OrderedDict()
         self._chunks = chunks
         self._autocast: Callable[[], AbstractContextManager[Any]] = autocast or nullcontext
-        # What torch's stages run: each stage module, in autocast / a profiler mark if asked.
-        self._runs: list[nn.Module] = (
-            [_StageForward(m, autocast, forward_label) for m in self.modules]
-            if autocast is not None or forward_label is not None else list(self.modules))
+        # What torch's stages run: each stage module, its output checked on the first call,
+        # in autocast / a profiler mark if asked.
+        self._runs: list[nn.Module] = [
+            _StageForward(m, autocast, forward_label, index=i, last=i == self.num_stages - 1)
+            for i, m in zip(self.indices, self.modules, strict=True)]
         self._batch_rows = 0  # rows of the batch in flight: the loss weights' denominator
         self._weight = 1.0  # step(weight=): the batch loss's factor in the gradients
 
@@ -420,23 +421,53 @@ class StagePipeline:
 
 class _StageForward(nn.Module):
     """A stage module as torch's stage runs it: its forward inside ``autocast`` and a
-    profiler annotation (either may be None). Holds the module itself, so parameters and
-    buffers are the stage's own (the state-dict keys gain a prefix, which nothing here
-    reads: weights are always read from the stage modules)."""
+    profiler annotation (either may be None), its first output checked
+    (:func:`check_stage_output`). Holds the module itself, so parameters and buffers are
+    the stage's own (the state-dict keys gain a prefix, which nothing here reads: weights
+    are always read from the stage modules)."""
 
     def __init__(self, module: nn.Module,
                  autocast: Callable[[], AbstractContextManager[Any]] | None,
-                 label: str | None) -> None:
+                 label: str | None, *, index: int, last: bool) -> None:
         super().__init__()
         self.stage = module
         self._autocast: Callable[[], AbstractContextManager[Any]] = autocast or nullcontext
         self._label = label
+        self._index, self._last, self._checked = index, last, False
 
     def forward(self, *args: Any) -> Any:
         mark: AbstractContextManager[Any] = (
             torch.profiler.record_function(self._label) if self._label else nullcontext())
         with mark, self._autocast():
-            return self.stage(*args)
+            out = self.stage(*args)
+        if not self._checked:
+            check_stage_output(out, self.stage, self._index, self._last)
+            self._checked = True
+        return out
+
+
+def check_stage_output(out: object, stage: nn.Module, index: int, last: bool) -> None:
+    """Refuse a stage output torch's stages cannot send to the next stage (a tensor or a
+    tuple of tensors passes), or, from the last stage, one with no tensor for the loss.
+
+    Caught here, on the rank that ran the stage, the error names the layer and the type;
+    left to torch, one rank fails in its shape inference and the other loses its peer.
+    """
+    tensors = (isinstance(out, torch.Tensor) or (isinstance(out, tuple | list) and out
+               and all(isinstance(item, torch.Tensor) for item in out)))
+    if tensors or (last and out is not None and not isinstance(out, str | bytes | int | float)):
+        return
+    children = list(stage.children())
+    layer = type(children[-1] if children else stage).__name__
+    what = "the last stage" if last else f"stage {index}"
+    needs = ("a tensor (or an output holding the tensors the loss reads)" if last
+             else "a tensor or a tuple of tensors, which is what passes between processes")
+    raise MicroBatchTypeError(
+        f"{what} (its last layer {layer}) returned {type(out).__name__}: a stage of the "
+        f"multi-process pipeline must return {needs}. Return tensors from that layer, or "
+        "move the cut (--balance) so no stage ends on it, or train in one process "
+        "(--strategy pipeline without --nproc, or --strategy single)."
+    )
 
 
 _STAGE_CLASS: list[type[PipelineStage]] = []

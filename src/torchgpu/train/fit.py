@@ -68,6 +68,22 @@ def config_from_settings(settings: Mapping[str, Any], name: str, data_name: str 
     return TrainConfig(model=f"fit:{name}", data=f"fit:{data_name}", **values)
 
 
+def _refuse_split_pair(train_data: Any) -> None:
+    """A ``(train, eval)`` pair of Datasets is what ``--data`` returns, not what
+    ``train_data`` takes: say so, rather than that its "items" are Datasets."""
+    from torch.utils.data import Dataset
+
+    if (isinstance(train_data, tuple | list) and len(train_data) == 2
+            and isinstance(train_data[0], Dataset)
+            and (train_data[1] is None or isinstance(train_data[1], Dataset))):
+        kinds = ", ".join(type(d).__name__ for d in train_data)
+        raise UsageError(
+            f"train_data is a (train, eval) pair of datasets ({kinds}): fit takes them "
+            "apart, fit(model, train, eval_data=eval, ...) (a --data spec of "
+            "`torchgpu train` may return the pair)."
+        )
+
+
 def fit(
     model: nn.Module | Callable[[], nn.Module],
     train_data: Any,
@@ -111,6 +127,7 @@ def fit(
     Raises torchgpu errors (ConfigError, UsageError, DataError...) for bad input before
     anything is written.
     """
+    _refuse_split_pair(train_data)
     name = type(model).__name__ if isinstance(model, nn.Module) else getattr(
         model, "__name__", "model")
     if isinstance(optimizer, str):  # a name (or spec): a setting, recorded in config.toml

@@ -218,6 +218,7 @@ def run_epoch(
     the all-reduced gradients. Either way the weights never see it.
     """
     acc, device, target_device = parts.accumulator, parts.device, parts.target_device
+    move = parts.move_batches
     records = [] if records is None else records
     guard, stop_here, stop_at_end = _agreement(parts, state, records, stop)
     step = MicroStep(parts, guard).run  # forward, backward; OOM back-off and guard inside
@@ -225,6 +226,7 @@ def run_epoch(
                           rank=parts.rank, distributed=guard is not None)
     window = parts.accumulate
     tail = TailWindows(parts.layout, window, batches_per_epoch, parts.loss_fn)
+    tail_from = tail.start  # sys.maxsize: no short batch in this epoch
     loss_fn, logged = parts.loss_fn, 1.0  # logged: this batch's factor in the logged means
     first_batch, first_sample = state.batch_in_epoch, state.samples
     if not parts.model.training:  # model.train() walks every module (15 us on a small net)
@@ -240,12 +242,12 @@ def run_epoch(
     try:
         for x, y in batches:
             n = x.shape[0] if isinstance(x, Tensor) else batch_rows(x)
-            if state.batch_in_epoch >= tail.start:  # windows holding a short micro-batch
+            if state.batch_in_epoch >= tail_from:  # windows holding a short micro-batch
                 loss_fn = tail.loss_fn  # an empty batch (a DDP rank's share) gives zero
                 logged = tail.batch(acc, state.batch_in_epoch, n)
             elif window > 1 and acc.pending == 0:  # the epoch's last window is what is left
                 _size_window(acc, window, batches_per_epoch - state.batch_in_epoch)
-            if parts.move_batches:
+            if move:
                 x, y = _moved(x, y, device)
             if target_device is not None:
                 y = to_device(y, target_device, non_blocking=True)

@@ -12,8 +12,9 @@ What may take a micro-batch over, both decided here so the loop stays one path:
 
 - **OOM back-off** (``parts.backoff``, :class:`torchgpu.train.backoff.LoopBackoff`): an
   out-of-memory error in forward or backward is handed to the back-off with the window's
-  batches (held until the boundary), which halves the micro-batch and replays the window;
-  once backed off, batches run through the back-off's pieces.
+  batches (held until the boundary), which halves the micro-batch and replays the window
+  from the random state kept at the window's start (same dropout masks); once backed
+  off, batches run through the back-off's pieces.
 - **DDP's finite guard** (:class:`~torchgpu.train.agreement.FiniteGuard`): non-finite
   all-reduced gradients at a boundary end the window (dropped), or, with back-off armed,
   first ask every rank whether one ran out of memory (then the window is replayed).
@@ -71,6 +72,8 @@ class MicroStep:
         self.held: list[tuple[Any, Any]] | None = (
             [] if backoff is not None and parts.accumulate > 1 else None)
         self._routed = backoff is not None and backoff.active  # changes only in back-off
+        # The random state a replay starts from, kept at each window's start.
+        self._random = backoff.random_state if backoff is not None else None
         self._value: float | None = None  # this micro-batch's loss, once read
         #: ``run(x, y, n, loss_fn)``: one micro-batch of ``n`` samples.
         self.run: Callable[[Any, Any, int, LossFn], Result] = (
@@ -108,9 +111,13 @@ class MicroStep:
     def _watched(self, x: Any, y: Any, n: int, loss_fn: LossFn) -> Result:
         """:meth:`compute` with the back-off and the guard watching."""
         backoff, held = self.backoff, self.held
-        if held is not None:
-            if self.acc.pending == 0:  # a window starts: the last one's batches are done
+        if self.acc.pending == 0:  # a window starts: the last one's batches are done
+            if held is not None:
                 held.clear()
+            random = self._random
+            if random is not None and random.armed:
+                random.mark()
+        if held is not None:
             held.append((x, y))
         self._value = None
         try:

@@ -23,7 +23,7 @@ anything is created. Rules:
 
 from __future__ import annotations
 
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from torchgpu.errors import UsageError
 
@@ -70,8 +70,10 @@ def device_list(spec: str) -> list[str]:
 def parse_balance(spec: str) -> list[int] | Literal["size", "time"]:
     """``--balance`` as a list of layer counts, or ``"size"``/``"time"``."""
     text = spec.strip().lower()
-    if text in BALANCE_MODES:
-        return cast(Literal["size", "time"], text)
+    if text == "size":
+        return "size"
+    if text == "time":
+        return "time"
     try:
         counts = [int(item) for item in text.split(",")]
     except ValueError:

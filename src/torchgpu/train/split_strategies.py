@@ -95,9 +95,9 @@ def sample_batch(data: Task, rows: int) -> tuple[Any, Any]:
 
 def check_splittable(model: nn.Module, data: Task, strategy: str) -> None:
     """Refuse (UsageError, exit 2) a model or data that cannot be cut into stages:
-    stages need an ``nn.Sequential``, a model with ``as_sequential()`` or a list of
-    blocks, fed one tensor per batch."""
-    if data.dict_batches:
+    stages need an ``nn.Sequential``, a model with ``as_sequential()`` or an
+    ``nn.ModuleList`` of blocks, fed one tensor per batch."""
+    if getattr(data, "dict_batches", False):
         raise UsageError(
             f"--strategy {strategy} passes one tensor from stage to stage, but the data yields "
             "dict batches (model(**batch)): use --strategy single, dp, ddp or fsdp for this "
@@ -110,8 +110,9 @@ def check_splittable(model: nn.Module, data: Task, strategy: str) -> None:
     raise UsageError(
         f"--strategy {strategy} cuts the model into consecutive stages, but "
         f"{type(model).__name__} is not an nn.Sequential, has no as_sequential() method and "
-        "is not a list of blocks: return an nn.Sequential from the model factory (or add "
-        "as_sequential() returning one that shares the modules), or use --strategy single, "
+        "is not an nn.ModuleList of blocks (a Python list is not a module): return an "
+        "nn.Sequential or nn.ModuleList from the model factory (or add as_sequential() "
+        "returning an nn.Sequential that shares the modules), or use --strategy single, "
         "dp, ddp or fsdp."
     )
 

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset, IterableDataset
 
 from torchgpu.data.base import ExampleData
-from torchgpu.data.batches import DictPairs, output_loss
+from torchgpu.data.batches import DictPairs, check_dict_item, output_loss
 from torchgpu.errors import DataError, UsageError
 from torchgpu.train import optimizers
 from torchgpu.train.metrics import MetricLike, check_metrics
@@ -132,6 +132,7 @@ def _is_dict_dataset(dataset: Dataset[Any], what: str) -> bool:
             "map-style Dataset must return a sample for index 0"
         ) from None
     if isinstance(item, Mapping):
+        check_dict_item(item, what)  # tokenizer-style Python lists: refused with the fix
         return True
     if isinstance(item, tuple | list) and len(item) == 2:
         return False
@@ -216,6 +217,8 @@ def as_factory(model: nn.Module | Callable[[], nn.Module], what: str = "model"
                 raise UsageError(
                     f"the {what} factory returned a {type(built).__name__}, not an nn.Module: "
                     "return the model from the factory (or pass the module itself)"
+                    + ("; blocks go in an nn.ModuleList or nn.Sequential, not a Python list"
+                       if isinstance(built, list | tuple) else "")
                 )
             return built
 

@@ -1,0 +1,91 @@
+"""Inputs users get wrong, refused before anything is written with the fix named:
+tokenizer-style items (Python lists of token ids), a (train, eval) pair passed as the
+training data, a factory returning a Python list of blocks, and a model that cannot be
+cut into stages (the accepted form, nn.ModuleList, named)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from tests.procs import run_cli
+from tests.user_models import BNConvNet, ImageDataset, TinyCausalLM, TokenDataset
+from torchgpu import fit
+from torchgpu.errors import DataError, UsageError
+
+
+class ListTokens(Dataset[dict[str, Any]]):
+    """What a tokenizer returns without return_tensors: Python lists of ints."""
+
+    def __init__(self, n: int = 16) -> None:
+        self.ids = TokenDataset(n).ids
+
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        ids = self.ids[i].tolist()
+        return {"input_ids": ids, "attention_mask": [1] * len(ids), "labels": ids}
+
+
+def list_tokens() -> ListTokens:  # a --data spec
+    return ListTokens()
+
+
+def test_tokenizer_lists_are_refused_with_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(DataError) as info:
+        fit(TinyCausalLM, ListTokens(), epochs=1, batch_size=4, out=tmp_path / "run",
+            progress="off")
+    message = str(info.value)
+    assert "'input_ids' is a Python list of 12 ints" in message
+    assert "return_tensors='pt'" in message and "torch.tensor" in message
+    assert not (tmp_path / "run").exists()
+
+
+def test_tokenizer_lists_exit_2_on_the_cli(tmp_path: Path) -> None:
+    proc = run_cli(["train", "--model", "tests.user_models:lm_factory",
+                    "--data", "tests.unit.test_fit_bad_inputs:list_tokens",
+                    "--epochs", "1", "--batch-size", "4", "--out", str(tmp_path / "run")])
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "Python list of 12 ints" in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_train_eval_pair_as_train_data_says_how_to_pass_it(tmp_path: Path) -> None:
+    for pair in [(ImageDataset(8), ImageDataset(4)), [ImageDataset(8), None]]:
+        with pytest.raises(UsageError, match=r"\(train, eval\) pair of datasets.*eval_data="):
+            fit(BNConvNet, pair, loss=nn.CrossEntropyLoss(), out=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    # a list of samples is still data, not a pair of datasets
+    samples = [ImageDataset(8)[i] for i in range(8)]
+    result = fit(BNConvNet, samples, loss=nn.CrossEntropyLoss(), epochs=1, batch_size=4,
+                 progress="off")
+    assert result.summary["final"]["train_loss"] > 0
+
+
+def blocks_list() -> list[nn.Module]:  # a --model spec returning a Python list
+    return [nn.Linear(4, 4), nn.Linear(4, 1)]
+
+
+def test_a_list_of_blocks_is_told_to_be_a_module_list() -> None:
+    with pytest.raises(UsageError, match=r"nn\.ModuleList or nn\.Sequential, not a Python list"):
+        fit(blocks_list, [(torch.zeros(4), torch.zeros(1))] * 4, loss=nn.MSELoss(),
+            progress="off")
+
+
+def test_split_strategies_name_the_module_list(tmp_path: Path) -> None:
+    proc = run_cli(["train", "--model", "tests.user_models:cnn_factory",
+                    "--data", "tests.user_models:cnn_data", "--loss", "cross_entropy",
+                    "--strategy", "model", "--devices", "cpu,cpu", "--epochs", "1",
+                    "--out", str(tmp_path / "run")])
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "is not an nn.ModuleList of blocks" in proc.stderr
+    proc = run_cli(["train", "--model", "tests.unit.test_fit_bad_inputs:blocks_list",
+                    "--data", "tests.user_models:cnn_data", "--loss", "cross_entropy",
+                    "--epochs", "1", "--out", str(tmp_path / "run")])
+    assert proc.returncode == 2 and "nn.ModuleList or nn.Sequential" in proc.stderr
