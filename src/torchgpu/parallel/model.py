@@ -30,6 +30,7 @@ from typing import Any, Literal, TypeVar
 import torch
 from torch import nn
 
+from torchgpu.devices.cuda_status import cuda_device_count
 from torchgpu.errors import (
     BalanceError,
     ConfigError,
@@ -176,7 +177,7 @@ def parse_devices(devices: Sequence[DeviceLike]) -> list[torch.device]:
                     f"{dev} requested but CUDA is not available in this process: use cpu devices "
                     "(e.g. ['cpu', 'cpu']) or run on a machine with a GPU"
                 )
-            count = torch.cuda.device_count()
+            count = cuda_device_count()
             if dev.index is not None and dev.index >= count:
                 raise DeviceSpecError(
                     f"{dev} requested but {count} GPU(s) are visible: use cuda:0..cuda:{count - 1} "
