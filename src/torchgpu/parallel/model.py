@@ -52,17 +52,12 @@ DeviceLike = str | int | torch.device
 BalanceSpec = Sequence[int] | Literal["size", "time"] | None
 
 
-def as_layers(module: nn.Module | Sequence[nn.Module]) -> tuple[nn.Module, list[nn.Module]]:
-    """``(owner, layers)``: the module whose state_dict is canonical, and its layers in order."""
-    owner, named = named_layers(module)
-    return owner, [layer for _, layer in named]
-
-
 def named_layers(
     module: nn.Module | Sequence[nn.Module],
 ) -> tuple[nn.Module, list[tuple[str, nn.Module]]]:
-    """``(owner, [(name, layer), ...])``: as :func:`as_layers`, with the sequential
-    view's child names (``"0"``, ``"1"``... or ``"stem"``, ``"layer1"``...).
+    """``(owner, [(name, layer), ...])``: the module whose state_dict is canonical and its
+    layers in order, with the sequential view's child names (``"0"``, ``"1"``... or
+    ``"stem"``, ``"layer1"``...).
 
     Every position the sequential view runs is listed, also a layer object that sits
     at several positions (``nn.Sequential(lin1, act, lin2, act)`` has four layers):
