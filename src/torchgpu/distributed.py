@@ -23,6 +23,7 @@ from typing import Any, Protocol, TypeVar
 import torch
 import torch.distributed as dist
 
+from torchgpu.devices.cuda_status import cuda_device_count
 from torchgpu.errors import ConfigError, DistributedError, NoDeviceError
 
 T = TypeVar("T")
@@ -249,7 +250,7 @@ def _bind_cuda_device(env: DistEnv) -> None:
             "the nccl backend needs CUDA GPUs and none is usable: use backend='gloo' "
             "(or --device cpu) to run on CPU."
         )
-    count = torch.cuda.device_count()
+    count = cuda_device_count()
     if env.local_rank >= count:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         raise NoDeviceError(

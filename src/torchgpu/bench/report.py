@@ -37,6 +37,7 @@ from torchgpu.bench.plots import write_plot
 from torchgpu.bench.pressure import NOISY_STALLED_FRACTION, CpuPressure
 from torchgpu.bench.result import SuiteResult
 from torchgpu.bench.timer import Measurement, Ratio
+from torchgpu.devices.cuda_status import cuda_device_count
 from torchgpu.devices.host import cpu_name
 
 SCHEMA = "torchgpu.bench/2"
@@ -320,7 +321,7 @@ def machine_tag() -> str:
         return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:40]
 
     if torch.cuda.is_available():
-        count = torch.cuda.device_count()
+        count = cuda_device_count()
         return f"{count}x-{slug(torch.cuda.get_device_name(0))}"
     return f"cpu-{os.cpu_count() or 1}c-{slug(cpu_name())}"
 

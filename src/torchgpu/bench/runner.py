@@ -22,6 +22,7 @@ import torch
 from torchgpu.bench.pressure import PressureMonitor
 from torchgpu.bench.result import SuiteResult
 from torchgpu.bench.suites import SUITES
+from torchgpu.devices.cuda_status import cuda_device_count
 from torchgpu.errors import UsageError
 
 # Every CPU variant, in this process and in worker processes alike, runs with this many
@@ -92,7 +93,7 @@ def prepare_out(out: Path, force: bool = False) -> Path:
 def default_devices() -> list[torch.device]:
     """Every visible CUDA device, else the CPU. Asking initialises nothing at import time."""
     if torch.cuda.is_available():
-        return [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+        return [torch.device("cuda", i) for i in range(cuda_device_count())]
     return [torch.device("cpu")]
 
 

@@ -160,12 +160,6 @@ def _holds_checkpoints(parent: Path, besides: str) -> bool:
     return False
 
 
-def checkpoints_parent(path: Path) -> Path:
-    """The directory holding the checkpoints that ``path`` designates: ``path`` itself,
-    or its ``checkpoints/`` subdirectory when ``path`` is a run directory."""
-    return locate(path).parent or path
-
-
 def list_checkpoints(parent: Path) -> list[Path]:
     """Complete checkpoint directories directly inside ``parent``, oldest commit first
     (``created_unix_s`` in meta.json, then modification time, then step)."""

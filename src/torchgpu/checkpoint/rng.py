@@ -20,7 +20,7 @@ from typing import Any, TypedDict
 import torch
 from torch import Tensor
 
-from torchgpu.devices.cuda_status import cuda_initialized
+from torchgpu.devices.cuda_status import cuda_device_count, cuda_initialized
 from torchgpu.errors import CheckpointError
 
 
@@ -125,7 +125,7 @@ def _restore_cuda(states: list[torch.Tensor]) -> None:
             "available here; CUDA random streams are not restored (CPU, python and numpy are)",
             UserWarning, stacklevel=3)
         return
-    count = torch.cuda.device_count()
+    count = cuda_device_count()
     if count < len(states):
         warnings.warn(
             f"the checkpoint holds CUDA RNG states for {len(states)} GPUs but {count} are "

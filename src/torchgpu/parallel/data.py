@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from torchgpu.devices.cuda_status import cuda_device_count
 from torchgpu.errors import ConfigError
 
 MODES: tuple[str, ...] = ("dp", "ddp", "fsdp")
@@ -125,7 +126,7 @@ def _wrap_dp(
     model: nn.Module, device: torch.device | None, batch_size: int | None, **kw: Any
 ) -> nn.Module:
     on_cuda = device is None or device.type == "cuda"
-    count = torch.cuda.device_count() if on_cuda and torch.cuda.is_available() else 0
+    count = cuda_device_count() if on_cuda and torch.cuda.is_available() else 0
     if count == 0:
         where = device if device is not None else torch.device("cpu")
         reason = (

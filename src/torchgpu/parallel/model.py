@@ -30,6 +30,7 @@ from typing import Any, Literal, TypeVar
 import torch
 from torch import nn
 
+from torchgpu.devices.cuda_status import cuda_device_count
 from torchgpu.errors import (
     BalanceError,
     ConfigError,
@@ -51,17 +52,12 @@ DeviceLike = str | int | torch.device
 BalanceSpec = Sequence[int] | Literal["size", "time"] | None
 
 
-def as_layers(module: nn.Module | Sequence[nn.Module]) -> tuple[nn.Module, list[nn.Module]]:
-    """``(owner, layers)``: the module whose state_dict is canonical, and its layers in order."""
-    owner, named = named_layers(module)
-    return owner, [layer for _, layer in named]
-
-
 def named_layers(
     module: nn.Module | Sequence[nn.Module],
 ) -> tuple[nn.Module, list[tuple[str, nn.Module]]]:
-    """``(owner, [(name, layer), ...])``: as :func:`as_layers`, with the sequential
-    view's child names (``"0"``, ``"1"``... or ``"stem"``, ``"layer1"``...).
+    """``(owner, [(name, layer), ...])``: the module whose state_dict is canonical and its
+    layers in order, with the sequential view's child names (``"0"``, ``"1"``... or
+    ``"stem"``, ``"layer1"``...).
 
     Every position the sequential view runs is listed, also a layer object that sits
     at several positions (``nn.Sequential(lin1, act, lin2, act)`` has four layers):
@@ -176,7 +172,7 @@ def parse_devices(devices: Sequence[DeviceLike]) -> list[torch.device]:
                     f"{dev} requested but CUDA is not available in this process: use cpu devices "
                     "(e.g. ['cpu', 'cpu']) or run on a machine with a GPU"
                 )
-            count = torch.cuda.device_count()
+            count = cuda_device_count()
             if dev.index is not None and dev.index >= count:
                 raise DeviceSpecError(
                     f"{dev} requested but {count} GPU(s) are visible: use cuda:0..cuda:{count - 1} "
