@@ -333,3 +333,13 @@ def broadcast_object(obj: T, src: int = 0) -> T:
     box: list[T] = [obj]  # rank src's obj on every rank after the broadcast
     dist.broadcast_object_list(box, src=src)
     return box[0]
+
+
+def gather_objects(obj: T) -> list[T]:
+    """Every rank's ``obj``, in rank order, on every rank (``[obj]`` when not
+    distributed). Collective."""
+    if not _group_active():
+        return [obj]
+    out: list[T | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out  # type: ignore[return-value]  # every slot was filled by a rank

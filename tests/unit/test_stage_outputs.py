@@ -14,7 +14,7 @@ from torch import nn
 
 from tests.procs import run_cli
 from torchgpu.errors import MicroBatchTypeError
-from torchgpu.parallel.stages import _StageForward, check_stage_output
+from torchgpu.parallel.stage_forward import StageForward, check_stage_output
 
 
 class ToDict(nn.Module):
@@ -52,7 +52,7 @@ def test_the_check_runs_once_per_stage() -> None:
             calls.append(1)
             return x
 
-    run = _StageForward(Spy(), None, None, index=0, last=False)
+    run = StageForward(Spy(), None, None, index=0, last=False)
     run(torch.ones(2))
     run(torch.ones(2))
     assert run._checked and len(calls) == 2

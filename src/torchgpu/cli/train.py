@@ -28,6 +28,7 @@ from torchgpu.train.config import (
 from torchgpu.train.config_file import FileSettings
 from torchgpu.train.optimizers import OPTIMIZER_NAMES
 from torchgpu.train.split_flags import parse_batch_size, parse_chunks
+from torchgpu.train.strategies.registry import describe as strategy_help
 
 
 def _parser() -> ArgumentParser:
@@ -63,7 +64,7 @@ def _parser() -> ArgumentParser:
     run = p.add_argument_group("training")
     run.add_argument("--strategy", default="auto", help=f"{'|'.join(STRATEGIES)} "
                      "(auto: ddp with several processes, else single, unless the planner "
-                     "finds the model does not fit one device)")
+                     f"finds the model does not fit one device; {strategy_help()})")
     run.add_argument("--chunks", type=parse_chunks, metavar="M|auto",
                      help="micro-batches per batch (pipeline); auto measures the fastest")
     run.add_argument("--devices", metavar="LIST", help="stage devices for --strategy "

@@ -184,16 +184,6 @@ def output_loss(output: object, batch: object) -> Tensor:
     return loss
 
 
-def float_output(output: object) -> Tensor | None:
-    """The tensor to compute built-in metrics on: the output itself, or its ``.logits``."""
-    if isinstance(output, Tensor):
-        return output.float()
-    logits = getattr(output, "logits", None)
-    if logits is None and isinstance(output, Mapping):
-        logits = output.get("logits")
-    return logits.float() if isinstance(logits, Tensor) else None
-
-
 def is_empty(obj: object) -> bool:
     """True for a batch with zero rows (a DDP rank's empty share of the last batch)."""
     try:

@@ -37,12 +37,13 @@ from torchgpu.precision import resolve_mode
 from torchgpu.train import build, strategies
 from torchgpu.train.auto_batch import simulated_limit
 from torchgpu.train.auto_strategy import decide_strategy
-from torchgpu.train.checkpointing import RunStart, plan_resume
+from torchgpu.train.checkpointing import RunStart
 from torchgpu.train.config import TrainConfig, resolve, validate
 from torchgpu.train.faults import crash_plan_from_env, hang_plan_from_env
 from torchgpu.train.memory_snapshot import refuse_off_cuda
 from torchgpu.train.out_dir import check_creatable, check_out_dir
 from torchgpu.train.plugin import task_for_config, with_optimizer
+from torchgpu.train.resume_plan import plan_resume
 from torchgpu.train.task import Task, probe
 
 

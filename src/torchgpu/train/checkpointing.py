@@ -84,11 +84,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -98,121 +97,21 @@ from torch import nn
 from torchgpu.checkpoint import (
     LoadedCheckpoint,
     capture_rng_state,
-    find_checkpoint,
     load_checkpoint,
     restore_rng_state,
     save_checkpoint,
 )
 from torchgpu.checkpoint.atomic import write_pointer
 from torchgpu.checkpoint.discover import LATEST, later_checkpoints, newest_verified, set_aside
-from torchgpu.checkpoint.layout import read_meta
+from torchgpu.distributed import gather_objects
 from torchgpu.errors import CheckpointCorruptError, ResumeError
 from torchgpu.train import loop, outputs
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.faults import CrashPlan, HangPlan
 from torchgpu.train.heartbeat import Heartbeat
 from torchgpu.train.outputs import EpochRecord, MetricsBuffer
+from torchgpu.train.resume_plan import FIXED, ResumePlan, cannot_resume, checkpoints_dir
 from torchgpu.train.state import StopFlag, TrainState
-
-CHECKPOINTS_DIR = "checkpoints"
-RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
-# Settings that give the saved position its meaning; a resume must not change them.
-_FIXED = ("run_name", "example", "data", "target", "data_size", "seed", "batch_size",
-          "accumulate", "lr", "world_size", "batches_per_epoch")
-
-
-def checkpoints_dir(out: str | Path) -> Path:
-    """Where a run with ``--out OUT`` keeps its checkpoints: ``OUT/checkpoints``."""
-    return Path(out) / CHECKPOINTS_DIR
-
-
-def restart_count(environ: Mapping[str, str] | None = None) -> int:
-    """How many times torchrun has restarted this worker group (0 outside torchrun)."""
-    raw = (os.environ if environ is None else environ).get(RESTART_ENV, "0")
-    try:
-        return max(0, int(raw))
-    except ValueError:
-        return 0
-
-
-@dataclass(frozen=True)
-class ResumePlan:
-    """Where a run starts. ``source``: the checkpoint directory to resume from (``None``:
-    from scratch). ``continuing``: ``--out`` may already hold this run's files.
-    ``notes``: what to tell the user (a fallback, a restart). ``named``: ``source`` was
-    given explicitly (``--resume CHECKPOINT_DIR``), not found through ``latest``, so a
-    damaged one is an error rather than a fallback."""
-
-    source: Path | None = None
-    continuing: bool = False
-    notes: tuple[str, ...] = ()
-    named: bool = False
-
-
-def _find(where: Path) -> tuple[Path | None, tuple[str, ...]]:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        found = find_checkpoint(where)
-    return found, tuple(f"note: {w.message}" for w in caught)
-
-
-def plan_resume(config: TrainConfig, environ: Mapping[str, str] | None = None) -> ResumePlan:
-    """Decide where the run (``config`` resolved: ``out`` set) starts; touches nothing but
-    orphan temporaries. Raises :class:`ResumeError` when ``--resume`` finds no checkpoint.
-
-    ``--resume``: ``OUT/checkpoints``; ``--resume DIR``: DIR. Under a torchrun restart the
-    run's own newest checkpoint wins (it is newer than DIR); without one, ``--resume`` is
-    honoured as given, or the run starts over.
-    """
-    assert config.out is not None
-    restarts = restart_count(environ)
-    own = checkpoints_dir(config.out)
-    if restarts > 0:
-        found, notes = _find(own)
-        if found is not None:
-            return ResumePlan(found, True, (
-                *notes, f"note: torchrun restart {restarts}: resuming from {found}"))
-        if config.resume is None:
-            return ResumePlan(None, True, (
-                f"note: torchrun restart {restarts}: no checkpoint in {own} yet; "
-                "starting the run over",))
-    if config.resume is None:
-        return ResumePlan()
-    where = Path(config.resume) if config.resume else own
-    found, notes = _find(where)
-    if found is None:
-        raise ResumeError(
-            f"--resume found no complete checkpoint in {where}: nothing to continue from, and "
-            "a resume never starts a fresh run silently. Pass the run's --out (its "
-            "checkpoints are written there by --save-every N or when a run is stopped), "
-            "--resume DIR naming a run, its checkpoints/ directory or one checkpoint, or "
-            "drop --resume to start from scratch."
-        )
-    _check_saved_settings(config, found)
-    return ResumePlan(found, True, notes, named=found.resolve() == where.resolve())
-
-
-def _check_saved_settings(config: TrainConfig, found: Path) -> None:
-    """Refuse, before anything is written, a resume that changes a setting the saved
-    position depends on, as far as the checkpoint's meta.json and ``config`` tell it now
-    (the rest -- world size, batches per epoch, a searched batch size -- is checked when
-    the checkpoint is loaded)."""
-    saved = read_meta(found).get("config")
-    if not isinstance(saved, dict):
-        return
-    changed = [f"{key} {saved[key]!r} -> {getattr(config, key)!r}" for key in _FIXED
-               if key in saved and getattr(config, key, None) is not None
-               and saved[key] != getattr(config, key)]
-    if changed:
-        raise _cannot_resume(found, changed)
-
-
-def _cannot_resume(path: Path, changed: list[str]) -> ResumeError:
-    return ResumeError(
-        f"cannot resume from {path} exactly: {', '.join(changed)} differ from the run that "
-        "saved it, so its data position and optimizer state mean something else. Resume "
-        "with the saved values, or start a new run (another --out, without --resume)."
-    )
 
 
 @dataclass(frozen=True)
@@ -220,7 +119,7 @@ class RunStart:
     """How the runner starts: the resume plan, the test-only crash and hang (see
     :mod:`torchgpu.train.faults`) and an optional step limit (stop after that step)."""
 
-    plan: ResumePlan = ResumePlan()
+    plan: ResumePlan = field(default_factory=ResumePlan)
     crash: CrashPlan | None = None
     stop_at_step: int | None = None
     hang: HangPlan | None = None
@@ -236,16 +135,6 @@ class Ranks:
     @property
     def is_distributed(self) -> bool:
         return self.world_size > 1
-
-
-def _gather(value: Any, ranks: Ranks) -> list[Any]:
-    if not ranks.is_distributed:
-        return [value]
-    import torch.distributed as dist
-
-    out: list[Any] = [None] * ranks.world_size
-    dist.all_gather_object(out, value)
-    return out
 
 
 def history_lines(state: TrainState, records: Iterable[EpochRecord]) -> list[str]:
@@ -386,7 +275,7 @@ class RunCheckpoints:
 
     def _load(self, source: Path, named: bool = False) -> TrainState:
         loaded = self._read_or_fall_back(source, named)
-        if len(set(_gather(str(loaded.path), self.ranks))) > 1:
+        if len(set(gather_objects(str(loaded.path)))) > 1:
             raise ResumeError(
                 f"the ranks loaded different checkpoints (rank {self.ranks.rank}: "
                 f"{loaded.path}); a damaged checkpoint read differently on some rank. Resume "
@@ -400,9 +289,9 @@ class RunCheckpoints:
             )
         saved = dict(extra.get("run") or {})
         changed = [f"{key} {saved.get(key)!r} -> {self.fingerprint[key]!r}"
-                   for key in _FIXED if key in saved and saved[key] != self.fingerprint[key]]
+                   for key in FIXED if key in saved and saved[key] != self.fingerprint[key]]
         if changed:
-            raise _cannot_resume(loaded.path, changed)
+            raise cannot_resume(loaded.path, changed)
         state = TrainState.from_dict(extra["train_state"])
         self.records[:] = [_record(r) for r in extra.get("epochs", [])]
         rngs = list(extra.get("rng_per_rank") or [])
@@ -480,7 +369,7 @@ class RunCheckpoints:
             self.before_save()
         rng = capture_rng_state()
         epoch_rng = self._epoch_rng if self._epoch_rng is not None else rng["torch"]
-        gathered = _gather((rng, epoch_rng), self.ranks)
+        gathered = gather_objects((rng, epoch_rng))
         extra = {
             "train_state": state.to_dict(),
             "epochs": [record.as_dict() for record in self.records],

@@ -62,16 +62,6 @@ def memory_reader(device: torch.device) -> Any:
     return read
 
 
-def gather(value: Any, distributed: bool) -> list[Any]:
-    if not distributed:
-        return [value]
-    import torch.distributed as dist
-
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, value)
-    return out
-
-
 def write_config(out_dir: Path, config: TrainConfig, world: int, device: torch.device,
                  model: nn.Module | None = None) -> None:
     """OUT/config.toml for the run: ``config`` as it ran, ``auto`` values resolved on

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from torchgpu.data.batches import install_call_convention
-from torchgpu.distributed import init_distributed
+from torchgpu.distributed import gather_objects, init_distributed
 from torchgpu.errors import CollectiveTimeoutError, DistributedError, TorchGpuError, first_line
 from torchgpu.train import build, outputs
 from torchgpu.train.assemble import Assembly, assemble, settle, with_stop_at
@@ -38,7 +38,6 @@ from torchgpu.train.progress import NullProgress, make_progress
 from torchgpu.train.report import (
     TrainResult,
     epoch_record,
-    gather,
     memory_reader,
     peak_memory,
     summary_of,
@@ -250,7 +249,7 @@ def _run(
     if beat is not None:
         beat.phase = "finishing"
     final_state = steps.full_state()
-    peaks = gather((str(device), build.device_name(device), peak_memory(device)), agree)
+    peaks = gather_objects((str(device), build.device_name(device), peak_memory(device)))
     summary = summary_of(config, data, mode, world, state, records, peaks, train_seconds,
                        time.perf_counter() - started, steps.stop, precision.mode, stopped_at)
     summary.update(ckpt.summary())

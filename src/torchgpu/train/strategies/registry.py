@@ -34,6 +34,11 @@ def names() -> tuple[str, ...]:
     return (AUTO, *REGISTRY)
 
 
+def describe() -> str:
+    """One clause per strategy, for ``--strategy``'s help: each strategy's own ``help``."""
+    return "; ".join(f"{name}: {strategy.help}" for name, strategy in REGISTRY.items())
+
+
 def get(name: str) -> Strategy:
     """The strategy called ``name`` (ConfigError naming the allowed ones otherwise)."""
     found = REGISTRY.get(name)

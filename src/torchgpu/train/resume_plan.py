@@ -1,0 +1,121 @@
+"""Where a run starts: from scratch, from a checkpoint ``--resume`` names, or -- under a
+torchrun restart -- from the run's own newest checkpoint (:func:`plan_resume`).
+
+Decided during assembly, before ``--out`` is written: a resume that finds no checkpoint,
+or one saved with settings the run now changes (the data position and optimizer state
+would mean something else), is refused here (:class:`~torchgpu.errors.ResumeError`).
+Loading the checkpoint is :class:`torchgpu.train.checkpointing.RunCheckpoints`' job.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchgpu.checkpoint import find_checkpoint
+from torchgpu.checkpoint.layout import read_meta
+from torchgpu.errors import ResumeError
+from torchgpu.train.config import TrainConfig
+
+CHECKPOINTS_DIR = "checkpoints"
+RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
+# Settings that give the saved position its meaning; a resume must not change them.
+FIXED = ("run_name", "example", "data", "target", "data_size", "seed", "batch_size",
+          "accumulate", "lr", "world_size", "batches_per_epoch")
+
+
+def checkpoints_dir(out: str | Path) -> Path:
+    """Where a run with ``--out OUT`` keeps its checkpoints: ``OUT/checkpoints``."""
+    return Path(out) / CHECKPOINTS_DIR
+
+
+def restart_count(environ: Mapping[str, str] | None = None) -> int:
+    """How many times torchrun has restarted this worker group (0 outside torchrun)."""
+    raw = (os.environ if environ is None else environ).get(RESTART_ENV, "0")
+    try:
+        return max(0, int(raw))
+    except ValueError:
+        return 0
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """Where a run starts. ``source``: the checkpoint directory to resume from (``None``:
+    from scratch). ``continuing``: ``--out`` may already hold this run's files.
+    ``notes``: what to tell the user (a fallback, a restart). ``named``: ``source`` was
+    given explicitly (``--resume CHECKPOINT_DIR``), not found through ``latest``, so a
+    damaged one is an error rather than a fallback."""
+
+    source: Path | None = None
+    continuing: bool = False
+    notes: tuple[str, ...] = ()
+    named: bool = False
+
+
+def _find(where: Path) -> tuple[Path | None, tuple[str, ...]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        found = find_checkpoint(where)
+    return found, tuple(f"note: {w.message}" for w in caught)
+
+
+def plan_resume(config: TrainConfig, environ: Mapping[str, str] | None = None) -> ResumePlan:
+    """Decide where the run (``config`` resolved: ``out`` set) starts; touches nothing but
+    orphan temporaries. Raises :class:`ResumeError` when ``--resume`` finds no checkpoint.
+
+    ``--resume``: ``OUT/checkpoints``; ``--resume DIR``: DIR. Under a torchrun restart the
+    run's own newest checkpoint wins (it is newer than DIR); without one, ``--resume`` is
+    honoured as given, or the run starts over.
+    """
+    assert config.out is not None
+    restarts = restart_count(environ)
+    own = checkpoints_dir(config.out)
+    if restarts > 0:
+        found, notes = _find(own)
+        if found is not None:
+            return ResumePlan(found, True, (
+                *notes, f"note: torchrun restart {restarts}: resuming from {found}"))
+        if config.resume is None:
+            return ResumePlan(None, True, (
+                f"note: torchrun restart {restarts}: no checkpoint in {own} yet; "
+                "starting the run over",))
+    if config.resume is None:
+        return ResumePlan()
+    where = Path(config.resume) if config.resume else own
+    found, notes = _find(where)
+    if found is None:
+        raise ResumeError(
+            f"--resume found no complete checkpoint in {where}: nothing to continue from, and "
+            "a resume never starts a fresh run silently. Pass the run's --out (its "
+            "checkpoints are written there by --save-every N or when a run is stopped), "
+            "--resume DIR naming a run, its checkpoints/ directory or one checkpoint, or "
+            "drop --resume to start from scratch."
+        )
+    _check_saved_settings(config, found)
+    return ResumePlan(found, True, notes, named=found.resolve() == where.resolve())
+
+
+def _check_saved_settings(config: TrainConfig, found: Path) -> None:
+    """Refuse, before anything is written, a resume that changes a setting the saved
+    position depends on, as far as the checkpoint's meta.json and ``config`` tell it now
+    (the rest -- world size, batches per epoch, a searched batch size -- is checked when
+    the checkpoint is loaded)."""
+    saved = read_meta(found).get("config")
+    if not isinstance(saved, dict):
+        return
+    changed = [f"{key} {saved[key]!r} -> {getattr(config, key)!r}" for key in FIXED
+               if key in saved and getattr(config, key, None) is not None
+               and saved[key] != getattr(config, key)]
+    if changed:
+        raise cannot_resume(found, changed)
+
+
+def cannot_resume(path: Path, changed: list[str]) -> ResumeError:
+    return ResumeError(
+        f"cannot resume from {path} exactly: {', '.join(changed)} differ from the run that "
+        "saved it, so its data position and optimizer state mean something else. Resume "
+        "with the saved values, or start a new run (another --out, without --resume)."
+    )
