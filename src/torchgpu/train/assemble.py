@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchgpu.devices.cuda_status import cuda_device_count
 from torchgpu.distributed import DistEnv
 from torchgpu.errors import UsageError
 from torchgpu.launcher import check_process_count
@@ -106,7 +107,7 @@ def processes_to_start(config: TrainConfig) -> int:
     several = (config.strategy != strategies.AUTO
                and strategies.get(config.strategy).processes == "several")
     if several and config.device in ("auto", "cuda") and torch.cuda.is_available():
-        return max(1, torch.cuda.device_count())
+        return max(1, cuda_device_count())
     return 1
 
 
@@ -114,7 +115,7 @@ def _check_launch(nproc: int, device: torch.device) -> None:
     """Refuse more processes than this node can hold: GPUs for CUDA, the per-core cap
     for CPU (gloo) processes."""
     if device.type == "cuda":
-        count = torch.cuda.device_count()
+        count = cuda_device_count()
         if nproc > count:
             raise UsageError(
                 f"--nproc {nproc} needs {nproc} GPUs on this node but {count} are visible: "

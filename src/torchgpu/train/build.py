@@ -9,7 +9,7 @@ created. What differs per strategy is asked of the strategy object
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -17,6 +17,9 @@ from torch import nn
 from torchgpu.distributed import DistEnv
 from torchgpu.train import strategies
 from torchgpu.train.config import TrainConfig
+
+if TYPE_CHECKING:
+    from torchgpu.train.task import Task
 
 
 def choose_device(config: TrainConfig, env: DistEnv) -> torch.device:
@@ -91,7 +94,7 @@ def wrap_model(
     model: nn.Module,
     choice: strategies.Choice,
     config: TrainConfig,
-    data: Any,  # the run's Task
+    data: Task,
     device: torch.device,
 ) -> tuple[nn.Module, tuple[str, ...]]:
     """Activation checkpointing (if asked), then the strategy places and wraps the model.

@@ -26,13 +26,16 @@ from __future__ import annotations
 import sys
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from torchgpu.train import strategies
 from torchgpu.train.config import TrainConfig
+
+if TYPE_CHECKING:
+    from torchgpu.train.task import Task
 
 NOT_ASKED = ("not estimated on CPU (its peak is the process's resident memory, Python and "
              "data included): pass --estimate-memory (about a second) to record the "
@@ -130,7 +133,7 @@ def from_plan(plan: Any, mode: str) -> dict[str, Any] | None:
             "per_device_bytes": list(row.per_device_bytes), "devices": list(row.devices)}
 
 
-def from_estimator(config: TrainConfig, task: Any, mode: str, world: int,
+def from_estimator(config: TrainConfig, task: Task, mode: str, world: int,
                    devices: Sequence[str], model: nn.Module) -> dict[str, Any]:
     """:func:`torchgpu.estimate_memory` for the run's settings on a :func:`meta_twin` of
     the trained ``model`` (``devices``: the device of each rank, or the one device of a
@@ -171,7 +174,7 @@ def from_estimator(config: TrainConfig, task: Any, mode: str, world: int,
             "devices": names, **_measured(names)}
 
 
-def memory_estimate(config: TrainConfig, plan: Any | None, task: Any, mode: str,
+def memory_estimate(config: TrainConfig, plan: Any | None, task: Task, mode: str,
                     world: int, device: str = "cpu", *, model: nn.Module | None = None,
                     devices: Sequence[str] | None = None) -> dict[str, Any]:
     """The ``memory_estimate`` entry of the summary (see the module docstring).

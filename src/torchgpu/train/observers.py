@@ -24,6 +24,7 @@ from torchgpu.train.state import TrainState
 if TYPE_CHECKING:
     from torchgpu.train.memory_snapshot import MemoryRecorder
     from torchgpu.train.profiling import StepProfiler
+    from torchgpu.train.task import Task
     from torchgpu.train.tblog import TensorBoardLog
 
 
@@ -91,7 +92,7 @@ class Observers:
             if self.memory is not None:
                 self.memory.finish()
 
-    def report(self, summary: dict[str, Any], config: TrainConfig, planned: Any, task: Any,
+    def report(self, summary: dict[str, Any], config: TrainConfig, planned: Any, task: Task,
                mode: str, world: int) -> None:
         """Add what was observed to ``summary`` (rank 0): ``profile``, ``memory_estimate``
         (and ``estimated_peak_bytes`` per device), ``memory_snapshots``, and ``files``."""

@@ -13,7 +13,7 @@ import resource
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -25,6 +25,9 @@ from torchgpu.train.evaluation import EvalResult
 from torchgpu.train.outputs import EpochRecord
 from torchgpu.train.progress import read_process_rss
 from torchgpu.train.state import StopFlag, TrainState
+
+if TYPE_CHECKING:
+    from torchgpu.train.task import Task
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,7 @@ def epoch_record(state: TrainState, result: EvalResult, samples: int, seconds: f
     )
 
 
-def summary_of(config: TrainConfig, data: Any, mode: str, world: int, state: TrainState,
+def summary_of(config: TrainConfig, data: Task, mode: str, world: int, state: TrainState,
              records: list[EpochRecord], peaks: list[Any], train_seconds: float,
              wall_seconds: float, stop: StopFlag, precision_mode: str,
              stopped_at: int | None = -1) -> dict[str, Any]:

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from torchgpu.train.faults import HangPlan
     from torchgpu.train.heartbeat import Heartbeat
     from torchgpu.train.strategies import Strategy
+    from torchgpu.train.task import Task
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class StepContext:
     world: int
     agree: bool
     device: torch.device
-    task: Any  # the run's torchgpu.train.task.Task
+    task: Task
     model: nn.Module
     precision: Precision
     stop: StopFlag

@@ -143,7 +143,7 @@ def _run(
     agree: bool,
     device: torch.device,
     strategy: Strategy,
-    data: Any,
+    data: Task,
     model: nn.Module,
     out_dir: Path | None,
     notes: tuple[str, ...],

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from torchgpu.devices.cuda_status import cuda_device_count
 from torchgpu.distributed import DistEnv
 from torchgpu.errors import UsageError
 from torchgpu.train.split_flags import device_list, parse_balance, processes
@@ -47,7 +48,7 @@ def stage_devices(config: TrainConfig) -> list[torch.device]:
 
     if config.devices is not None:
         return parse_devices(device_list(config.devices))
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    count = cuda_device_count() if torch.cuda.is_available() else 0
     if count >= 2:
         return parse_devices([f"cuda:{i}" for i in range(count)])
     raise UsageError(

@@ -60,6 +60,7 @@ from torchgpu.train.state import StopFlag, TrainState
 if TYPE_CHECKING:
     from torchgpu.precision import Precision
     from torchgpu.train.config import TrainConfig
+    from torchgpu.train.task import Task
 
 #: The profiler's name for a forward (torchgpu.train.profiling.FORWARD_LABEL, which this
 #: module cannot import: train.profiling imports the config, which imports the strategies).
@@ -104,7 +105,7 @@ class StageTrainer:
     """This rank's stage(s) (one :class:`StagePipeline`, any batch shape) and its optimizer."""
 
     def __init__(self, model: nn.Module, config: TrainConfig, device: torch.device,
-                 data: Any, precision: Precision, chunks: int | None = None) -> None:
+                 data: Task, precision: Precision, chunks: int | None = None) -> None:
         from torchgpu.parallel.stages import StagePipeline
 
         assert config.batch_size is not None and config.lr is not None

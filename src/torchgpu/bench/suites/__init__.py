@@ -16,7 +16,8 @@ SUITES: dict[str, tuple[str, str]] = {
     "parallel": ("torchgpu.bench.suites.parallel", "ResNet-50: one device vs split vs pipeline"),
     "split-sweep": ("torchgpu.bench.suites.split_sweep", "pipeline time over split sizes"),
     "dp-ddp": ("torchgpu.bench.suites.dp_ddp", "DataParallel vs DDP throughput and memory"),
-    "checkpointing": ("torchgpu.bench.suites.checkpointing", "activation memory vs time"),
+    "checkpointing": ("torchgpu.bench.suites.activation_checkpointing",
+                      "activation memory vs time"),
     "accumulation": ("torchgpu.bench.suites.accumulation", "memory vs micro-batch, fixed batch"),
     "overhead": ("torchgpu.bench.suites.overhead", "raw loop vs torchgpu vs Fabric/Accelerate"),
 }

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from torchgpu.bench.result import Plot, SuiteResult
-from torchgpu.bench.suites.checkpointing import memory_time_verdicts
+from torchgpu.bench.suites.activation_checkpointing import memory_time_verdicts
 from torchgpu.bench.suites.common import rounds_for, sync_for
 from torchgpu.bench.suites.resnet_run import ResNetRun, peak_bytes, workload
 from torchgpu.bench.timer import Measurement, measure_interleaved, pairwise_ratios

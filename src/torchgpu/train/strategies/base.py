@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from torchgpu.distributed import DistEnv
     from torchgpu.train.config import TrainConfig
     from torchgpu.train.run_steps import RunSteps, StepContext
+    from torchgpu.train.task import Task
 
 #: Every --precision value; a strategy's ``precisions`` is a subset.
 ALL_PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "auto")
@@ -115,7 +116,7 @@ class Strategy:
         """What a several-process strategy runs as in one process."""
         return self
 
-    def check_task(self, task: Any, build_model: Callable[[], nn.Module]) -> None:
+    def check_task(self, task: Task, build_model: Callable[[], nn.Module]) -> None:
         """Refuse (UsageError) a model or data this strategy cannot train. A launcher calls
         it before any worker starts, so the refusal is one message, printed once;
         ``build_model`` builds the model (call it only when the check needs the model).
@@ -136,7 +137,7 @@ class Strategy:
         return None
 
     # -- the model -----------------------------------------------------------------------
-    def wrap(self, model: nn.Module, config: TrainConfig, task: Any,
+    def wrap(self, model: nn.Module, config: TrainConfig, task: Task,
              device: torch.device) -> tuple[nn.Module, tuple[str, ...]]:
         """``model`` (activation checkpointing already applied) placed and wrapped for
         training; notes to show. Default: moved to ``device``."""

@@ -20,6 +20,7 @@ from torchgpu.train.strategies.single import SINGLE
 
 if TYPE_CHECKING:
     from torchgpu.train.config import TrainConfig
+    from torchgpu.train.task import Task
 
 
 class DataParallel(Strategy):
@@ -30,7 +31,7 @@ class DataParallel(Strategy):
     processes = "one"
     features = Features()
 
-    def wrap(self, model: nn.Module, config: TrainConfig, task: Any,
+    def wrap(self, model: nn.Module, config: TrainConfig, task: Task,
              device: torch.device) -> tuple[nn.Module, tuple[str, ...]]:
         # wrap_data_parallel warns when it falls back to one device: shown as a note.
         with warnings.catch_warnings(record=True) as caught:
@@ -52,7 +53,7 @@ class Ddp(Strategy):
     def alone(self) -> Strategy:
         return SINGLE
 
-    def wrap(self, model: nn.Module, config: TrainConfig, task: Any,
+    def wrap(self, model: nn.Module, config: TrainConfig, task: Task,
              device: torch.device) -> tuple[nn.Module, tuple[str, ...]]:
         return wrap_data_parallel(model.to(device), self.name, device=device), ()
 

@@ -4,7 +4,7 @@ processes ``pipeline`` becomes one stage per process (:mod:`.stages`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -18,6 +18,7 @@ from torchgpu.train.strategies.stages import STAGES
 if TYPE_CHECKING:
     from torchgpu.distributed import DistEnv
     from torchgpu.train.config import TrainConfig
+    from torchgpu.train.task import Task
 
 _CUTS = ("it cuts every batch into micro-batches over its stages itself, so a smaller "
          "retry is the --batch-size/--chunks you pass")
@@ -61,7 +62,7 @@ class ModelSplit(Strategy):
     def device_note(self, config: TrainConfig) -> str | None:
         return f"device: stages on {config.devices} (--devices)" if config.devices else None
 
-    def wrap(self, model: nn.Module, config: TrainConfig, task: Any,
+    def wrap(self, model: nn.Module, config: TrainConfig, task: Task,
              device: torch.device) -> tuple[nn.Module, tuple[str, ...]]:
         return split_strategies.build_split_model(model, task, config, device, self.name), ()
 

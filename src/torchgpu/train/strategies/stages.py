@@ -28,7 +28,7 @@ each user sees:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -41,6 +41,7 @@ from torchgpu.train.strategies.base import Features, Strategy
 if TYPE_CHECKING:
     from torchgpu.train.config import TrainConfig
     from torchgpu.train.run_steps import RunSteps, StepContext
+    from torchgpu.train.task import Task
 
 _STRANDED = ("a stage that runs out of memory raises inside the schedule while the other "
              "stages wait in their sends and receives for data that never comes, so no "
@@ -69,7 +70,7 @@ class StagePipeline(Strategy):
         # Every stage steps every batch: each rank walks the one-process order.
         return Shard(0, 1)
 
-    def wrap(self, model: nn.Module, config: TrainConfig, task: Any,
+    def wrap(self, model: nn.Module, config: TrainConfig, task: Task,
              device: torch.device) -> tuple[nn.Module, tuple[str, ...]]:
         return model, ()  # the stage trainer moves this rank's stages to its device
 
@@ -78,7 +79,7 @@ class StagePipeline(Strategy):
 
         return StageRun(ctx)
 
-    def check_task(self, task: Any, build_model: Callable[[], nn.Module]) -> None:
+    def check_task(self, task: Task, build_model: Callable[[], nn.Module]) -> None:
         from torchgpu.train.split_strategies import check_splittable
 
         check_splittable(build_model(), task, self.name)
