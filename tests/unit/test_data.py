@@ -413,3 +413,39 @@ def test_workers_load_the_launchers_data_instead_of_parsing_again(
         assert len(parsed) == 1
     assert table.HANDOFF_ENV not in os.environ
     assert not Path(handed).exists()
+
+
+@pytest.mark.parametrize("rank_world", [None, (0, 3), (2, 3)])
+def test_tensor_datasets_are_read_a_batch_at_a_time_with_the_same_batches(
+        rank_world: tuple[int, int] | None) -> None:
+    from torch.utils.data import Dataset, TensorDataset
+
+    from torchgpu.data.loader import batch_sampler_of
+    from torchgpu.train.shard import Shard
+
+    class RowByRow(Dataset[tuple[torch.Tensor, torch.Tensor]]):  # the same rows, one at a time
+        def __init__(self, inner: TensorDataset) -> None:
+            self.inner = inner
+
+        def __len__(self) -> int:
+            return len(self.inner)
+
+        def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+            x, y = self.inner[i]
+            return x, y
+
+    g = torch.Generator().manual_seed(5)
+    data = TensorDataset(torch.randn(37, 3, generator=g), torch.randint(0, 4, (37,), generator=g))
+    dist = Shard(*rank_world) if rank_world else None
+    fast = make_loader(data, 8, shuffle=True, seed=3, dist=dist, pad=False)
+    slow = make_loader(RowByRow(data), 8, shuffle=True, seed=3, dist=dist, pad=False)
+    assert fast.batch_sampler is None and slow.batch_sampler is not None  # whole batches
+    for epoch in (0, 1):
+        set_epoch(fast, epoch)
+        set_epoch(slow, epoch)
+        got, want = list(fast), list(slow)
+        assert len(got) == len(want) == len(fast) == len(slow)
+        for (a, b), (c, d) in zip(got, want, strict=True):
+            assert torch.equal(a, c) and torch.equal(b, d) and a.dtype == c.dtype
+    layout = getattr(batch_sampler_of(fast), "layout", None)
+    assert (layout is not None) == bool(rank_world)

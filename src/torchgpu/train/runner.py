@@ -155,6 +155,7 @@ def _run(
     """The run driver, the same for every strategy; what differs comes from the
     strategy's steps (:mod:`torchgpu.train.run_steps`)."""
     from torchgpu.data import make_loader
+    from torchgpu.data.loader import batch_sampler_of
     from torchgpu.precision import Precision
     from torchgpu.transfer import Prefetcher
 
@@ -172,7 +173,7 @@ def _run(
         config=config, rank=rank, world=world, agree=agree, device=device, task=data,
         model=model, precision=precision, stop=stop, out_dir=out_dir, heartbeat=beat,
         hang=start.hang, position=lambda: (state.step, state.epoch),
-        layout=getattr(train_loader.batch_sampler, "layout", None),
+        layout=getattr(batch_sampler_of(train_loader), "layout", None),
         resume_from=start.plan.source))
     config, parts, mode = steps.config, steps.parts, strategy.name
     assert config.epochs is not None
