@@ -340,6 +340,6 @@ def gather_objects(obj: T) -> list[T]:
     distributed). Collective."""
     if not _group_active():
         return [obj]
-    out: list[T | None] = [None] * dist.get_world_size()
+    out: list[T] = [obj] * dist.get_world_size()  # every slot is filled by its rank
     dist.all_gather_object(out, obj)
-    return out  # type: ignore[return-value]  # every slot was filled by a rank
+    return out

@@ -8,6 +8,7 @@ epoch repeats the first epoch's order.
 
 from __future__ import annotations
 
+from collections.abc import Sized
 from typing import Any, TypeGuard
 
 import torch
@@ -71,7 +72,11 @@ def make_loader(
     """
     if batch_size < 1:
         raise DataError(f"batch_size={batch_size} is not allowed: use a batch size of 1 or more")
-    n = len(dataset)  # type: ignore[arg-type]
+    if not isinstance(dataset, Sized):
+        raise DataError(
+            f"the dataset is a {type(dataset).__name__} without len(): make_loader takes a "
+            "map-style Dataset (with __len__ and __getitem__)")
+    n = len(dataset)
     if n == 0:
         raise DataError("the dataset is empty: there is nothing to load; check the data source")
     pin = device is not None and torch.device(device).type == "cuda"

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 from torch import Tensor
 
@@ -46,7 +46,7 @@ MetricFn = Callable[[Any, Any], float]
 MetricLike = Metric | MetricFn
 
 
-def aggregates(metric: object) -> bool:
+def aggregates(metric: object) -> TypeGuard[Metric]:
     """True when ``metric`` is an object with ``reset``/``update``/``compute`` (checked
     before callability: a torchmetrics Metric is callable too)."""
     return all(callable(getattr(metric, name, None)) for name in ("reset", "update", "compute"))
@@ -99,29 +99,32 @@ class Tally:
     :meth:`results`. Functions are summed weighted by rows; objects are updated."""
 
     def __init__(self, metrics: Mapping[str, MetricLike] | None) -> None:
-        self._metrics = dict(metrics or {})
-        self._sums = {name: 0.0 for name, m in self._metrics.items() if not aggregates(m)}
-        self._count = 0
-        for metric in self._metrics.values():
+        self._objects: dict[str, Metric] = {}
+        self._functions: dict[str, MetricFn] = {}
+        for name, metric in (metrics or {}).items():
             if aggregates(metric):
-                metric.reset()  # type: ignore[union-attr]
+                metric.reset()
+                self._objects[name] = metric
+            elif callable(metric):  # checked by check_metrics: a function otherwise
+                self._functions[name] = metric
+        self._names = list(metrics or {})
+        self._sums = dict.fromkeys(self._functions, 0.0)
+        self._count = 0
 
     def update(self, output: Any, target: Any, rows: int) -> None:
         """One batch of ``rows`` samples: its output and its target (or the dict batch)."""
         self._count += rows
-        for name, metric in self._metrics.items():
-            if name in self._sums:
-                self._sums[name] += _number(metric(output, target), name) * rows  # type: ignore[operator]
-            else:
-                metric.update(output, target)  # type: ignore[union-attr]
+        for name, fn in self._functions.items():
+            self._sums[name] += _number(fn(output, target), name) * rows
+        for metric in self._objects.values():
+            metric.update(output, target)
 
     def results(self) -> dict[str, float]:
         """Every metric by name; NaN for all of them when no sample was seen."""
         if self._count == 0:
-            return {name: math.nan for name in self._metrics}
+            return dict.fromkeys(self._names, math.nan)
         return {name: self._sums[name] / self._count if name in self._sums
-                else _number(metric.compute(), name)  # type: ignore[union-attr]
-                for name, metric in self._metrics.items()}
+                else _number(self._objects[name].compute(), name) for name in self._names}
 
 
 class R2:

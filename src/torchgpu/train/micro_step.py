@@ -127,7 +127,8 @@ class MicroStep:
                     return value, not math.isfinite(value), stepped, None
                 return self._settle(value, False, None, x, y)  # a step the scaler skipped
             # backed off (or poisoned): the pieces run in the back-off
-            outcome = backoff.run_batch(x, y)  # type: ignore[union-attr]
+            assert backoff is not None  # routed only through an armed back-off
+            outcome = backoff.run_batch(x, y)
         except NonFiniteGradients:  # DDP: the boundary's all-reduced grads are not finite
             self.acc.reset()
             outcome = (backoff.after_nonfinite(self._window(x, y)) if backoff is not None

@@ -88,4 +88,5 @@ def _checked_loss(fn: Any, spec: str) -> LossFn:
             f"--loss {spec} is a {type(fn).__name__}, not a function: name a function "
             "loss(output, target) -> Tensor (or an nn.Module loss class)"
         )
-    return fn  # type: ignore[no-any-return]
+    loss: LossFn = fn
+    return loss

@@ -89,7 +89,7 @@ def split_device(config: TrainConfig, env: DistEnv) -> torch.device:
 def sample_batch(data: Task, rows: int) -> tuple[Any, Any]:
     """The first ``rows`` training samples ``(x, y)`` of a Task (balance and chunk
     measurements)."""
-    n = max(1, min(rows, len(data.train)))  # type: ignore[arg-type]
+    n = max(1, min(rows, data.train_rows))
     x, y = data.sample(n)
     return x, y
 

@@ -17,7 +17,7 @@ object with ``reset``/``update``/``compute`` (torchmetrics-style) for aggregated
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sized
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,7 +81,8 @@ class Task:
     @property
     def train_rows(self) -> int:
         """Samples in the training split (a map-style Dataset has ``len()``)."""
-        return len(self.train)  # type: ignore[arg-type]
+        assert isinstance(self.train, Sized)  # a map-style Dataset (check_dataset)
+        return len(self.train)
 
     def eval_batch(self, batch_size: int) -> int:
         """The held-out split's batch size when training takes ``batch_size`` rows."""
@@ -168,7 +169,8 @@ def check_dataset(dataset: Any, what: str) -> Dataset[Any]:
         )
     if len(dataset) == 0:
         raise DataError(f"{what} is empty: there is nothing to train on; check the data")
-    return dataset  # type: ignore[no-any-return]
+    checked: Dataset[Any] = dataset
+    return checked
 
 
 def user_task(build_model: Callable[[], nn.Module], train: Any, test: Any = None,
