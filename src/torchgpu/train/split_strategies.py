@@ -20,6 +20,7 @@ pipeline and one checkpointed segment set per stage for ``model``.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sized
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -89,7 +90,8 @@ def split_device(config: TrainConfig, env: DistEnv) -> torch.device:
 def sample_batch(data: Task, rows: int) -> tuple[Any, Any]:
     """The first ``rows`` training samples ``(x, y)`` of a Task (balance and chunk
     measurements)."""
-    n = max(1, min(rows, data.train_rows))
+    train = data.train
+    n = max(1, min(rows, len(train) if isinstance(train, Sized) else rows))
     x, y = data.sample(n)
     return x, y
 
