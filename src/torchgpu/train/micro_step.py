@@ -122,7 +122,13 @@ class MicroStep:
         self._value = None
         try:
             if not self._routed:
-                value, stepped = self.compute(x, y, n, loss_fn)
+                if self._plain:  # compute(), inlined: this runs every step
+                    loss = loss_fn(self.model(x), y)
+                    value = self._value = loss.item()
+                    stepped = (self.acc.backward(loss, n) if math.isfinite(value)
+                               else self._backward_bad(loss))
+                else:
+                    value, stepped = self.compute(x, y, n, loss_fn)
                 if stepped or self.acc.pending or backoff is None or self.guard is None:
                     return value, not math.isfinite(value), stepped, None
                 return self._settle(value, False, None, x, y)  # a step the scaler skipped
