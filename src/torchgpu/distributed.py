@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import TracebackType
@@ -32,6 +33,16 @@ BACKENDS: tuple[str, ...] = ("auto", "nccl", "gloo", "mpi", "ucc", "xccl")
 DEFAULT_TIMEOUT = timedelta(minutes=10)
 
 _VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+#: How often a stop is looked for while the process group forms (seconds).
+_STOP_POLL_S = 0.05
+#: After a stop is seen, how long a group that is forming may still take to form: the
+#: peers may have formed it already, and then every rank must take part in the stop.
+_STOP_GRACE_S = 0.5
+
+
+class GroupStopped(Exception):
+    """A stop was requested while this process waited for its peers to form the process
+    group (:func:`init_distributed` with ``stop``): no group exists, nothing ran."""
 
 
 def _read_int(environ: Mapping[str, str], name: str, default: int | None) -> int:
@@ -191,6 +202,7 @@ def init_distributed(
     backend: str = "auto",
     timeout: timedelta = DEFAULT_TIMEOUT,
     device: torch.device | str | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> DistSession:
     """Form the process group from torchrun's variables and bind this process to its GPU.
 
@@ -201,6 +213,13 @@ def init_distributed(
     - With NCCL, ``torch.cuda.set_device(LOCAL_RANK)`` runs *before* the group is formed
       and before anything else touches CUDA, so rank k uses GPU k (not all on GPU 0).
     - A group that already exists is reused (and not destroyed by ``close``).
+
+    - ``stop``: asked every few tens of milliseconds while this process waits for its
+      peers (a peer still starting, or stopped before it got here): when it answers
+      True before the group has formed, :class:`GroupStopped` is raised instead of
+      waiting on (up to ``timeout``) for peers that are not coming. The group then
+      does not exist, and a thread of this process may still wait in torch's rendezvous:
+      end the process (``os._exit``) rather than go on.
 
     Returns a :class:`DistSession` (a DistEnv usable as a context manager).
     Raises ConfigError for bad variables/backend, NoDeviceError when NCCL is asked for
@@ -223,14 +242,21 @@ def init_distributed(
             env.rank, env.local_rank, env.world_size, env.local_world_size,
             backend=str(dist.get_backend()), owns_group=False,
         )
-    try:
+
+    def form() -> None:
         if chosen == "nccl":
+            torch.cuda.set_device(env.local_rank)  # the current device is per thread
             # Binding the group to the device lets NCCL connect eagerly and stops barrier()
             # from guessing a device.
             dist.init_process_group(backend=chosen, timeout=timeout,
                                     device_id=torch.device("cuda", env.local_rank))
         else:
             dist.init_process_group(backend=chosen, timeout=timeout)
+
+    try:
+        _form_watching(form, stop)
+    except GroupStopped:
+        raise
     except Exception as exc:
         raise DistributedError(
             f"could not form the {chosen} process group as rank {env.rank} of "
@@ -242,6 +268,37 @@ def init_distributed(
         env.rank, env.local_rank, env.world_size, env.local_world_size,
         backend=chosen, owns_group=True,
     )
+
+
+def _form_watching(form: Callable[[], None], stop: Callable[[], bool] | None) -> None:
+    """``form()`` (which blocks until every peer has joined); with ``stop``, in a thread
+    while this one polls ``stop`` and raises :class:`GroupStopped` when it answers True
+    before ``form`` returned (allowing :data:`_STOP_GRACE_S` for a group that is
+    forming at that moment). torch's rendezvous cannot be interrupted: a thread is how
+    the wait is left."""
+    if stop is None:
+        form()
+        return
+    if stop():
+        raise GroupStopped
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            form()
+        except BaseException as error:  # handed to the waiting thread
+            failure.append(error)
+
+    worker = threading.Thread(target=run, name="torchgpu-form-group", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(_STOP_POLL_S)
+        if worker.is_alive() and stop():
+            worker.join(_STOP_GRACE_S)
+            if worker.is_alive():
+                raise GroupStopped
+    if failure:
+        raise failure[0]
 
 
 def _bind_cuda_device(env: DistEnv) -> None:

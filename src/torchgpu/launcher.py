@@ -6,13 +6,17 @@ port by default (c10d rendezvous), or the multi-node flags passed through
 runs the elastic agent here and turns a worker failure into an exit code with a
 one-line reason instead of torchrun's traceback. No home-made transport.
 
-Signals: while :func:`run` runs, SIGTERM and SIGINT sent to the launcher (to it alone,
-or to its process group: torchrun starts each worker in a session of its own, so a
-group signal reaches the launcher only) are forwarded to the workers by
-:class:`StopForwarder`, and the launcher keeps watching them: workers that stop
-cleanly (``torchgpu train`` saves at its next step and exits 0) make it exit 0, and
+Signals (:mod:`torchgpu.launch_stop`): while :func:`run` runs, SIGTERM and SIGINT sent
+to the launcher (to it alone, or to its process group: torchrun starts each worker in a
+session of its own, so a group signal reaches the launcher only) are forwarded to the
+workers by :class:`StopForwarder`, and the launcher keeps watching them: workers that
+stop cleanly (``torchgpu train`` saves at its next step and exits 0) make it exit 0, and
 whatever still runs ``LaunchSpec.stop_timeout_s`` after the signal is SIGKILLed with its
-process group. Every exit of :func:`run` (a return, an exception) ends the workers.
+process group. Every exit of :func:`run` (a return, an exception) ends the workers. A
+stop signal -- to the launcher or to any worker, at any time -- is recorded in the run's
+stop record (:data:`torchgpu.train.state.STOP_FILE_ENV`), and a round that a stop ended
+is never restarted (``--max-restarts`` is for failures); a worker a stop signal ended is
+reported as stopped, not failed, with exit code 128 + the signal's number.
 
 Hangs: the workers keep heartbeats (:mod:`torchgpu.train.heartbeat`); when a rank's
 collective times out (``--collective-timeout``), :class:`HangWatch` ends every worker
@@ -29,24 +33,30 @@ import logging
 import os
 import re
 import signal
-import subprocess
 import sys
-import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from torchgpu.errors import UsageError
+from torchgpu.launch_stop import (
+    STOP_SIGNALS,
+    StopForwarder,
+    agent_signals,
+    child_pids,
+    stop_aware_agent,
+    stopped_by_signal,
+)
 from torchgpu.train.hang_watch import HangWatch, kill_children
+from torchgpu.train.state import STOP_FILE_ENV, recorded_stop
+
+__all__ = ["STOP_SIGNALS", "LaunchSpec", "StopForwarder", "agent_signals", "check_endpoint",
+           "check_process_count", "check_spec", "child_pids", "run", "torchrun_args"]
 
 LOOPBACK = "127.0.0.1"
 DEFAULT_STOP_TIMEOUT_S = 60.0  # seconds
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _ENDPOINT = re.compile(r"^(?P<host>[A-Za-z0-9_.\-]+|\[[^\]\s]+\]):(?P<port>\d{1,5})$")
 
 
@@ -86,6 +96,10 @@ class LaunchSpec:
     dump_dir: str | None = None
     # Turn on NCCL's flight recorder for the workers; None: when this machine has CUDA.
     flight_recorder: bool | None = None
+    # The workers are torchgpu's own entry point (``python -m torchgpu``), which takes
+    # over SIGTERM/SIGINT on its first line: they are started with both blocked, so one
+    # sent while a worker starts waits for its handler (torchgpu.cli.signals).
+    torchgpu_workers: bool = False
 
 
 #: Processes per CPU core at most: more only time-slice the cores (each process already
@@ -207,14 +221,31 @@ def run(spec: LaunchSpec, target: str, target_args: Sequence[str]) -> int:
     quiet = _QuietAfterHang(watch)
     torchrun_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
     torchrun_log.addFilter(quiet)
+    stop_words: list[str | None] = [None]  # the run's stop record, read before it goes
+
+    def stopped(result: Any) -> bool:
+        return (forwarder.received is not None or recorded_stop() is not None
+                or stopped_by_signal(getattr(result, "failures", {})) is not None)
+
+    previous_record = os.environ.get(STOP_FILE_ENV)
     try:
-        with forwarder.installed(), watch.installed():
+        with forwarder.installed(), watch.installed(), \
+                stop_aware_agent(spec.torchgpu_workers, stopped):
+            assert watch.directory is not None
+            os.environ[STOP_FILE_ENV] = str(watch.directory / "stop.json")
+            if getattr(args, "log_dir", None) is None:
+                # torchrun's per-run directories (torchelastic_* in $TMPDIR otherwise, never
+                # removed) go with the watch's directory when the launcher exits.
+                args.log_dir = str(watch.directory / "torchrun")
             try:
                 torchrun(args)  # type: ignore[no-untyped-call]
             except ChildFailedError as error:
                 if watch.report is None:
                     watch.report = watch.after_failure(_aborted_ranks(error))
                 raise
+            finally:
+                stop_words[0] = recorded_stop()
+                _restore(STOP_FILE_ENV, previous_record)
     except ChildFailedError as error:
         hang = watch.last_word({f.pid for f in error.failures.values()})
         if hang is not None:
@@ -225,13 +256,18 @@ def run(spec: LaunchSpec, target: str, target_args: Sequence[str]) -> int:
         # Name every failed rank: when one rank dies (killed, crashed) its peers fail in
         # the next collective a moment later, and which of them torchrun noticed first is
         # a race; the user needs the whole picture to find the cause.
+        sig = (forwarder.received or stopped_by_signal(error.failures)
+               or _signal_in(stop_words[0]))
+        verb = "ended" if sig is not None else "failed"
         failed = "; ".join(
-            f"worker rank {rank} of {target} failed ({_how(failure.exitcode)})"
+            f"worker rank {rank} of {target} {verb} ({_how(failure.exitcode)})"
             for rank, failure in sorted(error.failures.items())
         )
+        if sig is not None:  # a deliberate stop, not a failure (and not restarted)
+            print(f"torchgpu: stopped by {stop_words[0] or sig.name}: {failed}; see their "
+                  "output above.", file=sys.stderr)
+            return 128 + int(sig)
         print(f"torchgpu: {failed}; see their output above.", file=sys.stderr)
-        if forwarder.received is not None and code == 1:
-            code = 128 + int(forwarder.received)
         return int(code)
     except SignalException as error:
         sig = signal.Signals(error.sigval)
@@ -257,154 +293,17 @@ class _QuietAfterHang(logging.Filter):
         return self.watch.report is None or not str(record.msg).startswith("failed (exitcode")
 
 
-def agent_signals(names: str) -> str:
-    """torchrun's ``--signals-to-handle`` list without SIGTERM and SIGINT (they are
-    forwarded by :class:`StopForwarder`); never empty (torchrun warns on an empty name)."""
-    kept = [n.strip() for n in names.split(",")
-            if n.strip() and n.strip() not in {s.name for s in STOP_SIGNALS}]
-    return ",".join(kept) or "SIGHUP"
+def _restore(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
-def child_pids(pid: int | None = None) -> list[int]:
-    """The direct children of ``pid`` (default: this process): from
-    ``/proc/PID/task/*/children`` on Linux, else from every process's parent in
-    ``/proc/*/stat``, else from ``ps``. Empty when none can be read."""
-    pid = os.getpid() if pid is None else pid
-    found: set[int] = set()
-    tasks = Path(f"/proc/{pid}/task")
-    listed = False
-    try:
-        for task in tasks.iterdir():
-            children = task / "children"
-            if children.exists():
-                listed = True
-                found.update(int(x) for x in children.read_text().split())
-    except OSError:
-        pass
-    if listed:
-        return sorted(found)
-    if Path("/proc/self/stat").exists():
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                # "pid (comm) state ppid ...": comm may hold spaces and parentheses
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if int(fields[1]) == pid:
-                found.add(int(entry.name))
-        return sorted(found)
-    try:
-        listing = subprocess.run(["ps", "-A", "-o", "pid=,ppid="], capture_output=True,
-                                 text=True, timeout=5, check=False).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    for line in listing.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1] == str(pid):
-            found.add(int(parts[0]))
-    return sorted(found)
-
-
-def _kill_group(pid: int, sig: signal.Signals) -> None:
-    """``sig`` to ``pid``'s process group when ``pid`` leads one (torchrun starts each
-    worker in a session of its own, with whatever it started), else to ``pid``."""
-    try:
-        if os.getpgid(pid) == pid:
-            os.killpg(pid, sig)
-        else:
-            os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-class StopForwarder:
-    """Passes SIGTERM/SIGINT received by a launcher on to its workers, within a bound.
-
-    While :meth:`installed`: the first SIGTERM or SIGINT is sent to every child process
-    (each worker itself, not its group: a worker ends its own DataLoader workers), and a
-    watcher thread sends it to children that appear later (a group torchrun restarts)
-    until :meth:`installed` exits. A second SIGINT is sent again (a worker then raises
-    KeyboardInterrupt); a repeated SIGTERM is not (a worker finishing its save must not
-    be killed by a scheduler's repeated signal). ``timeout_s`` after the first signal,
-    every child still running is SIGKILLed with its process group (``killed`` lists
-    them). ``received`` is the first signal, or None.
-
-    ``children`` lists the processes to signal (default :func:`child_pids`: this
-    process's children, which under torchrun are the workers).
-    """
-
-    def __init__(self, timeout_s: float,
-                 children: Callable[[], list[int]] = child_pids) -> None:
-        self.timeout_s = timeout_s
-        self.received: signal.Signals | None = None
-        self.killed: list[int] = []
-        self._children = children
-        self._sent: set[int] = set()
-        self._lock = threading.RLock()  # the handler may interrupt the main thread anywhere
-        self._done = threading.Event()
-        self._watcher: threading.Thread | None = None
-
-    @contextmanager
-    def installed(self) -> Iterator[StopForwarder]:
-        """Handle SIGTERM/SIGINT while the block runs (main thread only; elsewhere the
-        block runs with the handlers as they are)."""
-        if threading.current_thread() is not threading.main_thread():
-            yield self
-            return
-        previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
-        try:
-            for sig in STOP_SIGNALS:
-                signal.signal(sig, self._handle)
-            yield self
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-            self._done.set()
-            if self._watcher is not None:
-                self._watcher.join(timeout=5)
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        sig = signal.Signals(signum)
-        if self.received is None:
-            self.received = sig
-            print(f"torchgpu: {sig.name} received: passed on to the workers, which stop at "
-                  f"their next step boundary (killed if still running after "
-                  f"{self.timeout_s:g} s).", file=sys.stderr, flush=True)
-            self.forward(sig)
-            self._watcher = threading.Thread(target=self._watch, name="torchgpu-stop",
-                                             daemon=True)
-            self._watcher.start()
-        elif sig == signal.SIGINT:
-            self.forward(sig, again=True)
-
-    def forward(self, sig: signal.Signals, again: bool = False) -> None:
-        """Send ``sig`` to every child not sent one yet (``again``: to every child)."""
-        with self._lock:
-            for pid in self._children():
-                if pid in self._sent and not again:
-                    continue
-                self._sent.add(pid)
-                with suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, sig)
-
-    def _watch(self) -> None:
-        assert self.received is not None
-        deadline = time.monotonic() + self.timeout_s
-        while not self._done.wait(0.1):
-            if time.monotonic() < deadline:
-                self.forward(self.received)  # workers started since the signal
-                continue
-            with self._lock:
-                self.killed = self._children()
-                for pid in self.killed:
-                    _kill_group(pid, signal.SIGKILL)
-            if self.killed:
-                print(f"torchgpu: workers still running {self.timeout_s:g} s after "
-                      f"{self.received.name} were killed (pids "
-                      f"{', '.join(map(str, self.killed))}).", file=sys.stderr, flush=True)
-            return
+def _signal_in(words: str | None) -> signal.Signals | None:
+    """The stop signal a stop record names (``"SIGTERM on rank 1"``), if any."""
+    name = (words or "").split(" ", 1)[0]
+    return signal.Signals[name] if name in signal.Signals.__members__ else None
 
 
 def _aborted_ranks(error: Any) -> frozenset[int]:

@@ -1,20 +1,14 @@
 """Run one suite by name: resolve devices, pin the thread count, bracket the run with
-CPU-pressure readings, write the report. The CLI is a thin layer over :func:`run_suite`.
-
-:func:`sigterm_raises` turns SIGTERM into an exception while suites run, so a
-terminated bench closes its worker groups (:mod:`torchgpu.bench.workers`) as Ctrl-C
-does, instead of dying with its workers and fork server left running."""
+CPU-pressure readings, write the report. The CLI is a thin layer over :func:`run_suite`
+(and turns SIGTERM into an exception while suites run, as Ctrl-C is, so a terminated
+bench closes its worker groups, :mod:`torchgpu.bench.workers`, on the way out)."""
 
 from __future__ import annotations
 
 import importlib
-import signal
-import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import torch
@@ -156,28 +150,3 @@ def run_suite(
     finally:
         torch.set_num_threads(previous)
     return result, doc
-
-
-class Terminated(SystemExit):
-    """SIGTERM arrived while suites ran (see :func:`sigterm_raises`); ``code`` is
-    128 + SIGTERM. A SystemExit, so no ``except Exception`` in a suite swallows it."""
-
-
-@contextmanager
-def sigterm_raises() -> Iterator[None]:
-    """While the block runs in the main thread, SIGTERM raises :class:`Terminated` there:
-    every ``with`` and ``finally`` on the way out runs (worker groups are closed, at
-    once). Further SIGTERMs are ignored during that cleanup, whose waits are bounded."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # raise once; let cleanup finish
-        raise Terminated(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)

@@ -77,14 +77,13 @@ def main(argv: list[str]) -> int:
     from torchgpu.bench.runner import (
         DEFAULT_THREADS,
         SIZED_SUITES,
-        Terminated,
         check_size,
         check_suite,
         check_threads,
         prepare_out,
         run_suite,
-        sigterm_raises,
     )
+    from torchgpu.cli.signals import Stopped
 
     args = _parser().parse_args(argv)
     names = list(SUITES) if args.suite == "all" else [check_suite(args.suite)]
@@ -105,20 +104,21 @@ def main(argv: list[str]) -> int:
     command = ["torchgpu", "bench", *argv]
     docs = []
     try:
-        with sigterm_raises():  # a SIGTERM closes the worker processes on the way out
-            for name in names:
-                out = outs[name]
-                _, doc = run_suite(
-                    name, args.quick, out, devices, threads=threads, argv=command,
-                    size=sizes[name]
-                )
-                docs.append(doc)
-                if not args.json:
-                    print_table(doc, out)
-    except Terminated as stopped:
-        print("torchgpu: bench stopped by SIGTERM; its worker processes were ended and "
+        # SIGTERM and SIGINT raise Stopped here (torchgpu.cli.signals): the worker
+        # processes are closed on the way out.
+        for name in names:
+            out = outs[name]
+            _, doc = run_suite(
+                name, args.quick, out, devices, threads=threads, argv=command,
+                size=sizes[name]
+            )
+            docs.append(doc)
+            if not args.json:
+                print_table(doc, out)
+    except Stopped as stopped:
+        print(f"torchgpu: bench stopped by {stopped}; its worker processes were ended and "
               f"the suites finished before it are in {root}", file=sys.stderr)
-        return int(stopped.code or 1)
+        return 128 + stopped.signum
     if args.json:
         payload = docs[0] if len(docs) == 1 else {"suites": docs}
         json.dump(payload, sys.stdout, indent=2)

@@ -51,18 +51,36 @@ def fail(message: str, code: int = EXIT_USAGE) -> int:
     return code
 
 
+def signal_name(signum: int) -> str:
+    import signal
+
+    return signal.Signals(signum).name
+
+
 def run_guarded(verb_main: Callable[[list[str]], int], argv: Sequence[str]) -> int:
     """Call ``verb_main(argv)``; a :class:`TorchGpuError` becomes its message and exit code.
 
-    Other exceptions are real bugs or runtime failures and keep their traceback.
-    ``SystemExit`` from argparse passes through with its code.
+    A stop signal (:mod:`torchgpu.cli.signals`) becomes one line and 128 + its number,
+    also when what it interrupted failed in another way on the way out (an import cut
+    short leaves a library half-initialised). Other exceptions are real bugs or runtime
+    failures and keep their traceback. ``SystemExit`` from argparse passes through with
+    its code.
     """
+    from torchgpu.cli import signals
+
     try:
         return verb_main(list(argv))
     except TorchGpuError as error:
         return fail(str(error), exit_code_for(error))
+    except signals.Stopped as stopped:
+        return fail(f"stopped by {signal_name(stopped.signum)}", 128 + stopped.signum)
     except KeyboardInterrupt:
         return fail("interrupted", 130)
+    except Exception:
+        sig = signals.received()
+        if sig is None:
+            raise
+        return fail(f"stopped by {sig.name}", 128 + int(sig))
     except BrokenPipeError:
         # `torchgpu devices --json | head`: the reader left; not an error of ours.
         # Point stdout at devnull so the interpreter's final flush stays quiet.

@@ -20,6 +20,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import time
 from collections.abc import Callable
 from typing import TypedDict
@@ -325,8 +326,10 @@ def run(
             if watch_s is None or (iterations is not None and done >= iterations):
                 return 0
             sleep(watch_s)
-    except KeyboardInterrupt:
-        return 0  # the normal way to leave --watch
+    except KeyboardInterrupt as stop:
+        if getattr(stop, "signum", signal.SIGINT) != signal.SIGINT:
+            raise  # SIGTERM (torchgpu.cli.signals.Stopped): a stop, not the way out
+        return 0  # Ctrl-C: the normal way to leave --watch
 
 
 def main(argv: list[str]) -> int:

@@ -1,16 +1,18 @@
 """``torchgpu VERB ...``: dispatch to one module per verb.
 
 Verb modules are imported only when named, so ``torchgpu devices`` never pays for
-the training engine's imports. Every verb module exposes ``main(argv) -> int``.
+the training engine's imports. Every verb module exposes ``main(argv) -> int``; it is
+imported and run inside :func:`~torchgpu.cli.common.run_guarded`, with the stop signals
+handled from the entry point's first line (:mod:`torchgpu.cli.signals`).
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from torchgpu.cli.common import run_guarded
+from torchgpu.cli import signals
 
 VERBS: dict[str, tuple[str, str]] = {
     "devices": ("torchgpu.cli.devices", "what GPUs, MPS and CPU this machine has"),
@@ -55,11 +57,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    module = importlib.import_module(VERBS[verb][0])
-    result: int = run_guarded(module.main, args[1:])
+    from torchgpu.cli.common import run_guarded
+
+    result: int = run_guarded(_imported(VERBS[verb][0]), args[1:])
     return result
 
 
+def _imported(module_name: str) -> Callable[[list[str]], int]:
+    """The verb's ``main``, its module imported when called (inside the guard)."""
+    def verb_main(argv: list[str]) -> int:
+        module = importlib.import_module(module_name)
+        signals.started()
+        code: int = module.main(argv)
+        signals.settle()  # done: a signal from now on changes nothing
+        return code
+    return verb_main
+
+
 def entry() -> None:
-    """Console-script entry point."""
-    sys.exit(main())
+    """Console-script entry point (``python -m torchgpu`` too)."""
+    signals.install()
+    code = main()
+    signals.settle()
+    sys.exit(code)

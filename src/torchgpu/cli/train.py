@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from torchgpu.cli.common import ArgumentParser
 from torchgpu.train.config import (
@@ -29,6 +30,9 @@ from torchgpu.train.config_file import FileSettings
 from torchgpu.train.optimizers import OPTIMIZER_NAMES
 from torchgpu.train.split_flags import parse_batch_size, parse_chunks
 from torchgpu.train.strategies.registry import describe as strategy_help
+
+if TYPE_CHECKING:
+    from torchgpu.train.state import StopFlag
 
 
 def _parser() -> ArgumentParser:
@@ -225,7 +229,7 @@ def _relaunch(config: TrainConfig, nproc: int, on_cuda: bool) -> int:
         nproc=nproc, nnodes=config.nnodes, node_rank=config.node_rank,
         rdzv_endpoint=config.rdzv_endpoint, max_restarts=config.max_restarts, module=True,
         dump_dir=os.path.join(config.out, "flight_recorder") if config.out else None,
-        flight_recorder=on_cuda,
+        flight_recorder=on_cuda, torchgpu_workers=True,
     )
     return run(spec, "torchgpu", ["train", *worker_argv(config)])
 
@@ -270,14 +274,28 @@ def _report(summary: dict[str, object]) -> str:
 def main(argv: list[str]) -> int:
     """``torchgpu train [flags]``; returns the exit code (2 for bad input)."""
     config, from_file = _parse(argv)
+    from torchgpu.cli import signals
     from torchgpu.train.runner import train
     from torchgpu.train.state import StopFlag
 
     stop = StopFlag()
     if _under_torchrun():  # a worker: the launcher checked everything; train() assembles
-        with stop.installed():
-            result = train(config, stop=stop)
-        return _finish(config, result.summary, result.out_dir is not None)
+        from torchgpu.distributed import GroupStopped
+
+        early = signals.received()  # a stop while this worker was starting
+        if early is not None:
+            stop.set(early.name)
+        try:
+            # The flag stays this process's handler to its exit: a signal during the
+            # teardown of a finished run must not kill the worker (torchrun would count
+            # that a failure, and with --max-restarts train the run again).
+            with stop.installed():
+                result = train(config, stop=stop)
+                code = _finish(config, result.summary, result.out_dir is not None)
+        except GroupStopped:
+            code = _stopped_before_start(stop)
+        _exit_worker(code)
+        return code
     from torchgpu.errors import TorchGpuError
     from torchgpu.train.assemble import assemble, settle
 
@@ -299,16 +317,51 @@ def main(argv: list[str]) -> int:
         del run  # the workers hold the data now; free it in the launcher
         from torchgpu.examples.table import data_handoff
 
-        # The workers load the data parsed here instead of parsing the CSV again.
+        # The workers load the data parsed here instead of parsing the CSV again; a stop
+        # signal before they start raises (torchgpu.cli.signals), so the hand-off is
+        # removed on every way out.
         with data_handoff(launched, example):
             del example
-            return _relaunch(launched, nproc, on_cuda)
+            code = _relaunch(launched, nproc, on_cuda)
+            signals.settle()  # the run is over: a signal now changes nothing
+        return code
     # SIGTERM/SIGINT from here on set the flag: one that lands in a collective or before
     # the first step is honoured at the first step boundary instead of killing the
     # process unsaved.
     with stop.installed():
         result = train(run=run, stop=stop)
-    return _finish(config, result.summary, result.out_dir is not None)
+        code = _finish(config, result.summary, result.out_dir is not None)
+        signals.settle()
+    return code
+
+
+def _stopped_before_start(stop: StopFlag) -> int:
+    """A worker whose stop came while its process group was forming: nothing ran and
+    nothing was written; rank 0 says so. A clean stop: exit code 0."""
+    from torchgpu.distributed import DistEnv
+
+    if DistEnv.from_env().is_main:
+        print(f"torchgpu: stopped by {stop.signal_name or 'a stop signal'} before training "
+              "started (the workers had not all joined yet): nothing was trained, and "
+              "nothing in --out was written or changed.", file=sys.stderr)
+    return 0
+
+
+def _exit_worker(code: int) -> None:
+    """End a worker of a torchgpu launcher now that everything is written: flush, then
+    ``os._exit``, skipping the interpreter's teardown of torch (seconds under load, after
+    a stop that must end within a bound). Not when the worker still has child processes
+    (they are ended by the normal exit), nor under a launcher other than torchgpu's."""
+    from torchgpu.launcher import child_pids
+    from torchgpu.train.state import stop_file
+
+    if stop_file() is None:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if child_pids():
+        return
+    os._exit(code)
 
 
 def _set_gpus(config: TrainConfig) -> None:

@@ -59,7 +59,9 @@ def train(config: TrainConfig | None = None, *, stop: StopFlag | None = None,
 
     Under torchrun (WORLD_SIZE set) this forms the process group, trains with the
     resolved strategy and destroys the group. Raises torchgpu errors for bad input
-    before anything is written.
+    before anything is written. A ``stop`` requested while the group forms (on this
+    rank, or recorded by another: :meth:`StopFlag.requested`) raises
+    :class:`torchgpu.distributed.GroupStopped` before anything is written.
 
     ``task``: what to train (:func:`torchgpu.fit` passes the user's model and data);
     by default the one ``config`` names. ``run``: the run already assembled
@@ -75,8 +77,8 @@ def train(config: TrainConfig | None = None, *, stop: StopFlag | None = None,
     model = run.model
     beat = Heartbeat.from_env()  # a launcher's multi-process run: where this rank is
     with beat.running() if beat is not None else nullcontext(), named_hangs(run, beat), \
-            init_distributed(device=run.device, timeout=collective_timeout(run.config)) \
-            as session:
+            init_distributed(device=run.device, timeout=collective_timeout(run.config),
+                             stop=stop.requested if stop is not None else None) as session:
         if beat is not None:
             beat.timeout_s = run.config.collective_timeout
         # dict or tuple inputs: model(**batch) / model(*inputs), for this run only
