@@ -100,3 +100,34 @@ def test_torchrun_leaves_sigterm_and_sigint_to_the_launcher() -> None:
     assert agent_signals(args.signals_to_handle) == "SIGHUP,SIGQUIT"
     assert agent_signals("SIGTERM, SIGINT") == "SIGHUP"
     assert agent_signals("SIGUSR1,SIGTERM") == "SIGUSR1"
+
+
+# A script that does not handle the signals: SIGTERM ends it. Each start is recorded.
+PLAIN = textwrap.dedent("""
+    import os, sys, time
+    from pathlib import Path
+
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    Path(sys.argv[1], f"ready-{os.environ['RANK']}-{restart}").write_text("")
+    time.sleep(120)
+""")
+
+
+def test_a_worker_ended_by_sigterm_is_a_stop_not_restarted(tmp_path: Path) -> None:
+    """SIGTERM to one worker of `launch --max-restarts 1`: torchrun counted its death a
+    failure and restarted the group (the script ran again); a stop is never restarted,
+    and it is reported as a stop with 128 + 15."""
+    script = tmp_path / "plain.py"
+    script.write_text(PLAIN)
+    with Session(["launch", "--nproc", "2", "--max-restarts", "1", str(script),
+                  str(tmp_path)], tmp_path) as run:
+        for rank in (0, 1):
+            run.wait_for(tmp_path / f"ready-{rank}-0")
+        os.kill(run.worker(1), signal.SIGTERM)
+        code = run.wait(60)
+    err = run.stderr()
+    assert not run.leftovers, f"processes left running: {run.leftovers}"
+    assert code == 128 + signal.SIGTERM, err[-3000:]
+    assert "torchgpu: stopped by SIGTERM" in err and "failed" not in err.split("torchgpu:")[-1]
+    assert sorted(p.name for p in tmp_path.glob("ready-*")) == ["ready-0-0", "ready-1-0"]
+    assert "Traceback" not in err
