@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from torchgpu.errors import DataError, TorchGpuError, UsageError, first_line
+from torchgpu.user_files import check_file, show
 
 #: What each kind of spec must name, for error messages.
 WANTS = {
@@ -61,11 +62,8 @@ def _forms(what: str) -> str:
 
 
 def _load_file(path_text: str, spec: str, what: str) -> ModuleType:
-    path = Path(path_text).expanduser()
-    if not path.is_file():
-        raise UsageError(
-            f"{_flag(what)} {spec!r}: file {path_text} does not exist. Use {_forms(what)}."
-        )
+    path = check_file(Path(path_text).expanduser(), what=f"{_flag(what)} {show(spec)!r}: file",
+                      fix=f"Use {_forms(what)}.")
     # A stable name unique to the file, so two files called model.py do not clash and a
     # second resolution of the same file reuses the module (its classes stay identical).
     digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]

@@ -128,7 +128,7 @@ def test_csv_target_may_be_any_column(tmp_path: Path) -> None:
 
 
 def test_csv_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match=r"nope\.csv' does not exist"):
+    with pytest.raises(DataError, match=r"nope\.csv does not exist"):
         csv_data(tmp_path / "nope.csv", "y")
 
 

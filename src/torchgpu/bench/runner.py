@@ -6,6 +6,7 @@ bench closes its worker groups, :mod:`torchgpu.bench.workers`, on the way out)."
 from __future__ import annotations
 
 import importlib
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,6 +19,7 @@ from torchgpu.bench.result import SuiteResult
 from torchgpu.bench.suites import SUITES
 from torchgpu.devices.cuda_status import cuda_device_count
 from torchgpu.errors import UsageError
+from torchgpu.user_files import reading
 
 # Every CPU variant, in this process and in worker processes alike, runs with this many
 # intra-op threads unless told otherwise: comparisons stay fair (a 2-thread variant against
@@ -38,12 +40,24 @@ def check_suite(name: str) -> str:
     return name
 
 
+#: Intra-op threads per process at most, per CPU core (as train's --num-workers): more
+#: only time-slice the cores, and far more overflow torch's 32-bit thread count.
+THREADS_PER_CORE = 4
+
+
+def max_threads() -> int:
+    """The largest ``--threads`` this machine accepts."""
+    return THREADS_PER_CORE * (os.cpu_count() or 1)
+
+
 def check_threads(threads: int) -> int:
-    """``threads`` if it is at least 1, else :class:`UsageError`."""
-    if threads < 1:
+    """``threads`` if it is in 1..:func:`max_threads`, else :class:`UsageError`."""
+    if not 1 <= threads <= max_threads():
         raise UsageError(
-            f"--threads {threads}: need at least 1 intra-op thread per process; pass e.g. "
-            f"--threads 1 (the default) or --threads {max(1, torch.get_num_threads())}"
+            f"--threads {threads} is out of range: it must be in 1..{max_threads()} (at "
+            f"least 1 intra-op thread per process, at most {THREADS_PER_CORE} per core of "
+            f"this machine's {os.cpu_count() or 1}); pass e.g. --threads 1 (the default) or "
+            f"--threads {max(1, torch.get_num_threads())}"
         )
     return threads
 
@@ -56,6 +70,12 @@ def prepare_out(out: Path, force: bool = False) -> Path:
     run wrote there (results.json, report.md, *.png) are removed first, so no stale plot
     (say a GPU ``peak.png``) sits next to the new report; other files are left alone.
     """
+    with reading(out, what="--out", fix="Give a directory you can write to, e.g. --out "
+                 "runs/bench"):
+        return _prepare(out, force)
+
+
+def _prepare(out: Path, force: bool) -> Path:
     if out.exists() and not out.is_dir():
         raise UsageError(
             f"--out {out} is a file, not a directory: give a directory path (it is created "

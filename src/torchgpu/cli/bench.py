@@ -10,13 +10,14 @@ directory is checked before any suite runs, so a bad ``--out`` leaves nothing be
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
 import torch
 
 from torchgpu.bench.suites import SUITES
-from torchgpu.cli.common import ArgumentParser
+from torchgpu.cli.common import ArgumentParser, int_in
 from torchgpu.errors import UsageError
 
 
@@ -46,7 +47,11 @@ def _parser() -> ArgumentParser:
     parser.add_argument("--force", action="store_true",
                         help="reuse a non-empty --out: replace an earlier run's results.json, "
                         "report.md and PNGs there")
-    parser.add_argument("--threads", type=int, default=None, metavar="N",
+    from torchgpu.bench.runner import THREADS_PER_CORE, max_threads
+
+    parser.add_argument("--threads", default=None, metavar="N",
+                        type=int_in("--threads", 1, max_threads(),
+                                    f" ({THREADS_PER_CORE} per core of this machine)"),
                         help="torch intra-op threads per process, for in-process variants and "
                         "worker processes alike (default 1, so every variant is compared at "
                         "the same per-process budget)")
@@ -96,7 +101,7 @@ def main(argv: list[str]) -> int:
         check_size(name, size)
     devices = _devices(args.device)
     root: Path = args.out if args.out is not None else default_out(args.suite)
-    if args.suite == "all" and root.exists() and not root.is_dir():
+    if args.suite == "all" and os.path.exists(root) and not os.path.isdir(root):
         prepare_out(root)  # raises: a file where the directory should be
     outs = {name: root / name if args.suite == "all" else root for name in names}
     for out in outs.values():

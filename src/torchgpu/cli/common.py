@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from torchgpu.errors import EXIT_USAGE, TorchGpuError, exit_code_for
+from torchgpu.errors import EXIT_USAGE, TorchGpuError, UsageError, exit_code_for
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -43,6 +43,38 @@ def attach_values(argv: Sequence[str], flags: Sequence[str]) -> list[str]:
         out.append(item)
         i += 1
     return out
+
+
+def parse_int(flag: str, text: str, low: int, high: int, what: str = "") -> int:
+    """``text`` as an integer in ``low..high``, else :class:`UsageError` naming ``flag``
+    (when not empty),
+    the value, the range and (``what``) why the range is what it is. The one range check
+    behind the CLI's integer values: a huge number must be refused here, not overflow in
+    torch or the OS later (a traceback)."""
+    raw = text.strip()
+    named = f"{flag} " if flag else ""
+    try:
+        value = int(raw, 10)
+    except ValueError:
+        raise UsageError(f"{named}{text!r} is not a whole number: pass one in "
+                         f"{low}..{high}{what}.") from None
+    if not low <= value <= high:
+        shown = raw if len(raw) <= 24 else f"{raw[:10]}...{raw[-6:]} ({len(raw)} digits)"
+        raise UsageError(f"{named}{shown} is out of range: it must be in "
+                         f"{low}..{high}{what}.")
+    return value
+
+
+def int_in(flag: str, low: int, high: int, what: str = "") -> Callable[[str], int]:
+    """An argparse ``type=`` for an integer flag in ``low..high`` (:func:`parse_int`);
+    a bad value is argparse's one-paragraph error, exit 2."""
+    def convert(text: str) -> int:
+        try:  # argparse names the flag itself ("argument --threads: ...")
+            return parse_int("", text, low, high, what)
+        except UsageError as error:
+            raise argparse.ArgumentTypeError(str(error).rstrip(".")) from None
+    convert.__name__ = flag  # argparse names the type in some messages
+    return convert
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> int:

@@ -19,6 +19,7 @@ The checks are a pure function, :func:`find_problems`, over an :class:`EnvSnapsh
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from typing import Any
 
 import torch
 
-from torchgpu.cli.common import ArgumentParser
+from torchgpu.cli.common import ArgumentParser, parse_int
 from torchgpu.devices import nvml
 from torchgpu.devices.cuda_status import cuda_device_count, driver_evidence
 from torchgpu.devices.visible import (
@@ -329,6 +330,14 @@ def format_findings(findings: list[Finding], s: EnvSnapshot) -> str:
     return "\n".join(lines)
 
 
+#: Largest input batch the placement check builds, in elements: its fake tensors hold
+#: no memory, but torch computes their size in bytes as a signed 64-bit number.
+MAX_INPUT_ELEMENTS = 2**60
+#: Largest GPU index a device string may name: torch keeps device indices in 8 bits
+#: (cuda:128 silently becomes cuda:-128).
+MAX_DEVICE_INDEX = 127
+
+
 def _shape(text: str) -> tuple[int, ...]:
     parts = [p.strip() for p in text.split(",")]
     if not parts or not all(p.isdigit() and int(p) > 0 for p in parts):
@@ -336,7 +345,36 @@ def _shape(text: str) -> tuple[int, ...]:
             f"--input-shape {text!r} is not a shape: use positive integers separated by "
             "commas, batch first, e.g. --input-shape 2,3,128,128"
         )
-    return tuple(int(p) for p in parts)
+    shape = tuple(parse_int("--input-shape", p, 1, MAX_INPUT_ELEMENTS, " (one dimension)")
+                  for p in parts)
+    if math.prod(shape) > MAX_INPUT_ELEMENTS:
+        raise UsageError(
+            f"--input-shape {text} holds {math.prod(shape):.3g} elements, more than the "
+            f"{MAX_INPUT_ELEMENTS:.3g} (2**60) torch can size: give the shape of one real "
+            "input batch, batch first, e.g. --input-shape 2,3,128,128"
+        )
+    return shape
+
+
+def _device_list(devices: str) -> list[str]:
+    """``--devices`` as a list of ``cpu``, ``cuda`` and ``cuda:N`` (N in
+    0..MAX_DEVICE_INDEX), else UsageError naming the entry."""
+    listed = [d.strip() for d in devices.split(",")]
+    if not all(listed):
+        raise UsageError(
+            f"--devices {devices!r} has an empty entry: use e.g. --devices cuda:0,cuda:1"
+        )
+    for entry in listed:
+        kind, colon, index = entry.partition(":")
+        if kind not in ("cpu", "cuda") or (colon and (kind != "cuda" or not index.isdigit())):
+            raise UsageError(
+                f"--devices {devices!r}: {entry!r} is not a device the check can place: use "
+                "cpu, cuda or cuda:N, e.g. --devices cuda:0,cuda:1"
+            )
+        if index:
+            parse_int(f"--devices {entry}: the GPU index", index, 0, MAX_DEVICE_INDEX,
+                      " (torch keeps device indices in 8 bits)")
+    return listed
 
 
 def _placement(model: str, input_shape: str | None, devices: str | None) -> int:
@@ -346,13 +384,7 @@ def _placement(model: str, input_shape: str | None, devices: str | None) -> int:
             "e.g. --input-shape 2,3,128,128"
         )
     shape = _shape(input_shape)
-    device_list = None
-    if devices is not None:
-        device_list = [d.strip() for d in devices.split(",")]
-        if not all(device_list):
-            raise UsageError(
-                f"--devices {devices!r} has an empty entry: use e.g. --devices cuda:0,cuda:1"
-            )
+    device_list = _device_list(devices) if devices is not None else None
     factory = resolve_factory(model)
     # Imported here: the placement check is heavy and only needed with --model.
     placement: Any = importlib.import_module("torchgpu.placement")

@@ -19,11 +19,15 @@ dumps are kept in ``--flight-recorder-dir`` (default ./torchgpu-flight-recorder-
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+import os
 
-from torchgpu.cli.common import ArgumentParser
+from torchgpu.cli.common import ArgumentParser, int_in
 from torchgpu.errors import UsageError
 from torchgpu.launcher import DEFAULT_STOP_TIMEOUT_S
+from torchgpu.user_files import check_file
+
+#: Largest --max-restarts: train's bound for counts (torchgpu.train.config.MAX_COUNT).
+MAX_RESTARTS = 2**31
 
 
 def _parser() -> ArgumentParser:
@@ -40,7 +44,8 @@ def _parser() -> ArgumentParser:
                    help="where the node agents meet; required with --nnodes > 1")
     p.add_argument("--rdzv-id", metavar="ID",
                    help="job id, the same on every node (default: fixed for multi-node)")
-    p.add_argument("--max-restarts", type=int, default=0, metavar="R",
+    p.add_argument("--max-restarts", type=int_in("--max-restarts", 0, MAX_RESTARTS), default=0,
+                   metavar="R",
                    help="restart failed workers up to R times (default 0)")
     p.add_argument("--stop-timeout", type=float, default=DEFAULT_STOP_TIMEOUT_S, metavar="S",
                    help="after SIGTERM/SIGINT (passed on to the workers), kill workers still "
@@ -57,6 +62,35 @@ def _parser() -> ArgumentParser:
     return p
 
 
+def check_module(name: str) -> None:
+    """Refuse (UsageError) a ``-m`` module that ``python -m`` would not find in the
+    workers (which run in this directory, with this interpreter and PYTHONPATH), found
+    without importing it: a missing one was reported by every worker after torchrun
+    started them, with exit code 1."""
+    from importlib.machinery import ModuleSpec, PathFinder
+    from importlib.util import find_spec
+
+    parts = name.split(".")
+    if not name or not all(part.isidentifier() for part in parts):
+        raise UsageError(f"-m {name!r} is not a module name: use e.g. -m mypkg.train.")
+    search: list[str] = []
+    for depth, part in enumerate(parts):
+        found: ModuleSpec | None
+        if depth == 0:  # every finder (editable installs have their own), then ./
+            found = find_spec(part) or PathFinder.find_spec(part, [os.getcwd()])
+        else:
+            found = PathFinder.find_spec(part, search)
+        if found is None:
+            where = ".".join(parts[:depth]) or "the Python path (this directory included)"
+            raise UsageError(
+                f"-m {name}: no module {'.'.join(parts[:depth + 1])!r} in {where}. Pass a "
+                "module python -m can run from here (install it, or set PYTHONPATH), or a "
+                "script's path without -m."
+            )
+        if depth < len(parts) - 1:
+            search = list(found.submodule_search_locations or [])
+
+
 def main(argv: list[str]) -> int:
     """``torchgpu launch [flags] SCRIPT [ARGS]``; returns the first failed worker's code."""
     from torchgpu.launcher import LaunchSpec, check_spec, run
@@ -69,9 +103,9 @@ def main(argv: list[str]) -> int:
         dump_dir=ns.flight_recorder_dir,
     )
     check_spec(spec)
-    if not ns.module and not Path(ns.script).is_file():
-        raise UsageError(
-            f"script {ns.script!r} does not exist: pass the path of a Python file "
-            "(or -m MODULE for a module)."
-        )
+    if ns.module:
+        check_module(ns.script)
+    else:
+        check_file(ns.script, what="script", fix="Pass the path of a Python file (or -m "
+                   "MODULE for a module).")
     return run(spec, ns.script, list(ns.args))

@@ -207,7 +207,7 @@ def _check_gpus(config: TrainConfig) -> None:
     reason = cuda_status.cuda_unavailable_reason()
     if reason:
         raise VisibleDevicesError(
-            f"--gpus {config.gpus} was given but no GPU is visible to this process: "
+            f"--gpus {config.gpus!r} was given but no GPU is visible to this process: "
             f"{reason}. Drop --gpus, or pass --device cpu to train on the CPU."
         )
     named = [t.strip() for t in config.gpus.split(",") if t.strip()]
@@ -215,7 +215,7 @@ def _check_gpus(config: TrainConfig) -> None:
     if count < len(named):
         exist = ", ".join(named[:count]) or "none"
         raise VisibleDevicesError(
-            f"--gpus {config.gpus} names {len(named)} GPUs but the driver sees only "
+            f"--gpus {config.gpus!r} names {len(named)} GPUs but the driver sees only "
             f"{count} of them (it stops at the first id it lacks): {exist} exist, "
             f"{named[count]} does not. Run `torchgpu devices` to list this machine's GPUs "
             "and pass only those ids."
@@ -374,7 +374,7 @@ def _set_gpus(config: TrainConfig) -> None:
         set_visible_devices(config.gpus)
     except VisibleDevicesError as error:  # name the flag the user typed
         raise VisibleDevicesError(
-            f"--gpus {config.gpus} (set as CUDA_VISIBLE_DEVICES): {error}"
+            f"--gpus {config.gpus!r} (set as CUDA_VISIBLE_DEVICES): {error}"
         ) from None
     _check_gpus(config)
 

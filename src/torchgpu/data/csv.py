@@ -18,6 +18,7 @@ import numpy as np
 from torchgpu.data.base import ExampleData
 from torchgpu.data.tabular import regression_data, split_indices
 from torchgpu.errors import DataError
+from torchgpu.user_files import check_file, reading
 
 
 def column_letter(index: int) -> str:
@@ -30,7 +31,7 @@ def column_letter(index: int) -> str:
     return letters
 
 
-_SEPARATORS = {";": "semicolon", "\t": "tab", "|": "pipe"}
+_SEPARATORS = {";": "semicolon", "\t": "tab", "|": "pipe", " ": "space"}
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -70,11 +71,17 @@ def _parse_cell(text: str, path: Path, row: int, names: tuple[str, ...], col: in
 def likely_separator(lines: list[str]) -> str | None:
     """The separator ``lines`` (a header and the first rows) use if it is not a comma:
     one of ``;``, tab and ``|`` that occurs the same number of times (at least once) in
-    every line. None when there is no such separator."""
-    lines = [line for line in lines if line.strip()]
+    every line, else spaces (``" "``) when every line splits on runs of whitespace into
+    the same number (more than one) of fields. None when there is no such separator."""
+    lines = [line.strip("\r\n") for line in lines if line.strip()]
     if not lines:
         return None
     for sep in _SEPARATORS:
+        if sep == " ":
+            counts = {len(line.split()) for line in lines}
+            if len(counts) == 1 and counts.pop() > 1:
+                return sep
+            continue
         counts = {line.count(sep) for line in lines}
         if len(counts) == 1 and counts.pop() > 0:
             return sep
@@ -86,14 +93,17 @@ def _check_header(file: Path, names: tuple[str, ...], first_lines: list[str]) ->
     sep = likely_separator(first_lines) if len(names) == 1 else None
     if sep is not None:
         label = _SEPARATORS[sep]
-        shown = "\\t" if sep == "\t" else sep
+        shown = {"\t": "\\t", " ": "\\s+"}.get(sep, sep)
+        columns = len(first_lines[0].split()) if sep == " " else first_lines[0].count(sep) + 1
+        on = "runs of spaces" if sep == " " else f"'{shown}'"
+        raw = "r" if sep == " " else ""
         decimal = ", decimal=','" if sep == ";" and any("," in x for x in first_lines[1:]) else ""
         raise DataError(
-            f"{file} looks {label}-separated: its header splits into "
-            f"{first_lines[0].count(sep) + 1} columns on '{shown}' but is one column when "
-            "read as comma-separated CSV, the only kind torchgpu reads. Save it with commas, "
-            f"e.g. pandas.read_csv({str(file)!r}, sep='{shown}'{decimal}).to_csv("
-            "'table.csv', index=False), and pass that file"
+            f"{file} looks {label}-separated: its header splits into {columns} columns on "
+            f"{on} but is one column when read as comma-separated CSV, the only kind "
+            "torchgpu reads. Save it with commas, e.g. pandas.read_csv("
+            f"{str(file)!r}, sep={raw}'{shown}'{decimal}).to_csv('table.csv', index=False), "
+            "and pass that file"
         )
     seen: dict[str, int] = {}
     for col, name in enumerate(names):
@@ -192,12 +202,13 @@ def read_numeric_csv(path: str | Path) -> tuple[tuple[str, ...], np.ndarray]:
     names, a row with the wrong number of cells, a quote left open (at the row where
     it opens), and any empty, non-numeric, NaN, infinite or beyond-float32 cell.
     """
-    file = Path(path)
-    if not file.is_file():
-        raise DataError(
-            f"data file {str(file)!r} does not exist (or is not a file): pass the path of a "
-            "CSV table with a header row, e.g. --data data/houses.csv"
-        )
+    fix = "Pass the path of a CSV table with a header row, e.g. --data data/houses.csv"
+    file = check_file(path, what="data file", fix=fix, error=DataError)
+    with reading(file, what="data file", fix=fix, error=DataError):
+        return _read(file)
+
+
+def _read(file: Path) -> tuple[tuple[str, ...], np.ndarray]:
     try:
         with file.open(newline="", encoding="utf-8-sig") as f:
             reader = csv.reader(f)

@@ -32,6 +32,7 @@ from typing import Any
 
 from torchgpu.errors import ConfigError, UsageError
 from torchgpu.train.config import TrainConfig
+from torchgpu.user_files import read_text
 
 CONFIG_FILE = "config.toml"
 RUN_TABLE = "run"  # metadata, not settings
@@ -86,13 +87,9 @@ def read_settings(path: str, keys: dict[str, str] | None = None) -> dict[str, An
     ``cli = false``), ConfigError for bad TOML, an unknown key or a value of the wrong
     type (naming the key, the value and what is allowed).
     """
-    file = Path(path)
-    if not file.is_file():
-        raise UsageError(
-            f"--config {path} does not exist or is not a file: pass the path of a TOML "
-            f"file with settings, e.g. a previous run's OUT/{CONFIG_FILE}."
-        )
-    raw = _load_toml(file.read_text(encoding="utf-8"), path)
+    text = read_text(path, what="--config", fix=f"Pass the path of a TOML file with "
+                     f"settings, e.g. a previous run's OUT/{CONFIG_FILE}.")
+    raw = _load_toml(text, path)
     meta = raw.pop(RUN_TABLE, {})
     if isinstance(meta, Mapping) and meta.get("cli") is False:
         raise UsageError(
