@@ -84,10 +84,12 @@ def _kind(mode: int) -> str:
 
 
 def check_file(path: str | Path, *, what: str, fix: str,
-               error: type[TorchGpuError] = UsageError) -> Path:
+               error: type[TorchGpuError] = UsageError, probe: bool = False) -> Path:
     """``path`` as a Path when it names a regular file (links followed), else ``error``
     with ``f"{what} {path} <problem>. {fix}"`` (``what``: how the user gave it, e.g.
-    ``"--config"`` or ``"data file"``; ``fix``: what to pass instead)."""
+    ``"--config"`` or ``"data file"``; ``fix``: what to pass instead). ``probe``: also
+    read its first byte, for a file that another process will read (a file that
+    fails to read, such as /proc/self/mem, is refused here)."""
     if not str(path) or "\0" in str(path):
         raise error(f"{what} {show(path)!r} is not a path. {fix}")
     try:
@@ -98,6 +100,9 @@ def check_file(path: str | Path, *, what: str, fix: str,
     if not stat.S_ISREG(mode):
         raise error(f"{what} {show(path)} is {_kind(mode)}, not a file; nothing was read "
                     f"from it. {fix}")
+    if probe:
+        with reading(path, what=what, fix=fix, error=error), open(path, "rb") as file:
+            file.read(1)
     return Path(path)
 
 

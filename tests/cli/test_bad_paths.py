@@ -74,13 +74,15 @@ def test_a_name_longer_than_the_file_system_allows(
 
 
 @pytest.mark.skipif(not Path("/proc/self/mem").exists(), reason="needs Linux /proc")
-@pytest.mark.parametrize("flag", ["--data", "--config"])
+@pytest.mark.parametrize("flag", ["--data", "--config", "launch"])
 def test_a_file_that_fails_to_read_is_named(
         flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """/proc/self/mem is a regular file whose read fails (EIO)."""
+    """/proc/self/mem is a regular file whose read fails (EIO); launch used to start
+    workers that ran it as an empty script."""
     extra = ["--target", "y"] if flag == "--data" else []
-    code, err = run(["train", flag, "/proc/self/mem", *extra, "--out",
-                     str(tmp_path / "out")], capsys)
+    argv = (["launch", "--nproc", "1", "/proc/self/mem"] if flag == "launch" else
+            ["train", flag, "/proc/self/mem", *extra, "--out", str(tmp_path / "out")])
+    code, err = run(argv, capsys)
     assert code == 2 and one_paragraph(err), err
     assert "/proc/self/mem could not be read (Input/output error)" in err
 
@@ -171,6 +173,13 @@ def test_integers_beyond_what_torch_takes(argv: list[str], needle: str,
     code, err = run(argv, capsys)
     assert code == 2 and one_paragraph(err), err
     assert needle in err
+
+
+def test_an_empty_gpus_value_is_shown(tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run(["train", "--gpus", "", "--out", str(tmp_path / "out")], capsys)
+    assert code == 2 and one_paragraph(err), err
+    assert "--gpus ''" in err
 
 
 def test_launch_of_a_missing_module_is_refused_before_any_worker(

@@ -107,5 +107,5 @@ def main(argv: list[str]) -> int:
         check_module(ns.script)
     else:
         check_file(ns.script, what="script", fix="Pass the path of a Python file (or -m "
-                   "MODULE for a module).")
+                   "MODULE for a module).", probe=True)
     return run(spec, ns.script, list(ns.args))
