@@ -400,8 +400,11 @@ def test_out_file_non_empty_dir_and_threads_exit_2_in_one_paragraph(
     (old / "peak.png").write_bytes(b"stale")
     assert main(["bench", "matmul", "--quick", "--out", str(old)]) == 2
     assert "--force" in capsys.readouterr().err
-    assert main(["bench", "matmul", "--quick", "--threads", "0", "--out", str(tmp_path / "t")]) == 2
-    assert "--threads 0" in capsys.readouterr().err and not (tmp_path / "t").exists()
+    with pytest.raises(SystemExit) as refused:  # argparse's range check (cli.common.int_in)
+        main(["bench", "matmul", "--quick", "--threads", "0", "--out", str(tmp_path / "t")])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and err.count("\n") == 1
+    assert "--threads: 0 is out of range" in err and not (tmp_path / "t").exists()
     assert main(["bench", "matmul", "--quick", "--json", "--force", "--out", str(old)]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert not (old / "peak.png").exists()  # the earlier run's plot is gone

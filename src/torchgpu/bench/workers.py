@@ -16,9 +16,11 @@ sample's work and ``stats()`` returns a JSON-safe dict (e.g. peak memory) on req
 
 No worker outlives the parent: :meth:`WorkerGroup.close` (on leaving the ``with``, also
 on an exception, KeyboardInterrupt or the SIGTERM ``torchgpu bench`` turns into one)
-stops them, terminating at once when leaving on an exception; and a worker waiting for
-its next command exits by itself when the parent is gone (killed with SIGKILL, say),
-which also lets the fork server, kept alive by its children, exit.
+stops them, terminating at once when leaving on an exception; and a worker exits by
+itself within :data:`_POLL_S` when the parent is gone (killed with SIGKILL, say), in
+whatever phase it is, which also lets the fork server, kept alive by its children, exit.
+A stop signal while workers start is held until each has read its arguments (the
+queues, whose semaphores the parent unlinks when it exits).
 """
 
 from __future__ import annotations
@@ -105,13 +107,34 @@ def _resolve(factory: str) -> Callable[..., tuple[Step, Stats]]:
     return fn
 
 
+def _exit_with_parent() -> None:
+    """End this worker (at once, whatever it is doing: forming the group, building its
+    work, waiting) when the process that started it is gone, e.g. killed with SIGKILL,
+    which runs no code to close the group: a watcher thread polls it every
+    :data:`_POLL_S`. Nothing of the worker's needs saving; its parent reads the results."""
+    parent = parent_process()
+    if parent is None:  # run in the parent itself
+        return
+
+    def watch() -> None:
+        while parent.is_alive():
+            time.sleep(_POLL_S)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="torchgpu-bench-parent", daemon=True).start()
+
+
 def _worker(
     rank: int, world_size: int, port: int, factory: str, device: str, spec: dict[str, Any],
     threads: int, commands: Queue[str], results: Queue[tuple[str, int, Any]],
 ) -> None:
     """Body of one worker process (module level so the start method can pickle it)."""
+    # First: this process has unpickled its queues (their semaphores are open), so the
+    # parent may now take a stop signal and exit, which unlinks them (WorkerGroup.launch).
+    results.put(("started", rank, None))
     if hasattr(signal, "pthread_sigmask"):  # a spawned child inherits the launch's mask
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    _exit_with_parent()
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
         WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
@@ -180,9 +203,14 @@ class WorkerGroup:
         self._commands: list[Queue[str]] = []
         self._procs: list[BaseProcess] = []
         self._ready = False
+        self._early: list[tuple[str, int, Any]] = []  # replies read while workers started
 
     def __enter__(self) -> WorkerGroup:
-        self.launch()
+        try:
+            self.launch()
+        except BaseException:  # a stop signal held while they started: end them now
+            self.close(force=True)
+            raise
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -197,7 +225,8 @@ class WorkerGroup:
         self.wait_ready()
 
     def launch(self) -> None:
-        """Start the processes without waiting for them (see :meth:`wait_ready`)."""
+        """Start the processes without waiting until they are ready (see
+        :meth:`wait_ready`): only until each has started (:meth:`_wait_started`)."""
         from torchgpu.distributed import free_port
 
         self._ready = False
@@ -218,6 +247,26 @@ class WorkerGroup:
                 proc.start()
                 self._commands.append(commands)
                 self._procs.append(proc)
+            self._wait_started()
+
+    def _wait_started(self) -> None:
+        """Until every worker said it started (bounded; a worker that died is left to
+        :meth:`_collect` to report): a started process has not yet read its arguments,
+        the queues, whose semaphores this process unlinks when it exits, and a stop
+        signal now would have it fail to open them (a fork server's traceback)."""
+        started: set[int] = set()
+        deadline = time.monotonic() + self.timeout_s
+        while len(started) < len(self._procs) and time.monotonic() < deadline:
+            try:
+                message, rank, value = self._results.get(timeout=_POLL_S)
+            except queue.Empty:
+                if any(p.exitcode not in (None, 0) for p in self._procs):
+                    return
+                continue
+            if message == "started":
+                started.add(rank)
+            else:
+                self._early.append((message, rank, value))
 
     def wait_ready(self) -> None:
         """Block until every rank reported ready (once; later calls return at once)."""
@@ -254,7 +303,8 @@ class WorkerGroup:
                     f"{self.timeout_s:.0f} s"
                 )
             try:
-                message, rank, value = self._results.get(timeout=_POLL_S)
+                message, rank, value = (self._early.pop(0) if self._early else
+                                        self._results.get(timeout=_POLL_S))
             except queue.Empty:
                 dead = [p.exitcode for p in self._procs if p.exitcode not in (None, 0)]
                 if dead:
