@@ -121,3 +121,26 @@ def test_sigterm_to_one_process_without_save_every_stops_saved(tmp_path: Path) -
     summary = _stop(tmp_path, ["--strategy", "single"], signal.SIGTERM, "launcher",
                     saves=False)
     assert summary["world_size"] == 1
+
+
+def test_sigterm_to_rank_1_of_the_stage_pipeline_names_it_and_saves(tmp_path: Path) -> None:
+    """`--strategy pipeline --nproc 2`: the stop is saved, and the summary names the rank
+    that got the signal, with one stop step per process (it said "a stop on another
+    rank", with one entry)."""
+    out = tmp_path / "run"
+    flags = [*COMMON, "--nproc", "2", "--strategy", "pipeline", "--schedule", "1f1b"]
+    with Session(["train", *flags, "--out", str(out)], tmp_path) as run:
+        run.wait_for(out / "metrics.jsonl")
+        while run.proc.poll() is None and (out / "metrics.jsonl").stat().st_size < 2000:
+            time.sleep(0.02)
+        os.kill(run.worker(1), signal.SIGTERM)
+        code = run.wait(EXIT_BOUND_S)
+    err = run.stderr()
+    assert not run.leftovers, f"processes left running: {run.leftovers}"
+    assert code == 0 and "Traceback" not in err, err[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    step = summary["stopped_at_step"]
+    assert summary["stop_reason"] == "SIGTERM on rank 1"
+    assert summary["stop_steps_by_rank"] == [step, step]
+    verify_checkpoint(out / "checkpoints" / f"step-{step:08d}")
+    assert f"stopped by SIGTERM on rank 1 after step {step}" in err

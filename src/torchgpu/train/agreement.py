@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from torchgpu.train.heartbeat import Heartbeat
-from torchgpu.train.state import StopFlag, TrainState
+from torchgpu.train.state import PEER_STOP, StopFlag, TrainState
 
 StepRecords = list[tuple[int, int, float]]
 
@@ -199,21 +199,9 @@ class RankAgreement:
         return self.stop_agreed
 
     def _share_stop(self, step: int) -> None:
-        """Once, when the ranks agreed to stop (every rank, same boundary): gather why each
-        rank stopped and at which step, so the flag of a rank that got no signal names
-        the rank that did, and the run can show that every rank stopped at one step."""
-        import torch.distributed as dist
-
-        mine = self._stop.signal_name if self._stop is not None else None
-        gathered: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, (mine, step))
-        if self._stop is None:
-            return
-        if mine is None:  # the stop came from another rank's flag
-            reason = next(((r, name) for r, (name, _) in enumerate(gathered) if name), None)
-            self._stop.set(f"{reason[1]} on rank {reason[0]}" if reason
-                           else "a stop on another rank")
-        self._stop.steps_by_rank = [int(s) for _, s in gathered]
+        """Once, when the ranks agreed to stop (every rank, same boundary): see
+        :func:`share_stop`."""
+        share_stop(self._stop, step)
 
     def _patch_records(self, last_step: int, means: list[float]) -> None:
         # The records of the pending steps are the newest ones, if nobody took them yet.
@@ -239,3 +227,24 @@ class RankAgreement:
             self._device = (torch.device("cuda", torch.cuda.current_device())
                             if "nccl" in backend else torch.device("cpu"))
         return self._device
+
+
+def share_stop(stop: StopFlag | None, step: int) -> None:
+    """Collective, once, where the ranks agreed to stop (every rank, at the same
+    boundary): gather why each rank stopped and at which ``step``, so the flag of a rank
+    that got no signal names the rank that did (``"SIGTERM on rank 1"``) and
+    ``stop.steps_by_rank`` holds one step per rank. Any strategy's stop goes through it
+    (the DDP agreement; the stage pipeline's, whose ranks only agreed on a bool)."""
+    import torch.distributed as dist
+
+    own = stop.signal_name if stop is not None else None
+    mine = None if own in (None, PEER_STOP) else own  # a reason of this rank's own
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (mine, step))
+    if stop is None:
+        return
+    if mine is None:  # the stop came from another rank's flag
+        reason = next(((r, name) for r, (name, _) in enumerate(gathered) if name), None)
+        stop.signal_name = f"{reason[1]} on rank {reason[0]}" if reason else PEER_STOP
+        stop.set(stop.signal_name)
+    stop.steps_by_rank = [int(s) for _, s in gathered]

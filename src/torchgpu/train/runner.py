@@ -25,6 +25,7 @@ from torchgpu.data.batches import install_call_convention
 from torchgpu.distributed import gather_objects, init_distributed
 from torchgpu.errors import CollectiveTimeoutError, DistributedError, TorchGpuError, first_line
 from torchgpu.train import build, outputs
+from torchgpu.train.agreement import share_stop
 from torchgpu.train.assemble import Assembly, assemble, settle, with_stop_at
 from torchgpu.train.auto_batch import apply_auto_batch
 from torchgpu.train.checkpointing import Ranks, RunCheckpoints, RunStart
@@ -225,6 +226,9 @@ def _run(
                 train_seconds += totals.seconds
                 if totals.stopped:
                     stopped_at = state.step
+                    if agree and steps.stop.steps_by_rank is None:
+                        # every rank stops here: agree on why and where (names the rank)
+                        share_stop(steps.stop, state.step)
                     watch.steps(buffer.steps)
                     ckpt.stopped(state, buffer, batches_per_epoch)  # save, say how to resume
                     break
