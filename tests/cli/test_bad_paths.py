@@ -219,3 +219,23 @@ def test_a_csv_with_another_separator_is_named(
                      str(tmp_path / "out")], capsys)
     assert code == 2 and one_paragraph(err), err
     assert header in err and "encode categories" not in err
+
+
+@pytest.mark.parametrize(("flags", "needle"), [
+    (["--nproc", "2", "--strategy", "ddp", "--batch-size", "300"],
+     "one optimizer step of 600 (2 processes x --batch-size 300): use --batch-size 202"),
+    (["--nproc", "2", "--strategy", "ddp", "--batch-size", "203"], "step of 406"),
+    (["--batch-size", "200", "--accumulate", "4"],
+     "step of 800 (--batch-size 200 x --accumulate 4): use --batch-size 101"),
+])
+def test_an_optimizer_step_larger_than_the_train_split_is_refused(
+        flags: list[str], needle: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """housing's train split holds 405 samples: a step of more (over processes and
+    accumulation) was accepted, trained a short step, and the summary claimed it."""
+    out = tmp_path / "out"
+    code, err = run(["train", "--example", "housing", "--epochs", "1", "--device", "cpu",
+                     *flags, "--out", str(out)], capsys)
+    assert code == 2 and one_paragraph(err), err
+    assert "the train split holds 405 samples" in err and needle in err
+    assert not out.exists()

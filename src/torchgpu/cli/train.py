@@ -32,6 +32,7 @@ from torchgpu.train.split_flags import parse_batch_size, parse_chunks
 from torchgpu.train.strategies.registry import describe as strategy_help
 
 if TYPE_CHECKING:
+    from torchgpu.train.assemble import Assembly
     from torchgpu.train.state import StopFlag
 
 
@@ -207,7 +208,7 @@ def _check_gpus(config: TrainConfig) -> None:
     reason = cuda_status.cuda_unavailable_reason()
     if reason:
         raise VisibleDevicesError(
-            f"--gpus {config.gpus!r} was given but no GPU is visible to this process: "
+            f"--gpus {_shown(config.gpus)} was given but no GPU is visible to this process: "
             f"{reason}. Drop --gpus, or pass --device cpu to train on the CPU."
         )
     named = [t.strip() for t in config.gpus.split(",") if t.strip()]
@@ -215,7 +216,7 @@ def _check_gpus(config: TrainConfig) -> None:
     if count < len(named):
         exist = ", ".join(named[:count]) or "none"
         raise VisibleDevicesError(
-            f"--gpus {config.gpus!r} names {len(named)} GPUs but the driver sees only "
+            f"--gpus {_shown(config.gpus)} names {len(named)} GPUs but the driver sees only "
             f"{count} of them (it stops at the first id it lacks): {exist} exist, "
             f"{named[count]} does not. Run `torchgpu devices` to list this machine's GPUs "
             "and pass only those ids."
@@ -305,6 +306,7 @@ def main(argv: list[str]) -> int:
             _set_gpus(config)
         # Data, model (when this process trains or plans), decisions: each once, here.
         run = assemble(config, launching=True)
+        _check_step_fits(run)
     except TorchGpuError as error:
         if from_file is not None:  # a value from the file is named as its line there
             from_file.name_keys(error)
@@ -333,6 +335,42 @@ def main(argv: list[str]) -> int:
         code = _finish(config, result.summary, result.out_dir is not None)
         signals.settle()
     return code
+
+
+def _check_step_fits(run: Assembly) -> None:
+    """Refuse (DataError, before any process starts or --out is made) an optimizer step
+    that holds more samples than the train split: every data-parallel process's batch
+    times --accumulate. One process with a batch larger than the split is refused where
+    the data is loaded; this is the same rule for N processes (each would see a short
+    share of one step, and the summary would claim a global batch the data does not
+    have) and for accumulation."""
+    from torchgpu.errors import DataError
+
+    config = run.config
+    try:
+        samples = len(run.task.train)  # type: ignore[arg-type]
+    except TypeError:  # not sized: the loader says what it can
+        return
+    if config.batch_size is None:  # --batch-size auto: searched to fit later
+        return
+    ranks = run.choice.strategy.shard(0, run.nproc * config.nnodes).world_size
+    step = ranks * config.batch_size * config.accumulate
+    if step <= samples:
+        return
+    parts = " x ".join(p for p in (f"{ranks} processes" if ranks > 1 else "",
+                                   f"--batch-size {config.batch_size}",
+                                   f"--accumulate {config.accumulate}"
+                                   if config.accumulate > 1 else "") if p)
+    most = samples // (ranks * config.accumulate)
+    fix = (f"use --batch-size {most} or less" if most >= 1 else
+           "use fewer processes or a smaller --accumulate")
+    raise DataError(
+        f"the train split holds {samples} samples, fewer than one optimizer step of {step} "
+        f"({parts}): {fix}"
+        + (", fewer processes" if ranks > 1 and most >= 1 else "")
+        + (" or a smaller --accumulate" if config.accumulate > 1 and most >= 1 else "")
+        + ", or more data."
+    )
 
 
 def _stopped_before_start(stop: StopFlag) -> int:
@@ -364,6 +402,11 @@ def _exit_worker(code: int) -> None:
     os._exit(code)
 
 
+def _shown(gpus: str) -> str:
+    """``--gpus``'s value for a message: as typed, quoted when empty or padded (visible)."""
+    return gpus if gpus and gpus.strip() == gpus else repr(gpus)
+
+
 def _set_gpus(config: TrainConfig) -> None:
     """``--gpus`` as CUDA_VISIBLE_DEVICES (before CUDA starts), then checked."""
     from torchgpu.devices import set_visible_devices
@@ -374,7 +417,7 @@ def _set_gpus(config: TrainConfig) -> None:
         set_visible_devices(config.gpus)
     except VisibleDevicesError as error:  # name the flag the user typed
         raise VisibleDevicesError(
-            f"--gpus {config.gpus!r} (set as CUDA_VISIBLE_DEVICES): {error}"
+            f"--gpus {_shown(config.gpus)} (set as CUDA_VISIBLE_DEVICES): {error}"
         ) from None
     _check_gpus(config)
 
