@@ -110,8 +110,7 @@ class GradAccumulator:
             precision if precision is not None and getattr(precision, "scaler", True)
             is not None else None)
         self.clip_norm: float | None = None if clip_norm is None else float(clip_norm)
-        self._plain_step = (self._scaling is None and self.clip_norm is None
-                            and not zero_after_step)
+        self._plain_step = self._scaling is None and not zero_after_step
         self._ddp = find_ddp(model)
         # micro-steps in the current window (read-only for callers; a plain attribute,
         # not a property: the training loop reads it twice per step)
@@ -219,7 +218,8 @@ class GradAccumulator:
         """
         if self._stale:  # the caller did not zero_grad(): the old step's must not add up
             self.zero_grad()
-        if self._steps == 1 and self._plain_step and self._window_samples is None:
+        if (self._steps == 1 and self._plain_step and self.clip_norm is None
+                and self._window_samples is None):
             # One micro-batch per step, no scaler, clipping or early freeing: what a
             # hand-written loop does, without the bookkeeping calls (the training loop's
             # most common step).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -415,9 +416,14 @@ def test_workers_load_the_launchers_data_instead_of_parsing_again(
     assert not Path(handed).exists()
 
 
-@pytest.mark.parametrize("rank_world", [None, (0, 3), (2, 3)])
+@pytest.mark.parametrize(("rank_world", "shuffle", "drop_last", "workers"), [
+    (None, True, False, 0), (None, False, False, 0), (None, True, True, 0),
+    (None, True, False, 2), ((0, 3), True, False, 0), ((2, 3), True, False, 0),
+    ((2, 3), False, False, 2),
+])
 def test_tensor_datasets_are_read_a_batch_at_a_time_with_the_same_batches(
-        rank_world: tuple[int, int] | None) -> None:
+        rank_world: tuple[int, int] | None, shuffle: bool, drop_last: bool,
+        workers: int) -> None:
     from torch.utils.data import Dataset, TensorDataset
 
     from torchgpu.data.loader import batch_sampler_of
@@ -435,10 +441,14 @@ def test_tensor_datasets_are_read_a_batch_at_a_time_with_the_same_batches(
             return x, y
 
     g = torch.Generator().manual_seed(5)
-    data = TensorDataset(torch.randn(37, 3, generator=g), torch.randint(0, 4, (37,), generator=g))
+    # 25 rows on 3 ranks in batches of 8: the last global batch (1 row) leaves ranks 1
+    # and 2 an empty share.
+    data = TensorDataset(torch.randn(25, 3, generator=g), torch.randint(0, 4, (25,), generator=g))
     dist = Shard(*rank_world) if rank_world else None
-    fast = make_loader(data, 8, shuffle=True, seed=3, dist=dist, pad=False)
-    slow = make_loader(RowByRow(data), 8, shuffle=True, seed=3, dist=dist, pad=False)
+    options: dict[str, Any] = dict(shuffle=shuffle, seed=3, dist=dist, pad=False,
+                                   drop_last=drop_last, num_workers=workers)
+    fast = make_loader(data, 8, **options)
+    slow = make_loader(RowByRow(data), 8, **options)
     assert fast.batch_sampler is None and slow.batch_sampler is not None  # whole batches
     for epoch in (0, 1):
         set_epoch(fast, epoch)
@@ -447,5 +457,19 @@ def test_tensor_datasets_are_read_a_batch_at_a_time_with_the_same_batches(
         assert len(got) == len(want) == len(fast) == len(slow)
         for (a, b), (c, d) in zip(got, want, strict=True):
             assert torch.equal(a, c) and torch.equal(b, d) and a.dtype == c.dtype
+            assert a.is_contiguous()
+    if rank_world == (2, 3):
+        assert got[-1][0].shape[0] == 0  # an empty share, as the row-by-row loader gives
     layout = getattr(batch_sampler_of(fast), "layout", None)
     assert (layout is not None) == bool(rank_world)
+
+
+def test_a_tensor_dataset_with_its_own_batched_fetch_keeps_it() -> None:
+    from torch.utils.data import TensorDataset
+
+    class Batched(TensorDataset):
+        def __getitems__(self, indices: list[int]) -> list[tuple[torch.Tensor, ...]]:
+            return [(torch.full((2,), 100.0), torch.tensor(0)) for _ in indices]
+
+    loader = make_loader(Batched(torch.zeros(6, 2), torch.zeros(6)), 3)
+    assert float(next(iter(loader))[0].max()) == 100.0

@@ -100,7 +100,7 @@ def make_loader(
                               shuffle=shuffle, seed=seed)
         if _whole_batches(dataset, dict_pairs):  # dataset[[]] gives zero rows itself
             return DataLoader(dataset, sampler=shards, batch_size=None,
-                              num_workers=num_workers, pin_memory=pin)
+                              collate_fn=_contiguous, num_workers=num_workers, pin_memory=pin)
         return DataLoader(
             dataset,
             batch_sampler=shards,
@@ -134,8 +134,8 @@ def make_loader(
         order = (RandomSampler(dataset, generator=generator) if shuffle
                  else SequentialSampler(dataset))
         return DataLoader(dataset, sampler=BatchSampler(order, batch_size, drop_last),
-                          batch_size=None, generator=generator, num_workers=num_workers,
-                          pin_memory=pin)
+                          batch_size=None, collate_fn=_contiguous, generator=generator,
+                          num_workers=num_workers, pin_memory=pin)
     return DataLoader(
         dataset,
         batch_size=batch_size,
@@ -151,8 +151,17 @@ def make_loader(
 def _whole_batches(dataset: Dataset[Any], dict_pairs: bool) -> TypeGuard[TensorDataset]:
     """Whether ``dataset`` can be read a batch at a time: a TensorDataset whose
     ``__getitem__`` is torch's (indexing each tensor with the batch's indices)."""
+    kind = type(dataset)
     return (not dict_pairs and isinstance(dataset, TensorDataset)
-            and type(dataset).__getitem__ is TensorDataset.__getitem__)
+            and kind.__getitem__ is TensorDataset.__getitem__
+            and getattr(kind, "__getitems__", None) is getattr(TensorDataset, "__getitems__",
+                                                                None))
+
+
+def _contiguous(batch: Any) -> tuple[torch.Tensor, ...]:
+    """A whole batch as collation makes it: contiguous tensors (indexing keeps a
+    channels-last source's layout)."""
+    return tuple(t if t.is_contiguous() else t.contiguous() for t in batch)
 
 
 def batch_sampler_of(loader: DataLoader[Any]) -> object:

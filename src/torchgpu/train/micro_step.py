@@ -120,6 +120,7 @@ class MicroStep:
         if held is not None:
             held.append((x, y))
         self._value = None
+        loss: Tensor | None = None
         try:
             if not self._routed:
                 if self._plain:  # compute(), inlined: this runs every step
@@ -142,6 +143,7 @@ class MicroStep:
         except Exception as error:
             if backoff is None or not is_oom(error):
                 raise
+            loss = None  # the failed try's graph (and its activations): freed before the replay
             # the loss was read: the failure was in backward
             outcome = backoff.recover(error, self._window(x, y), self._value is not None)
         return self._settle(math.nan, False, outcome, x, y)

@@ -109,8 +109,11 @@ class WindowLosses:
             raise NonFiniteLossError(
                 f"loss {value} on rank {self.rank} {self._where()}: training stopped before "
                 f"the update reached the weights. {FIX}")
-        # skip: drop the whole accumulation window (its gradients are partial) and count it.
+        # skip: drop the whole accumulation window (its gradients are partial) and count it;
+        # its earlier finite losses leave the epoch's sums too, as under DDP (drop()).
         self.acc.reset()
+        self.state.epoch_loss_sum -= self.sum
+        self.state.epoch_loss_count -= self.count
         self.state.skipped_steps += 1
 
     def _where(self) -> str:
