@@ -258,3 +258,20 @@ def test_a_stop_reports_its_step(tmp_path: Path) -> None:
     assert summary["stopped_early"] and summary["stop_reason"] == "step limit"
     assert summary["stopped_at_step"] == 2 == summary["steps"]
     assert summary["stop_steps_by_rank"] == [2]
+
+
+def test_a_stop_agreed_at_the_last_step_finishes_the_run(tmp_path: Path) -> None:
+    """A stop that lands during the last epoch's last step: every step is done, so the
+    last epoch is evaluated and the run is not reported as stopped early."""
+    config = TrainConfig(out=str(tmp_path / "run"), data_size=60, epochs=2, progress="off")
+    full = train(TrainConfig(out=str(tmp_path / "full"), data_size=60, epochs=2,
+                             progress="off"))
+    result = train(config, stop_at_step=full.state.step)
+    assert result.summary["epochs"] == 2 and not result.summary["stopped_early"]
+    assert result.summary["final"] == full.summary["final"]
+
+
+def test_the_model_handed_back_holds_no_gradients(tmp_path: Path) -> None:
+    result = train(TrainConfig(out=str(tmp_path / "run"), data_size=60, epochs=1,
+                               progress="off"))
+    assert all(p.grad is None for p in result.model.parameters())

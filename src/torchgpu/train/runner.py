@@ -224,7 +224,10 @@ def _run(
                                    stop=steps.stop, on_step=on_step, progress=progress,
                                    records=buffer.steps)
                 train_seconds += totals.seconds
-                if totals.stopped:
+                # A stop agreed after the run's last step stops nothing: it finishes.
+                finished = (epoch == config.epochs - 1
+                            and state.batch_in_epoch >= batches_per_epoch)
+                if totals.stopped and not finished:
                     stopped_at = state.step
                     if agree and steps.stop.steps_by_rank is None:
                         # every rank stops here: agree on why and where (names the rank)
@@ -255,6 +258,7 @@ def _run(
         watch.close(state)
     if beat is not None:
         beat.phase = "finishing"
+    parts.accumulator.zero_grad()  # the model handed back holds no gradients
     final_state = steps.full_state()
     peaks = gather_objects((str(device), build.device_name(device), peak_memory(device)))
     summary = summary_of(config, data, mode, world, state, records, peaks, train_seconds,
