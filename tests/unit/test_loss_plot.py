@@ -1,20 +1,23 @@
-"""loss.png: the helper process draws the same file as drawing in-process, falls back to
-drawing here when it fails, and is used only when it can save time; the metrics lines
-are what json.dumps writes."""
+"""loss.png, drawn with Pillow: both losses and a legend, log or linear scale, gaps for
+non-finite losses, the same bytes to a path or a binary file, no matplotlib; the
+metrics lines are what json.dumps writes."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+from tests.procs import test_env
 from torchgpu.train import loss_plot
-from torchgpu.train.loss_plot import PlotWorker, render, worth_a_worker
+from torchgpu.train.loss_plot import render
 from torchgpu.train.outputs import EpochRecord, MetricsBuffer, plot_losses
 
 XS = list(range(1, 31))
@@ -29,76 +32,63 @@ def _records() -> list[EpochRecord]:
             for x, a, b in zip(XS, TRAIN, TEST, strict=True)]
 
 
-def _hide_matplotlib(monkeypatch: pytest.MonkeyPatch) -> None:
-    """As in a run that has not imported matplotlib (other tests in this process may
-    have): the worker is then the one that draws. Undone when the test ends."""
-    monkeypatch.delitem(sys.modules, "matplotlib", raising=False)
+def _pixels(path: Path | io.BytesIO) -> Any:
+    from PIL import Image
+
+    with Image.open(path) as image:
+        assert image.format == "PNG" and image.size == (loss_plot.WIDTH, loss_plot.HEIGHT)
+        return image.convert("RGB")
 
 
-def test_worker_draws_the_same_png_as_drawing_here(tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    worker = PlotWorker.start()
-    with monkeypatch.context() as hidden:
-        _hide_matplotlib(hidden)
-        assert worker.render(tmp_path / "worker.png", XS, TRAIN, TEST, TITLE)
-    render(tmp_path / "here.png", XS, TRAIN, TEST, TITLE)
-    assert (tmp_path / "worker.png").read_bytes() == (tmp_path / "here.png").read_bytes()
-    assert not worker.render(tmp_path / "again.png", XS, TRAIN, TEST, TITLE)  # used once
-    worker.close()  # no-op after render
+def _count(image: Any, color: tuple[int, int, int]) -> int:
+    return int((np.asarray(image) == np.array(color, dtype=np.uint8)).all(axis=-1).sum())
 
 
-def test_a_worker_is_not_used_once_matplotlib_is_imported_here(tmp_path: Path) -> None:
-    import matplotlib  # noqa: F401 - its settings here may differ from the worker's
-
-    worker = PlotWorker.start()
-    process = worker._process
-    assert not worker.render(tmp_path / "loss.png", XS, TRAIN, TEST, TITLE)
-    assert not (tmp_path / "loss.png").exists()  # the caller draws it
-    assert process is not None and process.returncode is not None  # ended
-
-
-def test_a_failed_worker_falls_back_to_drawing_here(tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    broken = PlotWorker(subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE))
-    with monkeypatch.context() as hidden:
-        _hide_matplotlib(hidden)
-        assert not broken.render(tmp_path / "loss.png", XS, TRAIN, TEST, TITLE)
+def test_the_plot_shows_both_losses_with_a_legend(tmp_path: Path) -> None:
     path = tmp_path / "loss.png"
-    plot_losses(path, _records(), TITLE, PlotWorker(None))
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    plot_losses(path, _records(), TITLE)
+    image = _pixels(path)
+    # each series in its colour: the line, markers and legend swatch
+    assert _count(image, loss_plot.COLORS["train"]) > 200
+    assert _count(image, loss_plot.COLORS["test"]) > 200
 
 
-def test_the_worker_reports_an_error_and_the_run_raises_it_here(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    missing = tmp_path / "no-such-dir" / "loss.png"
-    worker = PlotWorker.start()
-    process = worker._process
-    with monkeypatch.context() as hidden:
-        _hide_matplotlib(hidden)
-        assert not worker.render(missing, XS, TRAIN, TEST, TITLE)
-    assert process is not None and process.returncode == 1  # it answered with its error
-    with pytest.raises(FileNotFoundError):
-        plot_losses(missing, _records(), TITLE, PlotWorker.start())
+def test_a_binary_file_takes_the_same_png(tmp_path: Path) -> None:
+    path = tmp_path / "loss.png"
+    render(path, XS, TRAIN, TEST, TITLE)
+    buffer = io.BytesIO()
+    render(buffer, XS, TRAIN, TEST, TITLE)
+    assert buffer.getvalue() == path.read_bytes()
 
 
-def test_close_ends_an_unused_worker() -> None:
-    worker = PlotWorker.start()
-    process = worker._process
-    assert process is not None
-    worker.close()
-    assert process.returncode is not None
+def test_log_scale_for_positive_losses_linear_otherwise() -> None:
+    assert loss_plot._y_axis([0.5, 500.0], log=True)[2] == [0.1, 1.0, 10.0, 100.0, 1000.0]
+    low, high, ticks = loss_plot._y_axis([-1.0, 2.0], log=False)
+    assert low < -1.0 and high > 2.0 and ticks[0] >= low and ticks[-1] <= high
+    assert ticks == sorted(set(ticks))
 
 
-def test_a_worker_only_when_it_saves_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert not worth_a_worker(loss_plot.MIN_OVERLAP_S / 2)
-    monkeypatch.setitem(sys.modules, "matplotlib", sys.modules.get("matplotlib") or object())
-    assert not worth_a_worker(60.0)  # drawn here, with this process's matplotlib settings
-    monkeypatch.delitem(sys.modules, "matplotlib")
-    monkeypatch.setattr(loss_plot.os, "sched_getaffinity", lambda pid: {0})
-    assert not worth_a_worker(60.0)  # one CPU: it would compete with training
-    monkeypatch.setattr(loss_plot.os, "sched_getaffinity", lambda pid: {0, 1})
-    assert worth_a_worker(60.0)
+@pytest.mark.parametrize(("train", "test"), [
+    ([1.0, math.nan, 0.5], [math.nan, math.nan, math.nan]),  # no held-out data, a gap
+    ([-1.0, 0.0, 2.0], [1.0, 1.0, 1.0]),  # not all positive: linear
+    ([math.nan] * 3, [math.inf] * 3),  # nothing finite
+    ([3.0], [4.0]),  # one epoch
+])
+def test_unusual_losses_still_give_a_plot(tmp_path: Path, train: list[float],
+                                          test: list[float]) -> None:
+    path = tmp_path / "loss.png"
+    render(path, list(range(1, len(train) + 1)), train, test, "edge")
+    _pixels(path)
+
+
+def test_drawing_imports_no_matplotlib() -> None:
+    code = ("import sys, io\n"
+            "from torchgpu.train.loss_plot import render\n"
+            "render(io.BytesIO(), [1, 2], [2.0, 1.0], [3.0, 2.0], 't')\n"
+            "assert 'matplotlib' not in sys.modules\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=test_env())
+    assert done.returncode == 0, done.stderr
 
 
 def test_step_lines_are_what_json_dumps_writes() -> None:

@@ -1,174 +1,167 @@
-"""The loss plot (``loss.png``), drawn here or by a helper process started during the run.
+"""The loss plot (``loss.png``): train and test loss per epoch, drawn with Pillow.
 
-Drawing it costs ~0.45 s of CPU on a small machine, most of it once per process:
-importing matplotlib (~0.3 s) and building the mathtext parser that the log axis' tick
-labels need (~0.15 s); the drawing itself is ~0.1 s. That is a tenth of a 200-epoch
-``make demo``. So a run that will still train for a while (:data:`MIN_OVERLAP_S`, judged
-after its first epoch) starts a :class:`PlotWorker`: a Python process without torch that
-imports matplotlib and draws a throw-away figure of the same kind on another CPU core
-while training goes on, then waits for the run's losses on its stdin. At the end the run
-sends them, and the worker writes the PNG.
-
-Both ways draw with :func:`render`, so the file is the same. The worker is not used when
-this process has already imported matplotlib (a user's style settings may apply here and
-not there) or has a single CPU to run on (it would compete with training). Any failure of
-the worker (it could not start, crashed, timed out, answered with an error) falls back to
-drawing here, which raises what drawing raises. This module imports nothing heavy: the
-worker imports it without torch.
+Pillow draws this one chart in ~30 ms, import included. matplotlib (which the bench's
+charts use) costs ~0.45 s of CPU per process before it draws anything: on a small machine
+that was a tenth of a 200-epoch ``make demo`` even when a helper process prepared it during
+training, since the helper competed with training for the CPUs. The chart is simple enough
+for a canvas: axes, a grid, nice ticks (a log scale when every loss is positive and there
+are several epochs), two lines with markers, a legend and a title. Non-finite losses
+(no held-out data, a skipped epoch) leave a gap in their line.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import select
-import subprocess
-import sys
+import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-MIN_OVERLAP_S = 1.0  # training time left that hides the worker's ~0.45 s start-up
-WAIT_S = 120.0  # the longest the run waits for the worker's answer before drawing itself
-_ROOT = str(Path(__file__).resolve().parent.parent.parent)  # the directory holding torchgpu
+WIDTH, HEIGHT = 640, 400  # pixels
+LEFT, RIGHT, TOP, BOTTOM = 72, 20, 36, 48  # margins around the plotting area
+COLORS = {"train": (31, 119, 180), "test": (255, 127, 14)}  # matplotlib's first two
+GRID = (226, 226, 226)
+INK = (40, 40, 40)
 
 
 def render(path: Path | IO[bytes], xs: Sequence[int], train: Sequence[float],
            test: Sequence[float], title: str) -> None:
-    """Save a PNG of train and test loss per epoch (matplotlib's Agg canvas; no pyplot,
-    so no global figure state and no GUI backend). Log scale when every loss is positive
-    and there are several epochs."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    """Save a PNG of train and test loss per epoch to ``path`` (a file name or a binary
+    file). Log scale when every finite loss is positive and there are several epochs."""
+    from PIL import Image, ImageDraw
 
-    figure = Figure(figsize=(6.4, 4.0), dpi=100)
-    FigureCanvasAgg(figure)
-    axis = figure.add_subplot()
-    axis.plot(xs, train, marker="o", markersize=3, label="train")
-    axis.plot(xs, test, marker="s", markersize=3, label="test")
-    axis.set_xlabel("epoch")
-    axis.set_ylabel("loss")
-    positive = all(a > 0 and b > 0 for a, b in zip(train, test, strict=True))
-    if positive and len(xs) > 1:
-        axis.set_yscale("log")
-    axis.set_title(title)
-    axis.grid(True, alpha=0.3)
-    axis.legend()
-    figure.tight_layout()
-    # Laid out now: without this savefig runs a second, layout-only drawing pass for the
-    # placeholder engine tight_layout leaves behind (~20% of the drawing; same pixels).
-    figure.set_layout_engine(None)
-    figure.savefig(path)
+    image = Image.new("RGB", (WIDTH, HEIGHT), "white")
+    draw = ImageDraw.Draw(image)
+    font = _font(12)
+    values = [v for v in (*train, *test) if math.isfinite(v)]
+    log = len(xs) > 1 and bool(values) and all(v > 0 for v in values)
+    y_low, y_high, y_ticks = _y_axis(values, log)
+    x_low, x_high = (min(xs), max(xs)) if xs else (0, 1)
+    if x_low == x_high:
+        x_low, x_high = x_low - 1, x_high + 1
+    box = (LEFT, TOP, WIDTH - RIGHT, HEIGHT - BOTTOM)
+
+    def px(x: float) -> float:
+        return box[0] + (x - x_low) / (x_high - x_low) * (box[2] - box[0])
+
+    def py(y: float) -> float:
+        low, high, value = ((math.log10(y_low), math.log10(y_high), math.log10(y)) if log
+                            else (y_low, y_high, y))
+        return box[3] - (value - low) / (high - low) * (box[3] - box[1])
+
+    for tick in y_ticks:
+        draw.line([(box[0], py(tick)), (box[2], py(tick))], fill=GRID)
+        label = _label(tick)
+        width = draw.textlength(label, font=font)
+        draw.text((box[0] - 6 - width, py(tick) - 7), label, fill=INK, font=font)
+    for tick in _nice_ticks(x_low, x_high, 8, integers=True):
+        draw.line([(px(tick), box[1]), (px(tick), box[3])], fill=GRID)
+        label = _label(tick)
+        draw.text((px(tick) - draw.textlength(label, font=font) / 2, box[3] + 6), label,
+                  fill=INK, font=font)
+    draw.rectangle(box, outline=INK)
+    for name, series, square in (("train", train, False), ("test", test, True)):
+        _series(draw, [(px(x), py(y)) if math.isfinite(y) and (not log or y > 0) else None
+                       for x, y in zip(xs, series, strict=True)], COLORS[name], square)
+    _legend(draw, font, box)
+    _centered(draw, title, (box[0] + box[2]) / 2, 10, _font(14))
+    _centered(draw, "epoch", (box[0] + box[2]) / 2, HEIGHT - 20, font)
+    _vertical(image, "loss", 8, (box[1] + box[3]) / 2, font)
+    image.save(path, format="PNG")
 
 
-def worth_a_worker(seconds_left: float) -> bool:
-    """Whether a :class:`PlotWorker` would save time: enough training left to hide its
-    start-up, matplotlib not imported here yet, and a second CPU for it (POSIX: the
-    worker's answer is waited for with ``select`` on a pipe)."""
-    if seconds_left < MIN_OVERLAP_S or "matplotlib" in sys.modules or os.name != "posix":
-        return False
+def _font(size: int) -> Any:
+    from PIL import ImageFont
+
     try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        cpus = os.cpu_count() or 1
-    return cpus >= 2
+        return ImageFont.load_default(size=size)  # Pillow >= 10.1: a scalable font
+    except TypeError:  # older Pillow: its fixed bitmap font
+        return ImageFont.load_default()
 
 
-class PlotWorker:
-    """A helper process that prepares matplotlib while the run trains, then draws
-    ``loss.png`` once (:meth:`render`). :meth:`close` ends it if it was not used."""
-
-    def __init__(self, process: subprocess.Popen[bytes] | None) -> None:
-        self._process = process
-
-    @classmethod
-    def start(cls) -> PlotWorker:
-        """Start the process (a worker that could not start renders nothing: the run
-        then draws the plot itself)."""
-        command = [sys.executable, "-c",
-                   "import sys; sys.path.insert(0, sys.argv[1]); "
-                   "from torchgpu.train.loss_plot import serve; serve()", _ROOT]
-        try:
-            process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                       stderr=subprocess.DEVNULL)
-        except OSError:
-            process = None
-        return cls(process)
-
-    def render(self, path: Path, xs: Sequence[int], train: Sequence[float],
-               test: Sequence[float], title: str) -> bool:
-        """Have the worker draw the plot; True when it wrote ``path``. The worker ends
-        either way. False (the caller draws it) when the worker failed, or when this
-        process imported matplotlib since the worker started."""
-        process, self._process = self._process, None
-        if process is None:
-            return False
-        if "matplotlib" in sys.modules:
-            _end(process)
-            return False
-        request = json.dumps({"path": str(path), "xs": list(xs), "train": list(train),
-                              "test": list(test), "title": title})
-        answer = b""
-        try:
-            assert process.stdin is not None and process.stdout is not None
-            process.stdin.write((request + "\n").encode())
-            process.stdin.close()
-            # The answer line, not the process's exit: the worker answers as soon as
-            # the file is written and then leaves without tearing matplotlib down.
-            if select.select([process.stdout], [], [], WAIT_S)[0]:
-                answer = process.stdout.readline()
-        except (OSError, ValueError):
-            pass
-        _end(process, grace_s=1.0)
-        return answer.strip() == b"ok"
-
-    def close(self) -> None:
-        """End the worker if it is still running (the run failed or was stopped)."""
-        process, self._process = self._process, None
-        if process is not None:
-            _end(process)
+def _y_axis(values: list[float], log: bool) -> tuple[float, float, list[float]]:
+    """(low, high, ticks) of the loss axis."""
+    if not values:
+        return 0.0, 1.0, [0.0, 0.5, 1.0]
+    low, high = min(values), max(values)
+    if log:
+        low_exp, high_exp = math.floor(math.log10(low)), math.ceil(math.log10(high))
+        if high_exp - low_exp >= 2:  # decades
+            ticks = [10.0 ** e for e in range(low_exp, high_exp + 1)]
+            return 10.0 ** low_exp, 10.0 ** high_exp, ticks
+        ticks = [t for t in _nice_ticks(low, high, 6) if t > 0]
+        pad = (high / low) ** 0.05
+        bottom, top = min([low / pad, *ticks]), max([high * pad, *ticks])
+        return bottom, top, ticks
+    if low == high:
+        low, high = low - 1.0, high + 1.0
+    pad = (high - low) * 0.05  # the extreme points inside the frame
+    low, high = low - pad, high + pad
+    ticks = _nice_ticks(low, high, 6)
+    return low, high, ticks
 
 
-def _end(process: subprocess.Popen[bytes], grace_s: float = 0.0) -> None:
-    """Reap ``process``, killing it unless it exits within ``grace_s``."""
-    try:
-        process.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-    for stream in (process.stdin, process.stdout):
-        if stream is not None:
-            stream.close()
+def _nice_ticks(low: float, high: float, count: int, integers: bool = False) -> list[float]:
+    """About ``count`` round values (1, 2, 5 x 10^k steps) covering [low, high]."""
+    raw = (high - low) / max(count - 1, 1)
+    magnitude = 10.0 ** math.floor(math.log10(raw)) if raw > 0 else 1.0
+    step = next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw)
+    if integers:
+        step = max(1.0, round(step))
+    first = math.floor(low / step) * step
+    ticks = []
+    value = first
+    while value <= high + step * 1e-9:
+        if value >= low - step * 1e-9:
+            ticks.append(round(value, 12))
+        value += step
+    return ticks or [low, high]
 
 
-def _warm_up() -> None:
-    """Import matplotlib and save a figure like the real one (log axis over several
-    decades, markers, legend, title) into memory, so fonts, the mathtext parser, the
-    usual tick labels and the PNG writer are all loaded before the request."""
-    import io
-
-    decades = [10.0**k for k in range(-3, 5)]
-    render(io.BytesIO(), list(range(1, len(decades) + 1)), decades,
-           [2 * v for v in decades], "warm-up")
+def _label(value: float) -> str:
+    if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
+        return f"{value:.0e}"
+    return f"{value:g}"
 
 
-def serve() -> None:
-    """The worker's side: warm up, read one request line from stdin, draw it, answer
-    ``ok`` (or ``error ...``) on stdout. EOF without a request ends it quietly."""
-    with contextlib.suppress(Exception):  # the request's own drawing reports the error
-        _warm_up()
-    line = sys.stdin.readline()
-    if not line.strip():
-        return
-    try:
-        request = json.loads(line)
-        render(Path(request["path"]), request["xs"], request["train"], request["test"],
-               request["title"])
-    except Exception as error:  # the run draws it again and raises
-        answer, code = f"error {error!r}\n", 1
-    else:
-        answer, code = "ok\n", 0
-    sys.stdout.write(answer)
-    sys.stdout.flush()
-    os._exit(code)  # the file is written and closed: skip tearing matplotlib down
+def _series(draw: Any, points: list[tuple[float, float] | None], color: tuple[int, int, int],
+            square: bool) -> None:
+    run: list[tuple[float, float]] = []
+    for point in [*points, None]:  # a gap (None) ends a run of the line
+        if point is None:
+            if len(run) > 1:
+                draw.line(run, fill=color, width=2)
+            run = []
+            continue
+        run.append(point)
+    radius = 3 if len(points) <= 60 else 2
+    for point in points:
+        if point is not None:
+            x, y = point
+            shape = draw.rectangle if square else draw.ellipse
+            shape([x - radius, y - radius, x + radius, y + radius], fill=color)
+
+
+def _legend(draw: Any, font: Any, box: tuple[float, float, float, float]) -> None:
+    right, top = box[2] - 8, box[1] + 8
+    widths = [draw.textlength(name, font=font) for name in COLORS]
+    left = right - max(widths) - 34
+    draw.rectangle([left, top, right, top + 40], fill="white", outline=GRID)
+    for row, (name, color) in enumerate(COLORS.items()):
+        y = top + 12 + row * 16
+        draw.line([(left + 6, y), (left + 24, y)], fill=color, width=2)
+        draw.text((left + 28, y - 7), name, fill=INK, font=font)
+
+
+def _centered(draw: Any, text: str, x: float, y: float, font: Any) -> None:
+    draw.text((x - draw.textlength(text, font=font) / 2, y), text, fill=INK, font=font)
+
+
+def _vertical(image: Any, text: str, x: int, y: float, font: Any) -> None:
+    """``text`` rotated a quarter turn, centred on ``y`` (the y axis' name)."""
+    from PIL import Image, ImageDraw
+
+    width = int(ImageDraw.Draw(image).textlength(text, font=font)) + 4
+    label = Image.new("RGB", (width, 16), "white")
+    ImageDraw.Draw(label).text((2, 0), text, fill=INK, font=font)
+    rotated = label.rotate(90, expand=True)
+    image.paste(rotated, (x, int(y - rotated.height / 2)))

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchgpu.train.loss_plot import PlotWorker, render
+from torchgpu.train.loss_plot import render
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -131,16 +131,10 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def plot_losses(path: Path, epochs: Sequence[EpochRecord], title: str,
-                worker: PlotWorker | None = None) -> None:
-    """Save a PNG of train and test loss per epoch (:func:`torchgpu.train.loss_plot.render`),
-    drawn by ``worker`` when one was started and it succeeds, else here."""
-    xs = [r.epoch + 1 for r in epochs]
-    train = [r.train_loss for r in epochs]
-    test = [r.test_loss for r in epochs]
-    if worker is not None and worker.render(path, xs, train, test, title):
-        return
-    render(path, xs, train, test, title)
+def plot_losses(path: Path, epochs: Sequence[EpochRecord], title: str) -> None:
+    """Save a PNG of train and test loss per epoch (:func:`torchgpu.train.loss_plot.render`)."""
+    render(path, [r.epoch + 1 for r in epochs], [r.train_loss for r in epochs],
+           [r.test_loss for r in epochs], title)
 
 
 def save_model(path: Path, state: Mapping[str, Any]) -> None:
@@ -158,13 +152,11 @@ def save_model(path: Path, state: Mapping[str, Any]) -> None:
 
 
 def write_outputs(out_dir: Path, records: Sequence[EpochRecord], state: Mapping[str, Any],
-                  summary: dict[str, Any], title: str,
-                  plot_worker: PlotWorker | None = None) -> None:
-    """A finished run's files in ``out_dir``: the loss plot (when there are epochs; by
-    ``plot_worker`` when the run started one), the final model, and the summary, which
-    gains a ``files`` entry naming all of them."""
+                  summary: dict[str, Any], title: str) -> None:
+    """A finished run's files in ``out_dir``: the loss plot (when there are epochs), the
+    final model, and the summary, which gains a ``files`` entry naming all of them."""
     if records:
-        plot_losses(out_dir / PLOT_FILE, records, title, plot_worker)
+        plot_losses(out_dir / PLOT_FILE, records, title)
     save_model(out_dir / MODEL_FILE, state)
     summary["files"] = {
         "metrics": str(out_dir / METRICS_FILE),

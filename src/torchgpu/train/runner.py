@@ -32,7 +32,6 @@ from torchgpu.train.checkpointing import Ranks, RunCheckpoints, RunStart
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.heartbeat import Heartbeat, collective_failure
 from torchgpu.train.loop import run_epoch, sync_now
-from torchgpu.train.loss_plot import PlotWorker, worth_a_worker
 from torchgpu.train.observers import Observers
 from torchgpu.train.outputs import EpochRecord, MetricsBuffer
 from torchgpu.train.progress import NullProgress, make_progress
@@ -209,8 +208,6 @@ def _run(
     stopped_at: int | None = None  # the step the loop stopped at on a stop flag
     started = time.perf_counter()
     progress.start(config.epochs, batches_per_epoch, state.epoch)
-    plot_worker: PlotWorker | None = None  # loss.png drawn beside training (loss_plot)
-    first_epoch = state.epoch
     try:
         with stop.installed():
             for epoch in range(state.epoch, config.epochs):
@@ -240,19 +237,12 @@ def _run(
                 record = epoch_record(state, result, totals.samples, totals.seconds,
                                       steps.record_world)
                 records.append(record)
-                if out_dir is not None and epoch == first_epoch and worth_a_worker(
-                        totals.seconds * (config.epochs - epoch - 1)):
-                    plot_worker = PlotWorker.start()
                 state.epoch_losses.append((record.train_loss, record.test_loss))
                 state.begin_epoch(epoch + 1)
                 watch.epoch(buffer.steps, record)
                 if out_dir is not None:
                     outputs.flush_epoch(out_dir, buffer, record)
                 progress.end_epoch(record, config.epochs)
-    except BaseException:
-        if plot_worker is not None:
-            plot_worker.close()
-        raise
     finally:
         progress.close()
         watch.close(state)
@@ -269,6 +259,6 @@ def _run(
         watch.report(summary, config, planned, data, mode, world)
     if out_dir is not None:
         outputs.write_outputs(out_dir, records, final_state, summary,
-                              f"{config.run_name}: {mode}, {world} process(es)", plot_worker)
+                              f"{config.run_name}: {mode}, {world} process(es)")
     return TrainResult(config, summary, state, tuple(records), steps.result_model, out_dir,
                        notes)
