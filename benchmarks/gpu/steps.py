@@ -17,6 +17,7 @@ Adding a step is one line.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +51,8 @@ class Ctx:
     results: str = "benchmarks/results/<gpu-tag>"
     scratch: str = "runs/gpu-kit/<gpu-tag>"
     py: str = "python3"
-    threads: int = 16
+    # this machine's cores, at most 16 (bench --threads is capped per core where it runs)
+    threads: int = field(default_factory=lambda: min(os.cpu_count() or 1, 16))
     repo: Path = Path(".")
 
     @property

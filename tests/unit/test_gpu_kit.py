@@ -42,7 +42,7 @@ def dry_run(*args: str) -> str:
 
 @pytest.mark.parametrize("part", ["tests", "bench", "train", "multi", "all"])
 def test_dry_run_lists_every_step_of_the_part(part: str) -> None:
-    text = dry_run("--part", part, "--tag", "test-gpu", "--threads", "16")
+    text = dry_run("--part", part, "--tag", "test-gpu", "--threads", str(CTX.threads))
     plan = steps.make_plan(part)
     assert plan.steps
     for step in plan.steps:
