@@ -121,6 +121,25 @@ def check_process_count(nproc: int, what: str = "processes") -> None:
         )
 
 
+def check_nodes(nnodes: int, node_rank: int, rdzv_endpoint: str | None) -> None:
+    """Raise UsageError unless ``nnodes``/``node_rank``/``rdzv_endpoint`` describe a job
+    torchrun can start (``torchgpu launch`` and ``torchgpu train`` both ask)."""
+    if nnodes < 1:
+        raise UsageError(f"--nnodes {nnodes} is out of range: use 1 or more nodes.")
+    if not 0 <= node_rank < nnodes:
+        raise UsageError(
+            f"--node-rank {node_rank} is out of range for --nnodes {nnodes}: "
+            f"use 0..{nnodes - 1}."
+        )
+    if nnodes > 1 and not rdzv_endpoint:
+        raise UsageError(
+            f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT where all node agents "
+            "meet (the same value on every node), e.g. --rdzv-endpoint 10.0.0.1:29400."
+        )
+    if rdzv_endpoint is not None:
+        check_endpoint(rdzv_endpoint)
+
+
 def check_spec(spec: LaunchSpec) -> None:
     """Raise UsageError for values torchrun would reject less clearly."""
     if spec.nproc < 1:
@@ -129,20 +148,7 @@ def check_spec(spec: LaunchSpec) -> None:
             "(e.g. --nproc 2, or the number of GPUs)."
         )
     check_process_count(spec.nproc)
-    if spec.nnodes < 1:
-        raise UsageError(f"--nnodes {spec.nnodes} is out of range: use 1 or more nodes.")
-    if not 0 <= spec.node_rank < spec.nnodes:
-        raise UsageError(
-            f"--node-rank {spec.node_rank} is out of range for --nnodes {spec.nnodes}: "
-            f"use 0..{spec.nnodes - 1}."
-        )
-    if spec.nnodes > 1 and not spec.rdzv_endpoint:
-        raise UsageError(
-            f"--nnodes {spec.nnodes} needs --rdzv-endpoint HOST:PORT where all node agents "
-            "meet (the same value on every node), e.g. --rdzv-endpoint 10.0.0.1:29400."
-        )
-    if spec.rdzv_endpoint is not None:
-        check_endpoint(spec.rdzv_endpoint)
+    check_nodes(spec.nnodes, spec.node_rank, spec.rdzv_endpoint)
     if spec.max_restarts < 0:
         raise UsageError(f"--max-restarts {spec.max_restarts} must be 0 or more.")
     if not spec.stop_timeout_s > 0:

@@ -28,8 +28,8 @@ _SHOW_HEAD = 100  # characters kept from the start of a shortened path; the rest
 def show(path: str | Path) -> str:
     """``path`` for a message: as is, or -- when very long -- its start and its end (the
     file name) around ``...`` with its length; control characters (newline, NUL) are
-    escaped so the message stays one paragraph. (The same rule as the checkpoint
-    readers' messages, without importing them: this module stays free of torch.)"""
+    escaped so the message stays one paragraph. Every message that names a user's
+    path uses it (the checkpoint readers too)."""
     text = str(path)
     if text.isprintable() and len(text) <= _SHOW_CHARS:
         return text

@@ -32,7 +32,7 @@ BAD = [
     (TrainConfig(data="x.csv"), UsageError, "--target"),
     (TrainConfig(target="price"), UsageError, "--data"),
     (TrainConfig(nnodes=2), UsageError, "--rdzv-endpoint"),
-    (TrainConfig(nnodes=2, node_rank=2, rdzv_endpoint="h:1"), ConfigError, "--node-rank 2"),
+    (TrainConfig(nnodes=2, node_rank=2, rdzv_endpoint="h:1"), UsageError, "--node-rank 2"),
     (TrainConfig(rdzv_endpoint="no-port"), UsageError, "HOST:PORT"),
     (TrainConfig(chunks=4), UsageError, "pipeline"),
 ]

@@ -19,25 +19,11 @@ from pathlib import Path
 from typing import BinaryIO, Literal
 
 from torchgpu.errors import CheckpointFormatError
+from torchgpu.user_files import show as show  # files.show: how the checkpoint code names paths
 
 Kind = Literal["missing", "file", "dir", "other"]
 
-_SHOW_CHARS = 160  # longer names are shortened in messages (a 5000-character name is noise)
-_SHOW_HEAD = 100  # characters kept from the start of a shortened name; the rest from its end
 _MISSING = (errno.ENOENT, errno.ENOTDIR)
-
-
-def show(path: str | Path) -> str:
-    """``path`` for a message: as is, or -- when very long -- its start and its end (the
-    file name, which says what is wrong) around ``...`` with its length, and with control
-    characters (newline, NUL) escaped so the message stays one paragraph."""
-    text = str(path)
-    if text.isprintable() and len(text) <= _SHOW_CHARS:
-        return text
-    if len(text) <= _SHOW_CHARS:
-        return repr(text)[1:-1]
-    head, tail = text[:_SHOW_HEAD], text[-(_SHOW_CHARS - _SHOW_HEAD):]
-    return f"{repr(head)[1:-1]}...{repr(tail)[1:-1]} ({len(text)} characters)"
 
 
 def os_error(path: str | Path, error: OSError, doing: str = "read") -> CheckpointFormatError:

@@ -13,7 +13,7 @@ from torch import nn
 from torchgpu.data import ExampleData, example_data
 from torchgpu.errors import DataError
 from torchgpu.train.config import TrainConfig
-from torchgpu.train.metrics import MetricLike
+from torchgpu.train.metrics import Accuracy, MetricLike
 from torchgpu.train.task import LossFn, Task, seeded
 
 #: The seeds' optimizer (``--optimizer`` replaces it).
@@ -48,3 +48,18 @@ def example_task(config: TrainConfig, data: ExampleData, build_model: Callable[[
                 train=data.train, test=data.test, loss=loss, metrics=dict(metrics),
                 optimizer=OPTIMIZER, eval_batch_size=EVAL_BATCH_SIZE, kind=data.task,
                 example=data, trusted=True, description=data.description)
+
+
+def classifier_task(name: str, config: TrainConfig) -> Task:
+    """The Task of a built-in image classifier ``name`` (``lenet``, ``resnet50``): its
+    images, the model of that name from :func:`torchgpu.models.build_model` with one
+    output per class, cross-entropy and accuracy."""
+    data = builtin_data(name, config)
+
+    def build_model() -> nn.Module:
+        from torchgpu.models import build_model as build
+
+        return build(name, num_classes=data.num_outputs)
+
+    return example_task(config, data, build_model, loss=nn.CrossEntropyLoss(),
+                        metrics={"accuracy": Accuracy()})

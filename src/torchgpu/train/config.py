@@ -306,22 +306,9 @@ def validate(config: TrainConfig) -> None:
         check_name(config.optimizer)
     _at_least("profile", config.profile, 1, " (optimizer steps to trace)")
     _at_least("nproc", config.nproc, 1, " (the number of processes on this node)")
-    _at_least("nnodes", config.nnodes, 1)
-    _at_least("node_rank", config.node_rank, 0)
-    if config.node_rank >= config.nnodes:
-        raise ConfigError(
-            f"--node-rank {config.node_rank} is out of range for --nnodes {config.nnodes}: "
-            f"use 0..{config.nnodes - 1}."
-        )
-    if config.nnodes > 1 and not config.rdzv_endpoint:
-        raise UsageError(
-            f"--nnodes {config.nnodes} needs --rdzv-endpoint HOST:PORT, the address every "
-            "node's agent meets at (the same on every node), e.g. --rdzv-endpoint 10.0.0.1:29400."
-        )
-    if config.rdzv_endpoint is not None:
-        from torchgpu.launcher import check_endpoint
+    from torchgpu.launcher import check_nodes
 
-        check_endpoint(config.rdzv_endpoint)  # the check `torchgpu launch` makes too
+    check_nodes(config.nnodes, config.node_rank, config.rdzv_endpoint)  # as `launch` does
     _at_least("max_restarts", config.max_restarts, 0)
     if isinstance(config.chunks, int):
         _at_least("chunks", config.chunks, 1)
