@@ -121,6 +121,22 @@ def check_process_count(nproc: int, what: str = "processes") -> None:
         )
 
 
+_RDZV_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
+def check_rdzv_id(rdzv_id: str) -> None:
+    """Raise UsageError unless ``rdzv_id`` is 1..128 letters, digits, ``.``, ``_`` or
+    ``-``: torchrun names a directory after it (a ``/`` or a long id fails there)."""
+    if _RDZV_ID.fullmatch(rdzv_id) is None:
+        shown = rdzv_id if len(rdzv_id) <= 40 else f"{rdzv_id[:37]}... ({len(rdzv_id)} characters)"
+        empty = " (an unset variable in the command?)" if not rdzv_id else ""
+        raise UsageError(
+            f"--rdzv-id {shown!r} is not a job id{empty}: use 1 to 128 letters, digits, '.', "
+            "'_' or '-', the same on every node, e.g. --rdzv-id $SLURM_JOB_ID or "
+            "--rdzv-id job-42."
+        )
+
+
 def check_nodes(nnodes: int, node_rank: int, rdzv_endpoint: str | None) -> None:
     """Raise UsageError unless ``nnodes``/``node_rank``/``rdzv_endpoint`` describe a job
     torchrun can start (``torchgpu launch`` and ``torchgpu train`` both ask)."""
@@ -149,6 +165,8 @@ def check_spec(spec: LaunchSpec) -> None:
         )
     check_process_count(spec.nproc)
     check_nodes(spec.nnodes, spec.node_rank, spec.rdzv_endpoint)
+    if spec.rdzv_id is not None:
+        check_rdzv_id(spec.rdzv_id)
     if spec.max_restarts < 0:
         raise UsageError(f"--max-restarts {spec.max_restarts} must be 0 or more.")
     if not spec.stop_timeout_s > 0:

@@ -239,3 +239,20 @@ def test_an_optimizer_step_larger_than_the_train_split_is_refused(
     assert code == 2 and one_paragraph(err), err
     assert "the train split holds 405 samples" in err and needle in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("rdzv_id", ["/proc/x", "a" * 300, "", "job 1", "a/b"])
+def test_launch_refuses_a_rendezvous_id_torchrun_cannot_name_a_directory_after(
+        rdzv_id: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = tmp_path / "job.py"
+    script.write_text("")
+    code, err = run(["launch", "--rdzv-id", rdzv_id, str(script)], capsys)
+    assert code == 2 and one_paragraph(err), err
+    assert "--rdzv-id" in err and "letters, digits" in err
+
+
+def test_launch_accepts_a_scheduler_job_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchgpu import launcher
+
+    for rdzv_id in ("12345", "job-42", "run_7.a"):
+        launcher.check_rdzv_id(rdzv_id)
