@@ -191,3 +191,55 @@ def test_plan_with_a_huge_device_count_is_refused_at_once(
     code, err = run(["plan", "--example", "resnet50", "--devices", "99999999999x80GiB"], capsys)
     assert code == 2
     assert "99999999999x80GiB" in err and "at most 1024" in err
+
+
+@pytest.mark.parametrize("name", ["summary.json", "metrics.jsonl", "loss.png",
+                                  "model.safetensors", "config.toml", "checkpoints"])
+def test_something_in_the_way_of_an_output_file_is_refused_before_training(
+        name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        no_data_loading: None) -> None:
+    """Where the run writes a file, a directory (and where it keeps checkpoints, a file)
+    would fail only after all the training: it is refused first, naming it."""
+    out = tmp_path / "run"
+    out.mkdir()
+    if name == "checkpoints":
+        (out / name).write_text("x")
+    else:
+        (out / name / "inside").mkdir(parents=True)
+    code, err = run(["train", "--epochs", "1", "--out", str(out)], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{name} there is a" in err and "Move" in err
+    assert sorted(p.name for p in out.iterdir()) == [name]
+
+
+@pytest.mark.parametrize("write", ["json", "plot", "config", "model"])
+def test_an_output_write_that_fails_is_one_paragraph_and_commits_nothing(
+        write: str, tmp_path: Path) -> None:
+    """A file that cannot be written at the end of a run (something put in its place
+    meanwhile) is a CheckpointWriteError naming it and why, with nothing half-written."""
+    from torchgpu.errors import CheckpointWriteError
+    from torchgpu.train import outputs
+    from torchgpu.train.config import TrainConfig
+    from torchgpu.train.config_file import write_config
+
+    target = {"json": "summary.json", "plot": "loss.png", "config": "config.toml",
+              "model": "model.safetensors"}[write]
+    (tmp_path / target / "inside").mkdir(parents=True)
+    with pytest.raises(CheckpointWriteError) as caught:
+        if write == "json":
+            outputs.write_json(tmp_path / target, {"a": 1})
+        elif write == "plot":
+            record = outputs.EpochRecord(epoch=0, step=1, train_loss=1.0, test_loss=2.0,
+                                          samples_per_s=1.0, seconds=1.0)
+            outputs.plot_losses(tmp_path / target, [record], "t")
+        elif write == "config":
+            write_config(tmp_path, TrainConfig(epochs=1), world_size=1, local_world_size=1,
+                         device="cpu")
+        else:
+            import torch
+
+            outputs.save_model(tmp_path / target, {"w": torch.zeros(2)})
+    message = str(caught.value)
+    assert target in message and "is a directory, not a file" in message
+    assert "\n" not in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == [target]  # no temporary left

@@ -232,3 +232,19 @@ def test_bad_config_exits_2_without_writing(tmp_path: Path, text: str, needle: s
     assert needle in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_a_resume_refused_for_another_data_size_keeps_the_runs_config(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A resume refused when the checkpoint is opened (the epoch's length differs) leaves
+    every file of the run as it was, config.toml included."""
+    first = tmp_path / "a"
+    assert main(["train", "--example", "housing", "--data-size", "40", "--epochs", "1",
+                 "--batch-size", "8", "--save-every", "2", "--out", str(first),
+                 "--progress", "off"]) == 0
+    before = {p.name: p.read_bytes() for p in first.iterdir() if p.is_file()}
+    capsys.readouterr()
+    assert main(["train", "--example", "housing", "--epochs", "2", "--batch-size", "8",
+                 "--resume", "--out", str(first), "--progress", "off"]) == 2
+    assert "batches_per_epoch" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in first.iterdir() if p.is_file()} == before

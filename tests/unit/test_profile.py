@@ -120,3 +120,23 @@ def test_hook_untouched_without_flags(tmp_path: Path) -> None:
     assert watch.wrap(hook) is hook
     assert (watch.profiler, watch.tensorboard, watch.memory) == (None, None, None)
     assert not model._forward_hooks and not model._forward_pre_hooks
+
+
+def test_a_trace_that_cannot_take_its_place_is_an_error_not_a_silent_loss(
+        tmp_path: Path) -> None:
+    """torch's exporter only logs a failed rename; torchgpu checks the trace arrived and
+    names the file in one paragraph, with no temporary left behind."""
+    from torchgpu.errors import CheckpointWriteError
+    from torchgpu.train.profiling import export_trace
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        torch.ones(4).sum()
+    (tmp_path / "profile.trace.json" / "inside").mkdir(parents=True)
+    with pytest.raises(CheckpointWriteError, match=r"profile\.trace\.json: it is a directory"):
+        export_trace(prof, tmp_path / "profile.trace.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["profile.trace.json"]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        torch.ones(4).sum()
+    export_trace(prof, tmp_path / "t.json")
+    assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["profile.trace.json", "t.json"]

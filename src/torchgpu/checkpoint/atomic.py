@@ -87,11 +87,20 @@ def make_parent(parent: Path) -> None:
     parent.mkdir(parents=True, exist_ok=True)
 
 
-def _disk_error(path: Path, error: OSError) -> CheckpointWriteError:
-    reason = "the disk is full" if error.errno == errno.ENOSPC else str(error)
+def write_error(path: Path, error: OSError) -> CheckpointWriteError:
+    """The one-paragraph error for ``error`` raised while writing ``path`` atomically."""
+    from torchgpu.user_files import problem
+
+    if error.errno == errno.ENOSPC:
+        reason, fix = "the disk is full", "free space or choose another directory"
+    else:
+        reason = f"it {problem(path, error, 'written')}"
+        fix = ("move what is in the way, or choose another directory"
+               if error.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.ENOTDIR)
+               else "fix the permissions or choose another directory")
     return CheckpointWriteError(
-        f"could not write checkpoint {path}: {reason}. Nothing was committed and any earlier "
-        "checkpoint is untouched; free space or choose another directory and save again")
+        f"could not write {files.show(path)}: {reason}. Nothing was committed and any earlier "
+        f"copy of it is untouched; {fix}, and run again")
 
 
 def commit_directory(final: Path, files: dict[str, bytes | bytearray | memoryview]) -> Path:
@@ -120,7 +129,7 @@ def commit_directory(final: Path, files: dict[str, bytes | bytearray | memoryvie
         fsync_dir(parent)
     except OSError as error:
         _undo(temp, aside, final, renamed_in)
-        raise _disk_error(final, error) from None
+        raise write_error(final, error) from None
     except BaseException:
         _undo(temp, aside, final, renamed_in)
         raise
@@ -146,7 +155,7 @@ def write_file_atomic(final: Path, data: bytes | bytearray | memoryview) -> Path
     try:
         _replace(final, data)
     except OSError as error:
-        raise _disk_error(final, error) from None
+        raise write_error(final, error) from None
     return final
 
 

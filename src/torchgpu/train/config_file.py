@@ -32,9 +32,9 @@ from typing import Any
 
 from torchgpu.errors import ConfigError, UsageError
 from torchgpu.train.config import TrainConfig
+from torchgpu.train.outputs import CONFIG_FILE as CONFIG_FILE
 from torchgpu.user_files import read_text
 
-CONFIG_FILE = "config.toml"
 RUN_TABLE = "run"  # metadata, not settings
 # Settings a reproduced run must not inherit: continuing a checkpoint, the launcher's
 # node-specific addresses, and what only changes how the result is printed.
@@ -312,8 +312,7 @@ def write_config(out_dir: Path, config: TrainConfig, *, world_size: int, local_w
     info = versions()
     run = {"cli": not from_fit, "device": device, "world_size": world_size,
            "torch": info["torch"], "torchgpu": info["torchgpu"]}
-    path = out_dir / CONFIG_FILE
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(dumps(settings, run, comments), encoding="utf-8")
-    os.replace(temporary, path)
-    return path
+    from torchgpu.checkpoint.atomic import write_file_atomic
+
+    return write_file_atomic(out_dir / CONFIG_FILE,
+                             dumps(settings, run, comments).encode("utf-8"))

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchgpu.checkpoint.atomic import write_file_atomic
 from torchgpu.errors import ConfigError
 
 SNAPSHOT = "memory_snapshot"
@@ -176,10 +177,9 @@ def write_snapshot(snapshot: Mapping[str, Any], out_dir: Path, stem: str, rank: 
     pickle_name, html_name = file_names(stem, rank)
     out_dir.mkdir(parents=True, exist_ok=True)
     pickle_path, html_path = out_dir / pickle_name, out_dir / html_name
-    with pickle_path.open("wb") as handle:
-        pickle.dump(dict(snapshot), handle)
+    write_file_atomic(pickle_path, pickle.dumps(dict(snapshot)))
     sites = biggest_live(snapshot, forwards)
-    html_path.write_text(render_html(snapshot, title, sites), encoding="utf-8")
+    write_file_atomic(html_path, render_html(snapshot, title, sites).encode("utf-8"))
     return pickle_path, html_path, sites
 
 

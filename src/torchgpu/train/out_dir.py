@@ -58,6 +58,29 @@ def _probe(parent: Path, out: str) -> None:
         ) from None
 
 
+def _check_outputs(directory: Path, out: str) -> None:
+    """Raise UsageError when something other than a file (a directory, a FIFO, a
+    socket) stands where the run writes one of its files in existing ``--out``
+    ``directory``, or something other than a directory where it keeps checkpoints:
+    the run would fail only when it writes there, after all its training."""
+    for name, want_dir in ((outputs.SUMMARY_FILE, False), (outputs.METRICS_FILE, False),
+                           (outputs.PLOT_FILE, False), (outputs.MODEL_FILE, False),
+                           (outputs.CONFIG_FILE, False), (outputs.CHECKPOINTS_DIR, True)):
+        path = directory / name
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            continue  # missing (or unreadable: the write reports it with its reason)
+        if stat.S_ISDIR(mode) != want_dir or not (want_dir or stat.S_ISREG(mode)):
+            found = ("a directory" if stat.S_ISDIR(mode) else "a file" if stat.S_ISREG(mode)
+                     else "neither a file nor a directory")
+            wanted = "a directory" if want_dir else "a file"
+            raise UsageError(
+                f"--out {out}: {name} there is {found}, but the run writes {wanted} of that "
+                f"name; nothing was written. Move {path} away, or pass another --out."
+            )
+
+
 def check_creatable(out: str) -> None:
     """Raise UsageError unless ``out`` is, or can become, a writable directory.
 
@@ -76,6 +99,7 @@ def check_creatable(out: str) -> None:
             raise UsageError(
                 f"--out {out} exists and is not a directory: pass a new directory for the run."
             )
+        _check_outputs(absolute, out)
         _probe(absolute, out)
         return
     missing: list[str] = []

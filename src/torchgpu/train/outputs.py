@@ -6,9 +6,9 @@ path) and written here once per epoch. Only rank 0 calls the writers.
 
 from __future__ import annotations
 
+import io
 import json
 import math
-import os
 import platform
 import sys
 from collections.abc import Mapping, Sequence
@@ -22,6 +22,8 @@ METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 PLOT_FILE = "loss.png"
 MODEL_FILE = "model.safetensors"
+CONFIG_FILE = "config.toml"  # written by torchgpu.train.config_file
+CHECKPOINTS_DIR = "checkpoints"  # kept by torchgpu.train.checkpointing
 
 
 @dataclass(frozen=True)
@@ -113,12 +115,12 @@ def versions() -> dict[str, str]:
 
 
 def write_json(path: Path, payload: Mapping[str, Any]) -> None:
-    """Write ``payload`` as indented JSON, atomically (temporary file, then rename)."""
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(
-        json.dumps(_clean(payload), indent=2, sort_keys=False) + "\n", encoding="utf-8"
-    )
-    os.replace(temporary, path)
+    """Write ``payload`` as indented JSON, atomically (temporary sibling, fsync, rename);
+    a failure is a one-paragraph :class:`~torchgpu.errors.CheckpointWriteError`."""
+    from torchgpu.checkpoint.atomic import write_file_atomic
+
+    text = json.dumps(_clean(payload), indent=2, sort_keys=False) + "\n"
+    write_file_atomic(path, text.encode("utf-8"))
 
 
 def _clean(value: Any) -> Any:
@@ -132,9 +134,14 @@ def _clean(value: Any) -> Any:
 
 
 def plot_losses(path: Path, epochs: Sequence[EpochRecord], title: str) -> None:
-    """Save a PNG of train and test loss per epoch (:func:`torchgpu.train.loss_plot.render`)."""
-    render(path, [r.epoch + 1 for r in epochs], [r.train_loss for r in epochs],
+    """Save a PNG of train and test loss per epoch (:func:`torchgpu.train.loss_plot.render`),
+    atomically like every other output file."""
+    from torchgpu.checkpoint.atomic import write_file_atomic
+
+    image = io.BytesIO()
+    render(image, [r.epoch + 1 for r in epochs], [r.train_loss for r in epochs],
            [r.test_loss for r in epochs], title)
+    write_file_atomic(path, image.getbuffer())
 
 
 def save_model(path: Path, state: Mapping[str, Any]) -> None:

@@ -19,6 +19,9 @@ whole, and says so.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -29,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchgpu.checkpoint.atomic import write_error, write_file_atomic
 from torchgpu.train.config import DEFAULT_PROFILE_STEPS as DEFAULT_STEPS  # noqa: F401
 from torchgpu.train.state import TrainState
 
@@ -265,7 +269,7 @@ class StepProfiler:
         if self._marks is not None:
             self._marks.remove()
         trace = self.out_dir / TRACE_FILE
-        prof.export_chrome_trace(str(trace))
+        export_trace(prof, trace)
         cpu = torch.profiler.DeviceType.CPU  # the host's events (kernels have their own)
         events: list[Event] = [
             (e.name, float(e.time_range.start), float(e.time_range.end), int(e.thread))
@@ -278,7 +282,7 @@ class StepProfiler:
         top = sorted(averages, key=lambda a: -float(getattr(a, sort_by, 0.0)))[:TOP_OPERATORS]
         step_s = seconds / steps if steps else None
         text = format_report(table, shares, steps, step_s, trace)
-        (self.out_dir / TABLE_FILE).write_text(text, encoding="utf-8")
+        write_file_atomic(self.out_dir / TABLE_FILE, text.encode("utf-8"))
         print(text, file=sys.stderr)
         self.result = {
             "trace": str(trace),
@@ -291,6 +295,24 @@ class StepProfiler:
             "top_operators": [{"name": a.key, "calls": int(a.count),
                                "self_us": float(getattr(a, sort_by, 0.0))} for a in top],
         }
+
+
+def export_trace(prof: Any, trace: Path) -> None:
+    """``prof``'s Chrome trace written to ``trace`` atomically, or a one-paragraph
+    :class:`~torchgpu.errors.CheckpointWriteError`. Kineto writes its own temporary file
+    and only logs a failed rename, so the trace goes to a temporary name first and is
+    checked before it takes its place."""
+    temporary = trace.with_name(f".{trace.name}.tmp-{os.getpid()}")
+    try:
+        prof.export_chrome_trace(str(temporary))
+        if not temporary.is_file():
+            raise OSError(errno.EIO, "torch's profiler wrote no trace file", str(temporary))
+        os.replace(temporary, trace)
+    except OSError as error:  # something in the way, a full disk
+        for leftover in (temporary, temporary.with_name(temporary.name + ".tmp")):
+            with contextlib.suppress(OSError):
+                leftover.unlink()
+        raise write_error(trace, error) from None
 
 
 def format_report(table: str, shares: dict[str, float], steps: int, step_seconds: float | None,

@@ -19,8 +19,8 @@ from torchgpu.checkpoint import find_checkpoint
 from torchgpu.checkpoint.layout import read_meta
 from torchgpu.errors import ResumeError
 from torchgpu.train.config import TrainConfig
+from torchgpu.train.outputs import CHECKPOINTS_DIR as CHECKPOINTS_DIR
 
-CHECKPOINTS_DIR = "checkpoints"
 RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
 # Settings that give the saved position its meaning; a resume must not change them.
 FIXED = ("run_name", "example", "data", "target", "data_size", "seed", "batch_size",

@@ -186,7 +186,6 @@ def _run(
         out_dir.mkdir(parents=True, exist_ok=True)
         for note in (*notes, *steps.lines()):
             print(note, file=sys.stderr)
-        write_config(out_dir, config, world, device, steps.model)
     buffer = MetricsBuffer()
     batches_per_epoch = len(train_loader)
     records: list[EpochRecord] = []
@@ -197,6 +196,8 @@ def _run(
                           sync=(lambda: sync_now(parts)) if parts.agree else None,
                           heartbeat=beat, before_save=steps.before_save)
     state = ckpt.begin(start.plan)  # fresh, or restored from a checkpoint
+    if out_dir is not None:  # after the resume's checks: a refused resume changes nothing
+        write_config(out_dir, config, world, device, steps.model)
     if beat is not None:
         beat.follow(state)
         beat.phase = steps.phase
