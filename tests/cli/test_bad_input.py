@@ -194,7 +194,8 @@ def test_plan_with_a_huge_device_count_is_refused_at_once(
 
 
 @pytest.mark.parametrize("name", ["summary.json", "metrics.jsonl", "loss.png",
-                                  "model.safetensors", "config.toml", "checkpoints"])
+                                  "model.safetensors", "config.toml", "checkpoints",
+                                  "tensorboard", "profile.txt", "profile.trace.json"])
 def test_something_in_the_way_of_an_output_file_is_refused_before_training(
         name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
         no_data_loading: None) -> None:
@@ -202,7 +203,7 @@ def test_something_in_the_way_of_an_output_file_is_refused_before_training(
     would fail only after all the training: it is refused first, naming it."""
     out = tmp_path / "run"
     out.mkdir()
-    if name == "checkpoints":
+    if name in ("checkpoints", "tensorboard"):
         (out / name).write_text("x")
     else:
         (out / name / "inside").mkdir(parents=True)

@@ -60,12 +60,11 @@ def _probe(parent: Path, out: str) -> None:
 
 def _check_outputs(directory: Path, out: str) -> None:
     """Raise UsageError when something other than a file (a directory, a FIFO, a
-    socket) stands where the run writes one of its files in existing ``--out``
-    ``directory``, or something other than a directory where it keeps checkpoints:
-    the run would fail only when it writes there, after all its training."""
-    for name, want_dir in ((outputs.SUMMARY_FILE, False), (outputs.METRICS_FILE, False),
-                           (outputs.PLOT_FILE, False), (outputs.MODEL_FILE, False),
-                           (outputs.CONFIG_FILE, False), (outputs.CHECKPOINTS_DIR, True)):
+    socket) stands where the run may write one of its files in existing ``--out``
+    ``directory``, or something other than a directory where it keeps a directory
+    (:data:`~torchgpu.train.outputs.RUN_ENTRIES`): the run would fail only when it
+    writes there, after its training."""
+    for name, want_dir in outputs.RUN_ENTRIES.items():
         path = directory / name
         try:
             mode = os.stat(path).st_mode

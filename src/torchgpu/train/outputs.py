@@ -24,6 +24,13 @@ PLOT_FILE = "loss.png"
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.toml"  # written by torchgpu.train.config_file
 CHECKPOINTS_DIR = "checkpoints"  # kept by torchgpu.train.checkpointing
+TENSORBOARD_DIR = "tensorboard"  # --log tensorboard (torchgpu.train.tblog)
+PROFILE_TRACE_FILE = "profile.trace.json"  # --profile (torchgpu.train.profiling)
+PROFILE_TABLE_FILE = "profile.txt"
+#: What a run may write directly under --out, name -> whether it is a directory.
+RUN_ENTRIES = {SUMMARY_FILE: False, METRICS_FILE: False, PLOT_FILE: False, MODEL_FILE: False,
+               CONFIG_FILE: False, CHECKPOINTS_DIR: True, TENSORBOARD_DIR: True,
+               PROFILE_TRACE_FILE: False, PROFILE_TABLE_FILE: False}
 
 
 @dataclass(frozen=True)

@@ -33,12 +33,13 @@ import torch
 from torch import nn
 
 from torchgpu.checkpoint.atomic import write_error, write_file_atomic
+from torchgpu.train import outputs
 from torchgpu.train.config import DEFAULT_PROFILE_STEPS as DEFAULT_STEPS  # noqa: F401
 from torchgpu.train.state import TrainState
 
 WARMUP_STEPS = 3
-TRACE_FILE = "profile.trace.json"
-TABLE_FILE = "profile.txt"
+TRACE_FILE = outputs.PROFILE_TRACE_FILE
+TABLE_FILE = outputs.PROFILE_TABLE_FILE
 FORWARD_LABEL = "torchgpu::forward"  # a user annotation around the model's forward
 TOP_OPERATORS = 15
 

@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from torchgpu.errors import ConfigError
+from torchgpu.train.outputs import TENSORBOARD_DIR as TB_DIR  # under --out
 from torchgpu.train.outputs import EpochRecord
-
-TB_DIR = "tensorboard"  # under --out
 
 
 def check_available() -> None:
