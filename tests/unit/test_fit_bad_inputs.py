@@ -89,3 +89,18 @@ def test_split_strategies_name_the_module_list(tmp_path: Path) -> None:
                     "--data", "tests.user_models:cnn_data", "--loss", "cross_entropy",
                     "--epochs", "1", "--out", str(tmp_path / "run")])
     assert proc.returncode == 2 and "nn.ModuleList or nn.Sequential" in proc.stderr
+
+
+class _NoLength(Dataset[Any]):
+    def __len__(self) -> int:
+        raise TypeError("length unknown")
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.zeros(4), torch.zeros(1)
+
+
+def test_a_dataset_whose_len_fails_is_named(tmp_path: Path) -> None:
+    """A user's __len__ that raises is a DataError naming it, not its own traceback."""
+    with pytest.raises(DataError, match=r"len\(\) failed \(TypeError: length unknown\)"):
+        fit(nn.Linear(4, 1), _NoLength(), loss=nn.MSELoss(), epochs=1, out=str(tmp_path / "o"))
+    assert not (tmp_path / "o").exists()

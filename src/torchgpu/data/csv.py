@@ -195,7 +195,8 @@ def _check_open_quote(file: Path, start: int, end: int, cells: list[str],
 def read_numeric_csv(path: str | Path) -> tuple[tuple[str, ...], np.ndarray]:
     """``(column names, values (rows, columns) float32)`` of a CSV with a header row.
 
-    Blank lines are skipped. Numbers are read by numpy's C reader; a table it does not
+    Blank lines, and rows whose cells are all empty (a spreadsheet's empty rows), are
+    skipped. Numbers are read by numpy's C reader; a table it does not
     take is read again cell by cell to report the first problem exactly. Raises
     :class:`DataError` for a missing or unreadable file, no header or no data rows, a
     table separated by ``;``, tab or ``|`` (named, with the fix), duplicated column

@@ -167,7 +167,14 @@ def check_dataset(dataset: Any, what: str) -> Dataset[Any]:
             "torch.utils.data.Dataset (with __len__ and __getitem__), or a (train, eval) "
             "pair of them."
         )
-    if len(dataset) == 0:
+    try:
+        size = len(dataset)
+    except Exception as error:  # the user's __len__: any failure is theirs to fix
+        raise DataError(
+            f"{what}: len() failed ({type(error).__name__}: {error}); a map-style Dataset "
+            "must return its number of samples from __len__"
+        ) from None
+    if size == 0:
         raise DataError(f"{what} is empty: there is nothing to train on; check the data")
     checked: Dataset[Any] = dataset
     return checked
