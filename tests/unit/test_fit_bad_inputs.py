@@ -104,3 +104,41 @@ def test_a_dataset_whose_len_fails_is_named(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"len\(\) failed \(TypeError: length unknown\)"):
         fit(nn.Linear(4, 1), _NoLength(), loss=nn.MSELoss(), epochs=1, out=str(tmp_path / "o"))
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(("setting", "value", "needle"), [
+    ("epochs", "3", "epochs='3' is of type str, but epochs takes an integer or None"),
+    ("epochs", True, "epochs=True is of type bool"),
+    ("batch_size", "big", "takes an integer or 'auto' or None"),
+    ("lr", "0.1", "lr='0.1' is of type str, but lr takes a number or None"),
+    ("activation_checkpointing", "yes", "takes True or False"),
+    ("out", 123, "out=123 is of type int"),
+])
+def test_a_setting_of_the_wrong_type_is_named(setting: str, value: object, needle: str,
+                                              tmp_path: Path) -> None:
+    """fit's settings take what their flags take: a wrong type is a UsageError naming the
+    setting, not a TypeError from deep in the run or a silent truth test."""
+    from torch.utils.data import TensorDataset
+
+    data = TensorDataset(torch.randn(8, 4), torch.randn(8, 1))
+    settings: dict[str, Any] = {"epochs": 1, "progress": "off", "out": str(tmp_path / "o"),
+                                setting: value}
+    with pytest.raises(UsageError) as caught:
+        fit(nn.Linear(4, 1), data, loss=nn.MSELoss(), **settings)
+    assert needle in str(caught.value)
+    assert not (tmp_path / "o").exists()
+
+
+def test_numpy_numbers_paths_and_device_lists_are_taken(tmp_path: Path) -> None:
+    import numpy as np
+    from torch.utils.data import TensorDataset
+
+    data = TensorDataset(torch.randn(8, 4), torch.randn(8, 1))
+    result = fit(nn.Linear(4, 1), data, loss=nn.MSELoss(), epochs=np.int64(1),
+                 batch_size=np.int32(4), lr=np.float32(0.01), progress="off",
+                 out=tmp_path / "o")
+    assert result.summary["batch_size"] == 4 and (tmp_path / "o" / "summary.json").is_file()
+    from torchgpu.train.fit import config_from_settings
+
+    config = config_from_settings({"devices": ["cpu", "cpu"], "strategy": "pipeline"}, "m")
+    assert config.devices == "cpu,cpu"

@@ -11,7 +11,9 @@ and it trains data-parallel (or with the chosen strategy) with no code change.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
+import typing
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -59,13 +61,62 @@ def config_from_settings(settings: Mapping[str, Any], name: str, data_name: str 
     if values.get("progress") is None:
         values.pop("progress", None)
     out = values.get("out")
-    if out is not None:
-        values["out"] = str(out)
+    if isinstance(out, os.PathLike):
+        values["out"] = os.fspath(out)
     if isinstance(values.get("resume"), os.PathLike):
         values["resume"] = os.fspath(values["resume"])
+    devices = values.get("devices")
+    if isinstance(devices, list | tuple) and all(isinstance(d, str) for d in devices):
+        values["devices"] = ",".join(devices)  # ["cuda:0", "cuda:1"] as the flag's list
+    _check_types(values)
+    for key, value in values.items():  # numpy scalars as Python numbers (config.toml)
+        if isinstance(value, numbers.Integral) and not isinstance(value, int):
+            values[key] = int(value)
+        elif isinstance(value, numbers.Real) and not isinstance(value, int | float):
+            values[key] = float(value)
     # The config records what trained as spec-shaped labels (never resolved: fit passes
     # the objects); the run's name, runs/<name>-<time>, is the model's.
     return TrainConfig(model=f"fit:{name}", data=f"fit:{data_name}", **values)
+
+
+_TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "True or False",
+               type(None): "None"}
+
+
+def _accepts(kind: Any, value: Any) -> bool:
+    """Whether ``value`` fits ``kind`` (int, float, str, bool or None; numpy scalars count
+    as numbers, a bool is not a number)."""
+    if kind is type(None):
+        return value is None
+    if kind is bool:
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if kind is int:
+        return isinstance(value, numbers.Integral)
+    if kind is float:
+        return isinstance(value, numbers.Real)
+    return isinstance(value, kind)
+
+
+def _check_types(values: Mapping[str, Any]) -> None:
+    """UsageError naming the setting whose value is of a type the flag never takes
+    (``epochs="3"``, ``batch_size="big"``, ``activation_checkpointing="yes"``), before
+    it meets a comparison or a truth test somewhere in the run."""
+    hints = typing.get_type_hints(TrainConfig)
+    for name, value in values.items():
+        kinds = typing.get_args(hints[name]) or (hints[name],)
+        if any(_accepts(kind, value) for kind in kinds):
+            continue
+        allowed = [_TYPE_WORDS.get(kind, getattr(kind, "__name__", str(kind)))
+                   for kind in kinds]
+        if name in ("batch_size", "chunks"):
+            allowed.insert(1, "'auto'")
+        raise UsageError(
+            f"fit(): {name}={value!r} is of type {type(value).__name__}, but {name} takes "
+            f"{' or '.join(dict.fromkeys(allowed))} (as the --{name.replace('_', '-')} flag "
+            "does)."
+        )
 
 
 def _refuse_split_pair(train_data: Any) -> None:
