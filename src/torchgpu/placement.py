@@ -367,6 +367,12 @@ def check_placement(
                         f"that it builds and places the model.{_gpu_hint(error)}"
                     ),
                 )
+            if not isinstance(model, nn.Module):
+                return PlacementReport(
+                    ok=False, input_device=input_device,
+                    error=(f"model_factory() returned a {type(model).__name__}, not an "
+                           "nn.Module: the factory must return the model, e.g. "
+                           "def build() -> nn.Module."))
             for name, module in model.named_modules():
                 handles.append(module.register_forward_pre_hook(pre_hook(name), with_kwargs=True))
                 handles.append(module.register_forward_hook(post_hook))

@@ -244,3 +244,19 @@ def test_an_output_write_that_fails_is_one_paragraph_and_commits_nothing(
     assert target in message and "is a directory, not a file" in message
     assert "\n" not in message
     assert sorted(p.name for p in tmp_path.iterdir()) == [target]  # no temporary left
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["plan", "--model", "torch.nn:Identity", "--input-shape", "-1,4"], "--input-shape '-1,4'"),
+    (["doctor", "--model", "torch.nn:Identity", "--input-shape", "-2,3"], "--input-shape '-2,3'"),
+    (["select", "--min-free", "-1GiB"], "is negative"),
+    (["train", "--profile", "-1"], "--profile -1 is out of range"),
+    (["train", "--collective-timeout", "-.5"], "--collective-timeout -0.5"),
+])
+def test_a_value_that_looks_negative_reaches_its_flags_check(
+        argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse takes ``-1,4`` for an option ("expected one argument"); every verb's
+    parser hands it to the flag, whose check names what is wrong."""
+    code, err = run(argv, capsys)
+    assert code == 2 and needle in err, err
+    assert "expected one argument" not in err

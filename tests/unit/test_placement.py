@@ -144,6 +144,9 @@ def test_factory_errors_are_reported_and_bad_devices_refused() -> None:
     assert report.format().startswith("placement not checked: model_factory() failed")
     with pytest.raises(DeviceSpecError, match="'gpu1'"):
         check_placement(Small, (3, 4), ["gpu1"])
+    nothing = check_placement(lambda: None, (1,), DEVICES)  # type: ignore[arg-type,return-value]
+    assert nothing.error is not None and nothing.error.startswith(
+        "model_factory() returned a NoneType, not an nn.Module")
 
 
 def test_a_wrong_input_shape_is_an_error_not_a_placement_problem(

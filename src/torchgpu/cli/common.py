@@ -12,7 +12,17 @@ from torchgpu.errors import EXIT_USAGE, TorchGpuError, UsageError, exit_code_for
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse that reports bad flags as one paragraph on stderr and exits 2."""
+    """argparse that reports bad flags as one paragraph on stderr and exits 2, and hands
+    a flag a value that starts like a negative number (``--input-shape -1,4``,
+    ``--min-free -1GiB``) so that the flag's own check says what is wrong with it."""
+
+    def parse_known_args(  # type: ignore[override]  # typeshed overloads on namespace
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        flags = [flag for action in self._actions if action.nargs in (None, "?")
+                 for flag in action.option_strings]
+        argv = sys.argv[1:] if args is None else args
+        return super().parse_known_args(attach_values(argv, flags), namespace)
 
     def error(self, message: str) -> NoReturn:
         self.exit(

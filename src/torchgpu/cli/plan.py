@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from torchgpu.cli.common import ArgumentParser, attach_values
+from torchgpu.cli.common import ArgumentParser
 from torchgpu.errors import PlanError, UsageError
 from torchgpu.planning.decide import Plan, Workload
 from torchgpu.planning.footprint import Footprint
@@ -87,8 +87,7 @@ def build_parser() -> ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    # "--devices -1xGiB" reaches the devices check instead of argparse's "expected one argument"
-    args = build_parser().parse_args(attach_values(argv, ("--devices", "--batch-size")))
+    args = build_parser().parse_args(argv)
     if args.model is None and (args.input_shape is not None or args.data is not None):
         flag = "--input-shape" if args.input_shape is not None else "--data"
         raise UsageError(f"{flag} goes with --model (built-in examples know their shape)")

@@ -11,7 +11,7 @@ counts the GPUs).
 
 from __future__ import annotations
 
-from torchgpu.cli.common import ArgumentParser, attach_values, fail
+from torchgpu.cli.common import ArgumentParser, fail
 from torchgpu.devices.selection import select_devices
 from torchgpu.errors import UsageError
 from torchgpu.sizes import parse_size
@@ -32,7 +32,7 @@ def _parser() -> ArgumentParser:
 def main(argv: list[str]) -> int:
     # Negative-looking values reach the flags' checks instead of argparse's "expected
     # one argument" (-n -1 and --max-util -5 are plain numbers argparse already takes).
-    args = _parser().parse_args(attach_values(argv, ("--min-free", "-n", "--max-util")))
+    args = _parser().parse_args(argv)
     if args.n < 1:
         return fail(f"-n {args.n} must be at least 1, e.g. -n 2")
     try:
