@@ -19,10 +19,11 @@ class ArgumentParser(argparse.ArgumentParser):
     def parse_known_args(  # type: ignore[override]  # typeshed overloads on namespace
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
-        flags = [flag for action in self._actions if action.nargs in (None, "?")
+        flags = [flag for action in self._actions if action.nargs is None
                  for flag in action.option_strings]
+        remainder = any(action.nargs == argparse.REMAINDER for action in self._actions)
         argv = sys.argv[1:] if args is None else args
-        return super().parse_known_args(attach_values(argv, flags), namespace)
+        return super().parse_known_args(attach_values(argv, flags, remainder), namespace)
 
     def error(self, message: str) -> NoReturn:
         self.exit(
@@ -31,23 +32,28 @@ class ArgumentParser(argparse.ArgumentParser):
         )
 
 
-def attach_values(argv: Sequence[str], flags: Sequence[str]) -> list[str]:
+def attach_values(argv: Sequence[str], flags: Sequence[str],
+                  until_positional: bool = False) -> list[str]:
     """``argv`` with ``FLAG VALUE`` written ``FLAG=VALUE`` for each of ``flags`` whose
     value starts with ``-`` (``--min-free -1GiB``): argparse would take such a value for
     an option and answer "expected one argument"; attached, it reaches the flag's own
-    check, which can say what is wrong with it."""
+    check, which can say what is wrong with it. ``until_positional``: the first
+    positional argument and all after it are left as they are (``launch SCRIPT ARGS``:
+    the script's own arguments are not this parser's)."""
     out: list[str] = []
     items = list(argv)
     i = 0
     while i < len(items):
         item = items[i]
-        if item == "--":
+        if item == "--" or (until_positional and not item.startswith("-")):
             out += items[i:]
             break
-        if item in flags and i + 1 < len(items) and items[i + 1].startswith("-") and (
-            items[i + 1][1:2].isdigit() or items[i + 1][1:2] == "."
-        ):
-            out.append(f"{item}={items[i + 1]}")
+        if item in flags and i + 1 < len(items):
+            value = items[i + 1]
+            if value.startswith("-") and (value[1:2].isdigit() or value[1:2] == "."):
+                out.append(f"{item}={value}")
+            else:
+                out += [item, value]
             i += 2
             continue
         out.append(item)
