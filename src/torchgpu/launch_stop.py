@@ -28,9 +28,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from torchgpu.stop_signals import STOP_SIGNALS as STOP_SIGNALS
+from torchgpu.stop_signals import routed_to
 from torchgpu.train.state import record_stop
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: Worker exit codes that mean a stop signal ended it: killed by one (negative, as
 #: torchrun reports them), or exited with the shell's 128 + its number.
 STOP_EXIT_CODES = frozenset({-int(signal.SIGTERM), -int(signal.SIGINT),
@@ -130,17 +131,10 @@ class StopForwarder:
     def installed(self) -> Iterator[StopForwarder]:
         """Handle SIGTERM/SIGINT while the block runs (main thread only; elsewhere the
         block runs with the handlers as they are)."""
-        if threading.current_thread() is not threading.main_thread():
-            yield self
-            return
-        previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
         try:
-            for sig in STOP_SIGNALS:
-                signal.signal(sig, self._handle)
-            yield self
+            with routed_to(self._handle):
+                yield self
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
             self._done.set()
             if self._watcher is not None:
                 self._watcher.join(timeout=5)

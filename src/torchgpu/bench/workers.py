@@ -41,6 +41,8 @@ import torch
 import torch.multiprocessing as mp
 from torch.multiprocessing import parent_process
 
+from torchgpu.stop_signals import STOP_SIGNALS, routed_to
+
 if TYPE_CHECKING:
     from multiprocessing.context import ForkServerContext, SpawnContext
     from multiprocessing.process import BaseProcess
@@ -77,26 +79,22 @@ def _signals_held() -> Iterator[None]:
     the signal to one of those, and Python runs the handler in this thread at once. So
     the handlers themselves are replaced by one that records, and what arrived is raised
     again on leaving. (The mask stays for spawned children, which unblock first thing.)"""
-    held = (signal.SIGINT, signal.SIGTERM)
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     arrived: list[int] = []
 
     def record(signum: int, frame: object) -> None:
         arrived.append(signum)
 
-    previous = {sig: signal.signal(sig, record) for sig in held}
-    mask = (signal.pthread_sigmask(signal.SIG_BLOCK, set(held))
-            if hasattr(signal, "pthread_sigmask") else None)
     try:
-        yield
-    finally:
-        if mask is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        for signum in dict.fromkeys(arrived):  # each once, in arrival order
+        with routed_to(record) as installed:
+            mask = (signal.pthread_sigmask(signal.SIG_BLOCK, set(STOP_SIGNALS))
+                    if installed and hasattr(signal, "pthread_sigmask") else None)
+            try:
+                yield
+            finally:
+                if mask is not None:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    finally:  # the handlers are restored: each arrived signal once, in arrival order
+        for signum in dict.fromkeys(arrived):
             signal.raise_signal(signum)
 
 

@@ -37,7 +37,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+from torchgpu.stop_signals import STOP_SIGNALS
+
 _REDELIVER_S = 0.01  # a Stopped lost in a finalizer is raised again this much later
 
 

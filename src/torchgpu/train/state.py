@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
+from torchgpu.stop_signals import routed_to
+
 #: The environment variable a launcher sets to the path of the run's stop record.
 STOP_FILE_ENV = "TORCHGPU_STOP_FILE"
 #: The stop reason of a rank whose flag was set by the ranks' agreement, not a signal.
@@ -192,14 +194,5 @@ class StopFlag:
     @contextmanager
     def installed(self) -> Iterator[StopFlag]:
         """Route SIGTERM and SIGINT to this flag while the block runs (main thread only)."""
-        if threading.current_thread() is not threading.main_thread():
+        with routed_to(self._handle):
             yield self
-            return
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            for sig in previous:
-                signal.signal(sig, self._handle)
-            yield self
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
