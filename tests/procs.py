@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 SRC = REPO / "src"
@@ -50,6 +51,20 @@ def run_cli(
         env=test_env(**env),
         check=False,
     )
+
+
+def run_main(argv: Sequence[str], capsys: Any) -> tuple[int, str]:
+    """``torchgpu ARGV`` in this process: (exit code, stderr), argparse's exits counted;
+    fails the test on a traceback (``capsys``: pytest's fixture)."""
+    from torchgpu.cli.main import main
+
+    try:
+        code = main(list(argv))
+    except SystemExit as exited:
+        code = int(exited.code or 0)
+    err: str = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    return code, err
 
 
 def run_torchrun(

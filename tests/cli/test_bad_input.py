@@ -9,18 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from torchgpu.cli.main import main
+from tests.procs import run_main
 
-
-def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    """``torchgpu ARGV`` in this process: (exit code, stderr); argparse's exits count."""
-    try:
-        code = main(argv)
-    except SystemExit as exited:
-        code = int(exited.code or 0)
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return code, err
+run = run_main  # torchgpu ARGV in this process: (exit code, stderr)
 
 
 @pytest.fixture

@@ -12,21 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from torchgpu.cli.main import main
+from tests.procs import run_main
 from torchgpu.errors import DataError, UsageError
 
 LONG = "a" * 300
 
 
-def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    """``torchgpu ARGV`` in this process: (exit code, stderr); argparse's exits count."""
-    try:
-        code = main(argv)
-    except SystemExit as exited:
-        code = int(exited.code or 0)
-    err = capsys.readouterr().err
-    assert "Traceback" not in err, err
-    return code, err
+run = run_main  # torchgpu ARGV in this process: (exit code, stderr)
 
 
 def one_paragraph(err: str) -> bool:
