@@ -62,3 +62,16 @@ def test_a_stop_raised_inside_a_finalizer_is_not_lost() -> None:
 def test_a_signal_after_the_work_is_done_changes_nothing() -> None:
     done = _run(AFTER_THE_WORK)
     assert done.returncode == 0 and done.stdout == "done\n" and done.stderr == "", done.stderr
+
+
+def test_a_reader_that_leaves_is_not_an_error() -> None:
+    """``torchgpu devices --json | head``: a BrokenPipeError is exit 0 with no traceback
+    (the guard's catch-all for stop signals must not swallow it first)."""
+    code = ("import sys\n"
+            "from torchgpu.cli.common import run_guarded\n"
+            "def verb(argv):\n"
+            "    raise BrokenPipeError(32, 'Broken pipe')\n"
+            "sys.exit(run_guarded(verb, []))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env=test_env())
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr

@@ -99,12 +99,6 @@ def fail(message: str, code: int = EXIT_USAGE) -> int:
     return code
 
 
-def signal_name(signum: int) -> str:
-    import signal
-
-    return signal.Signals(signum).name
-
-
 def run_guarded(verb_main: Callable[[list[str]], int], argv: Sequence[str]) -> int:
     """Call ``verb_main(argv)``; a :class:`TorchGpuError` becomes its message and exit code.
 
@@ -121,14 +115,9 @@ def run_guarded(verb_main: Callable[[list[str]], int], argv: Sequence[str]) -> i
     except TorchGpuError as error:
         return fail(str(error), exit_code_for(error))
     except signals.Stopped as stopped:
-        return fail(f"stopped by {signal_name(stopped.signum)}", 128 + stopped.signum)
+        return fail(f"stopped by {stopped}", 128 + stopped.signum)  # str: its name
     except KeyboardInterrupt:
         return fail("interrupted", 130)
-    except Exception:
-        sig = signals.received()
-        if sig is None:
-            raise
-        return fail(f"stopped by {sig.name}", 128 + int(sig))
     except BrokenPipeError:
         # `torchgpu devices --json | head`: the reader left; not an error of ours.
         # Point stdout at devnull so the interpreter's final flush stays quiet.
@@ -137,3 +126,8 @@ def run_guarded(verb_main: Callable[[list[str]], int], argv: Sequence[str]) -> i
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+    except Exception:
+        sig = signals.received()
+        if sig is None:
+            raise
+        return fail(f"stopped by {sig.name}", 128 + int(sig))
