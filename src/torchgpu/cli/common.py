@@ -63,10 +63,9 @@ def attach_values(argv: Sequence[str], flags: Sequence[str],
 
 def parse_int(flag: str, text: str, low: int, high: int, what: str = "") -> int:
     """``text`` as an integer in ``low..high``, else :class:`UsageError` naming ``flag``
-    (when not empty),
-    the value, the range and (``what``) why the range is what it is. The one range check
-    behind the CLI's integer values: a huge number must be refused here, not overflow in
-    torch or the OS later (a traceback)."""
+    (when not empty), the value, the range and (``what``) why the range is what it is.
+    The one range check behind the CLI's integer values: a huge number must be refused
+    here, not overflow in torch or the OS later (a traceback)."""
     raw = text.strip()
     named = f"{flag} " if flag else ""
     try:
