@@ -58,3 +58,47 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
+
+
+# The suite never writes into the checkout: a run (a test's `fit(out=...)` with a relative
+# path, a default `runs/...`) that lands there fails the session, naming the new paths.
+# Caches that tools write by design are allowed.
+_ALLOWED_IN_CHECKOUT = (".venv", ".pytest_cache", ".mypy_cache", ".ruff_cache", "__pycache__",
+                        ".egg-info", ".coverage", ".whl", ".gl")
+
+
+def _checkout_paths() -> set[str] | None:
+    """Paths git reports as new, changed or ignored in the checkout; None without git."""
+    import subprocess
+
+    try:
+        done = subprocess.run(["git", "status", "--porcelain", "--ignored=matching"], cwd=REPO,
+                              capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    paths = {line[3:].strip() for line in done.stdout.splitlines() if line.strip()}
+    return {p for p in paths if not any(part in p for part in _ALLOWED_IN_CHECKOUT)}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):  # the controller, once per session
+        session.config._checkout_before = _checkout_paths()  # type: ignore[attr-defined]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    before = getattr(session.config, "_checkout_before", None)
+    if before is None or hasattr(session.config, "workerinput"):
+        return
+    after = _checkout_paths() or set()
+    landed = sorted(after - before)
+    if landed:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = ("the suite wrote into the checkout (a test must write under its tmp_path): "
+                   + ", ".join(landed))
+        if reporter is not None:
+            reporter.write_line(f"FAILED checkout guard: {message}", red=True)
+        else:
+            print(message, file=sys.stderr)

@@ -64,7 +64,7 @@ def test_a_train_eval_pair_as_train_data_says_how_to_pass_it(tmp_path: Path) -> 
     # a list of samples is still data, not a pair of datasets
     samples = [ImageDataset(8)[i] for i in range(8)]
     result = fit(BNConvNet, samples, loss=nn.CrossEntropyLoss(), epochs=1, batch_size=4,
-                 progress="off")
+                 progress="off", out=tmp_path / "samples")
     assert result.summary["final"]["train_loss"] > 0
 
 
