@@ -76,6 +76,13 @@ def check_weights_only_safe(value: object, where: str) -> None:
         "before saving")
 
 
+def memory_identity(tensor: torch.Tensor) -> tuple[object, ...]:
+    """What makes two tensors one (tied) tensor: the same device, storage, offset, shape,
+    strides and dtype. Meaningless for meta tensors, which have no storage."""
+    return (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(),
+            tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
+
+
 def split_shared(
     state: Mapping[str, object],
 ) -> tuple[dict[str, torch.Tensor], dict[str, str], dict[str, object]]:
@@ -98,8 +105,7 @@ def split_shared(
                 "materialise the model (to_empty + init or load weights) before saving")
         if tensor.layout != torch.strided:
             tensor = tensor.to_dense()
-        identity = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(),
-                    tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
+        identity = memory_identity(tensor)
         if tensor.numel() > 0 and identity in seen:
             aliases[name] = seen[identity]
             continue
