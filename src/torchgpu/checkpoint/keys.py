@@ -329,8 +329,9 @@ def load_state_dict(
     (a missing manifest is a :class:`CheckpointCorruptError`; ``verify=False`` loads it
     unverified). ``strict=True`` requires every key on both sides to match with equal
     shapes, a tied tensor's names counting as present when any one is (the checkpoint's
-    values for two of them must then agree: :mod:`torchgpu.checkpoint.ties`); otherwise :class:`CheckpointError` shows the missing, unexpected and
-    shape-mismatched keys and the closest mapping tried. The state dict's ``_metadata``
+    values for two of them must then agree: :mod:`torchgpu.checkpoint.ties`); otherwise
+    :class:`CheckpointError` shows the missing, unexpected and shape-mismatched keys and
+    the closest mapping tried. The state dict's ``_metadata``
     (module versions) is mapped with the keys and passed on, so torch's version-aware
     loading upgrades old layouts exactly as ``module.load_state_dict`` does (a version-1
     BatchNorm state without ``num_batches_tracked`` loads strictly). With

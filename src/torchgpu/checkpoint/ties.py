@@ -59,8 +59,7 @@ def refuse_tie_conflicts(source: Mapping[str, object], pairs: Mapping[str, str],
             continue
         seen = first.setdefault(index, key)
         other = source[seen]
-        if seen != key and isinstance(other, torch.Tensor) and not (
-                other.shape == value.shape and torch.equal(other, value.to(other.device, other.dtype))):
+        if seen != key and isinstance(other, torch.Tensor) and not _same(other, value):
             conflicts.append(f"{seen} and {key}")
     if conflicts:
         shown = ", ".join(conflicts[:_SHOW]) + (
@@ -70,3 +69,7 @@ def refuse_tie_conflicts(source: Mapping[str, object], pairs: Mapping[str, str],
             "(tied) tensor in the model, so only one could be kept; nothing was loaded. "
             "Load them into a model built without tied weights, or pass strict=False to "
             "keep the last of each")
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(a, b.to(a.device, a.dtype))
