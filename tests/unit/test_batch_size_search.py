@@ -140,6 +140,20 @@ def test_non_oom_error_reraised_untouched() -> None:
     assert info.value is error
 
 
+def test_runtime_call_out_of_memory_counts_as_does_not_fit() -> None:
+    """A CUDA/HIP runtime call's allocation failure is "does not fit", like the caching
+    allocator's torch.OutOfMemoryError."""
+    error_type = getattr(torch, "AcceleratorError", RuntimeError)  # torch >= 2.9
+
+    def try_step(batch: int) -> None:
+        if batch > 5:
+            raise error_type("HIP error: out of memory" if batch % 2 else
+                             "CUDA error: out of memory")
+
+    result = find_batch_size(try_step, start=4, agree=identity, release=nothing)
+    assert result.size == 5
+
+
 def test_nothing_fits() -> None:
     with pytest.raises(OutOfMemoryBackoffError, match="micro-batch 1"):
         find_batch_size(limited(5, 10), start=4, agree=identity, release=nothing)

@@ -196,6 +196,65 @@ def test_is_oom_recognises_allocator_errors() -> None:
     assert not is_oom(None)
 
 
+# What torch and the device libraries print: every allocation failure, and device errors
+# that mention memory or look alike but that a smaller micro-batch does not cure.
+_ACCELERATOR_ERROR = getattr(torch, "AcceleratorError", RuntimeError)  # torch >= 2.9
+
+
+@pytest.mark.parametrize(
+    ("error", "oom"),
+    [
+        (RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 7.79 GiB "
+                      "total capacity)"), True),
+        (_ACCELERATOR_ERROR("CUDA error: out of memory\nCUDA kernel errors might be "
+                            "asynchronously reported at some other API call"), True),
+        (RuntimeError("CUDA error: out of memory"), True),
+        (RuntimeError("CUDA driver error: out of memory"), True),
+        (RuntimeError("HIP out of memory. Tried to allocate 1.00 GiB"), True),
+        (_ACCELERATOR_ERROR("HIP error: out of memory"), True),
+        (RuntimeError("HIP error: hipErrorOutOfMemory"), True),
+        (RuntimeError("XPU out of memory. Tried to allocate 512.00 MiB"), True),
+        (RuntimeError("MPS backend out of memory (MPS allocated: 1 GB)"), True),
+        (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling "
+                      "`cublasCreate(handle)`"), True),
+        (RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"), True),
+        (RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: "
+                      "can't allocate memory: you tried to allocate 4611686018427387904 "
+                      "bytes."), True),
+        (RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if "
+                      "you passed in a non-contiguous input."), False),
+        (_ACCELERATOR_ERROR("CUDA error: an illegal memory access was encountered"), False),
+        (_ACCELERATOR_ERROR("CUDA error: device-side assert triggered"), False),
+        (RuntimeError("index 7 is out of bounds for dimension 0 with size 4"), False),
+        (RuntimeError("CUDA error: misaligned address"), False),
+        (RuntimeError("CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm`"),
+         False),
+        (RuntimeError("Expected all tensors to be on the same device"), False),
+        (RuntimeError("expected scalar type Float"), False),
+        (ValueError("CUDA out of memory"), False),  # not from an allocator
+        (MemoryError(), False),
+        (OutOfMemoryBackoffError("out of memory at micro-batch 1"), False),
+    ],
+    ids=lambda value: first_words(value),
+)
+def test_is_oom_table(error: BaseException, oom: bool) -> None:
+    assert is_oom(error) is oom
+
+
+def first_words(value: object) -> str:
+    if isinstance(value, BaseException):
+        return f"{type(value).__name__}:{' '.join(str(value).split()[:4])}"
+    return str(value)
+
+
+def test_backoff_steps_down_on_a_runtime_call_out_of_memory() -> None:
+    """The error a failed cudaMalloc outside the caching allocator raises (a cuBLAS
+    handle, a kernel's scratch) backs off like the caching allocator's own."""
+    backoff = OOMBackoff(8, 1, agree=identity)
+    decision = backoff.check(_ACCELERATOR_ERROR("CUDA error: out of memory"))
+    assert decision is not None and (decision.micro_batch, decision.accumulate) == (4, 2)
+
+
 def test_ranks_agree_when_only_one_ran_out() -> None:
     """A rank with no error still backs off when another rank's agreement says so."""
     reported: list[int] = []

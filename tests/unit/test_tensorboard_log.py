@@ -4,8 +4,10 @@ written; importing torchgpu never imports tensorboard."""
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.procs import run_main
 from torchgpu.errors import ConfigError
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.runner import train
@@ -82,3 +85,71 @@ def test_importing_torchgpu_does_not_import_tensorboard() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, check=True)
     assert done.stdout.strip() == "[]"
+
+
+@pytest.fixture
+def no_data_loading(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if a run gets as far as loading the housing example's data."""
+    from torchgpu.examples import housing
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("data was loaded before the bad --log tensorboard was refused")
+
+    monkeypatch.setattr(housing, "load", refuse)
+
+
+def _deny_inside(monkeypatch: pytest.MonkeyPatch, directory: Path) -> None:
+    """Making anything inside ``directory`` fails as in a read-only directory for a
+    non-root user (these tests run as root, whom a chmod does not stop)."""
+    real_mkdir, real_open = os.mkdir, os.open
+
+    def denied(path: Any) -> bool:
+        return Path(os.fspath(path)).parent == directory
+
+    def mkdir(path: Any, *args: Any, **kwargs: Any) -> None:
+        if denied(path):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        real_mkdir(path, *args, **kwargs)
+
+    def open_(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if denied(path) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    monkeypatch.setattr(os, "open", open_)
+
+
+def test_read_only_tensorboard_directory_refused_before_training(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        no_data_loading: None) -> None:
+    out = tmp_path / "run"
+    (out / TB_DIR).mkdir(parents=True)
+    _deny_inside(monkeypatch, out / TB_DIR)
+    code, err = run_main(["train", "--example", "housing", "--epochs", "1", "--out", str(out),
+                          "--log", "tensorboard", "--progress", "off"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert str(out / TB_DIR) in err and "permission denied" in err and "--log" in err
+    assert sorted(p.name for p in out.iterdir()) == [TB_DIR]  # nothing written
+    assert list((out / TB_DIR).iterdir()) == []
+
+
+def test_tensorboard_that_fails_on_import_refused_before_training(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        no_data_loading: None) -> None:
+    """An installed but broken tensorboard (here: a protobuf mismatch, a common one)."""
+    broken = tmp_path / "site" / "tensorboard"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text(
+        "raise TypeError('Descriptors cannot be created directly.')\n")
+    for name in [m for m in sys.modules
+                 if m.split(".")[0] == "tensorboard" or m.startswith("torch.utils.tensorboard")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(broken.parent))
+    out = tmp_path / "run"
+    code, err = run_main(["train", "--example", "housing", "--epochs", "1", "--out", str(out),
+                          "--log", "tensorboard", "--progress", "off"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "Descriptors cannot be created directly" in err
+    assert "pip install tensorboard" in err and "drop --log tensorboard" in err
+    assert not out.exists()

@@ -25,6 +25,7 @@ from typing import Any, TypeGuard
 import torch
 from torch import nn
 
+from torchgpu.checkpoint.ties import refuse_tie_conflicts, tie_groups, tied_elsewhere
 from torchgpu.errors import CheckpointError
 
 _COMPILE = "_orig_mod"
@@ -327,8 +328,10 @@ def load_state_dict(
     directory). A torchgpu checkpoint directory is verified against its manifest first
     (a missing manifest is a :class:`CheckpointCorruptError`; ``verify=False`` loads it
     unverified). ``strict=True`` requires every key on both sides to match with equal
-    shapes; otherwise :class:`CheckpointError` shows the missing, unexpected and
-    shape-mismatched keys and the closest mapping tried. The state dict's ``_metadata``
+    shapes, a tied tensor's names counting as present when any one is (the checkpoint's
+    values for two of them must then agree: :mod:`torchgpu.checkpoint.ties`); otherwise
+    :class:`CheckpointError` shows the missing, unexpected and shape-mismatched keys and
+    the closest mapping tried. The state dict's ``_metadata``
     (module versions) is mapped with the keys and passed on, so torch's version-aware
     loading upgrades old layouts exactly as ``module.load_state_dict`` does (a version-1
     BatchNorm state without ``num_batches_tracked`` loads strictly). With
@@ -360,10 +363,15 @@ def load_state_dict(
     modules = {normalize(path): path for path in current}
     metadata = (remap_metadata(saved, report.strip, report.add, modules)
                 if saved is not None else None)
+    ties = tie_groups(target)
+    tied = tied_elsewhere(target, pairs.values(), ties)  # loaded through another name
     legacy = _legacy_keys(report.missing, current, metadata or {})
-    expected = replace(report, missing=tuple(k for k in report.missing if k not in legacy))
+    expected = replace(report, missing=tuple(k for k in report.missing
+                                             if k not in legacy and k not in tied))
     if (strict and not expected.exact) or (report.matched == 0 and not expected.exact):
         raise mapping_error(expected if strict else report, source, target, origin)
+    if strict:
+        refuse_tie_conflicts(source, pairs, ties, origin)
     not_tensors = [f"{k} ({type(source[k]).__name__})" for k in source
                    if k in pairs and isinstance(target[pairs[k]], torch.Tensor)
                    and not isinstance(source[k], torch.Tensor)]
@@ -385,7 +393,7 @@ def load_state_dict(
         raise CheckpointError(
             f"the weights in {origin} could not be copied into the model ({reason[:400]}); "
             "check that the checkpoint was saved from the same architecture") from None
-    missing = tuple(prefix + k for k in result.missing_keys)
+    missing = tuple(prefix + k for k in result.missing_keys if prefix + k not in tied)
     unexpected = tuple(prefix + k for k in result.unexpected_keys)
     report = replace(report, missing=missing)
     if strict and (missing or unexpected):

@@ -34,6 +34,7 @@ from typing import Any, NoReturn
 import torch
 
 from torchgpu.checkpoint import files
+from torchgpu.checkpoint.readers import safetensors_extent
 from torchgpu.errors import CheckpointCorruptError, CheckpointError, CheckpointFormatError
 
 FORMAT = "torchgpu-checkpoint"
@@ -76,6 +77,13 @@ def check_weights_only_safe(value: object, where: str) -> None:
         "before saving")
 
 
+def memory_identity(tensor: torch.Tensor) -> tuple[object, ...]:
+    """What makes two tensors one (tied) tensor: the same device, storage, offset, shape,
+    strides and dtype. Meaningless for meta tensors, which have no storage."""
+    return (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(),
+            tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
+
+
 def split_shared(
     state: Mapping[str, object],
 ) -> tuple[dict[str, torch.Tensor], dict[str, str], dict[str, object]]:
@@ -98,8 +106,7 @@ def split_shared(
                 "materialise the model (to_empty + init or load weights) before saving")
         if tensor.layout != torch.strided:
             tensor = tensor.to_dense()
-        identity = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(),
-                    tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
+        identity = memory_identity(tensor)
         if tensor.numel() > 0 and identity in seen:
             aliases[name] = seen[identity]
             continue
@@ -358,33 +365,59 @@ def _sha256(file: Path) -> tuple[int, str]:
 
 def verify_directory(directory: Path) -> dict[str, int]:
     """:func:`~torchgpu.checkpoint.discover.verify_checkpoint` of checkpoint directory
-    ``directory`` itself."""
+    ``directory`` itself. Every listed file's size is checked against the manifest, and
+    ``model.safetensors``'s against its own header, before any file is hashed: a
+    truncated or grown file is refused after reading a few KiB, not all of it."""
     table = read_manifest(directory)
+    for name, info in sorted(table.items()):
+        _check_size(directory / name, info["size_bytes"])
     checked: dict[str, int] = {}
     for name, info in sorted(table.items()):
         file = directory / name
-        kind = files.kind_of(file)
-        if kind == "missing":
-            raise CheckpointCorruptError(
-                f"{files.show(file)} is listed in the manifest but missing; the checkpoint is "
-                "damaged. Use an earlier checkpoint")
-        if kind == "dir":
-            raise CheckpointCorruptError(
-                f"{files.show(file)} is a directory, but the manifest lists a file of "
-                f"{info['size_bytes']} bytes there; the checkpoint is damaged. Use an earlier "
-                "checkpoint")
         size, digest = _sha256(file)
-        expected = info["size_bytes"]
-        if size != expected:
-            raise CheckpointCorruptError(
-                f"{file} is {size} bytes but the manifest records {expected} "
-                f"({'truncated' if size < expected else 'altered'}); use an earlier checkpoint")
+        if size != info["size_bytes"]:  # changed since its size was checked
+            raise _wrong_size(file, size, info["size_bytes"])
         if digest != info["sha256"]:
             raise CheckpointCorruptError(
                 f"{file} does not match its sha256 in the manifest (the bytes were altered); use "
                 "an earlier checkpoint")
         checked[name] = size
     return checked
+
+
+def _check_size(file: Path, expected: int) -> None:
+    """Refuse ``file`` (listed in the manifest with ``expected`` bytes) when it is
+    missing, not a file, of another size, or a safetensors file whose header accounts
+    for another size -- all without reading its data."""
+    kind = files.kind_of(file)
+    if kind == "missing":
+        raise CheckpointCorruptError(
+            f"{files.show(file)} is listed in the manifest but missing; the checkpoint is "
+            "damaged. Use an earlier checkpoint")
+    if kind == "dir":
+        raise CheckpointCorruptError(
+            f"{files.show(file)} is a directory, but the manifest lists a file of "
+            f"{expected} bytes there; the checkpoint is damaged. Use an earlier checkpoint")
+    size = files.check_regular(file)
+    if size != expected:
+        raise _wrong_size(file, size, expected)
+    if file.name != MODEL_FILE:
+        return
+    try:
+        described, size = safetensors_extent(file)
+    except CheckpointFormatError as error:  # listed in a manifest: damaged, not foreign
+        raise CheckpointCorruptError(str(error)) from None
+    if described != size:
+        raise CheckpointCorruptError(
+            f"{file} is {size} bytes but its safetensors header describes {described} "
+            f"({'truncated' if size < described else 'altered: bytes after the last tensor'}"
+            "); use an earlier checkpoint")
+
+
+def _wrong_size(file: Path, size: int, expected: int) -> CheckpointCorruptError:
+    return CheckpointCorruptError(
+        f"{file} is {size} bytes but the manifest records {expected} "
+        f"({'truncated' if size < expected else 'altered'}); use an earlier checkpoint")
 
 
 def read_meta(directory: Path) -> dict[str, Any]:

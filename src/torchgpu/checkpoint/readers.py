@@ -113,6 +113,23 @@ def safetensors_header(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     :data:`MAX_HEADER_BYTES` and the file size, and that every tensor's bytes lie
     inside the file; any violation is a :class:`CheckpointFormatError`.
     """
+    _, _, tensors, metadata = _parse_header(path)
+    return tensors, metadata
+
+
+def safetensors_extent(path: Path) -> tuple[int, int]:
+    """``(expected, actual)`` sizes of safetensors file ``path`` in bytes, reading only
+    its header: ``expected`` is the 8-byte length, the header and the tensor data up to
+    the end of the last tensor (a valid file has nothing after it); ``actual`` the
+    file's size. Raises :class:`CheckpointFormatError` as :func:`safetensors_header`
+    does (a file too short for its header or tensors among it)."""
+    header_len, size, tensors, _ = _parse_header(path)
+    data = max((int(info["data_offsets"][1]) for info in tensors.values()), default=0)
+    return 8 + header_len + data, size
+
+
+def _parse_header(path: Path) -> tuple[int, int, dict[str, Any], dict[str, Any]]:
+    """(header length, file size, tensors, metadata) of safetensors file ``path``."""
     with files.open_regular(path) as handle:
         try:
             size = os.fstat(handle.fileno()).st_size
@@ -163,7 +180,7 @@ def safetensors_header(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
             raise _format_error(
                 path, f"tensor {name!r} ends at byte {offsets[1]} of the data but the file holds "
                 f"only {data_bytes} data bytes (truncated)", "Use an earlier checkpoint")
-    return header, {str(k): str(v) for k, v in metadata.items()}
+    return header_len, size, header, {str(k): str(v) for k, v in metadata.items()}
 
 
 def _count(value: object) -> bool:

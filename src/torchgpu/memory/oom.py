@@ -64,13 +64,29 @@ if TYPE_CHECKING:
 Agree = Callable[[int], int]
 
 # Substrings of RuntimeError messages that mean "an allocator ran out of memory", for
-# allocators that do not raise torch.OutOfMemoryError (CPU, MPS, cuBLAS workspaces,
-# and CUDA errors re-wrapped as plain RuntimeError by extensions).
+# allocators that do not raise torch.OutOfMemoryError: the CPU's; a CUDA/HIP runtime or
+# driver call that failed to allocate (torch.AcceleratorError, a RuntimeError, from
+# torch 2.9; plain RuntimeError before); the math libraries' workspaces; and caching-
+# allocator messages re-wrapped as plain RuntimeError by extensions. Each is the exact
+# wording torch or the library prints for an allocation failure -- not a bare "out of
+# memory", which would also take errors that a smaller batch does not cure.
 _OOM_MESSAGES = (
-    "DefaultCPUAllocator: can't allocate memory",
-    "CUDA out of memory",
+    "CUDA out of memory",  # the caching allocators (torch.OutOfMemoryError when unwrapped)
+    "HIP out of memory",
+    "XPU out of memory",
     "MPS backend out of memory",
+    "CUDA error: out of memory",  # cudaErrorMemoryAllocation from a runtime call
+    "HIP error: out of memory",
+    "hipErrorOutOfMemory",  # older ROCm names the error code instead
+    "CUDA driver error: out of memory",  # CUDA_ERROR_OUT_OF_MEMORY from a driver call
+    "DefaultCPUAllocator: can't allocate memory",  # CPU: activations scale with the batch
     "CUBLAS_STATUS_ALLOC_FAILED",
+    "HIPBLAS_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_ALLOC_FAILED",
+    "CUSOLVER_STATUS_ALLOC_FAILED",
+    "CUSPARSE_STATUS_ALLOC_FAILED",
+    "CUFFT_ALLOC_FAILED",
+    "miopenStatusAllocFailed",
 )
 
 FIX_HINT = (
@@ -84,8 +100,13 @@ def is_oom(error: BaseException | None) -> bool:
     """True when ``error`` is an out-of-memory error from any torch allocator.
 
     Recognises :class:`torch.OutOfMemoryError` (``torch.cuda.OutOfMemoryError`` is the
-    same class) and RuntimeErrors carrying an allocator's out-of-memory message, such as
-    the CPU allocator's ``DefaultCPUAllocator: can't allocate memory``. Python's own
+    same class) and RuntimeErrors (``torch.AcceleratorError`` among them) carrying an
+    allocator's out-of-memory message: the caching allocators' ``CUDA``/``HIP``/``XPU out
+    of memory``, a runtime or driver call's ``CUDA error: out of memory`` (and HIP's),
+    the CPU allocator's ``DefaultCPUAllocator: can't allocate memory``, and the math
+    libraries' ``*_ALLOC_FAILED`` statuses. Other device errors are not (an illegal
+    memory access, a device-side assert, cuDNN's ``CUDNN_STATUS_NOT_SUPPORTED``): a
+    smaller micro-batch would only hide them. Python's own
     :class:`MemoryError` (and so :class:`OutOfMemoryBackoffError`) is not one: it means
     the host process itself is exhausted, which a smaller micro-batch does not cure.
     """

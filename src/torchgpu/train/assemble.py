@@ -82,21 +82,24 @@ class Assembly:
 
 def settle(config: TrainConfig) -> TrainConfig:
     """``config`` validated, then resolved (defaults filled, ``--out`` named); then
-    checks that ``--out`` can be created (before any data is loaded)."""
+    checks that ``--out`` can be created and, with ``--log tensorboard``, that
+    tensorboard imports and ``OUT/tensorboard`` takes files (before any data is loaded,
+    which ``--strategy auto``'s planner does first)."""
     validate(config)
     settled = resolve(config)
     assert settled.out is not None
     check_creatable(settled.out)
+    if settled.log == "tensorboard":
+        from torchgpu.train.tblog import check_available, check_log_dir  # imports tensorboard
+
+        check_available()
+        check_log_dir(settled.out)
     return settled
 
 
 def check_observers(config: TrainConfig, device: torch.device) -> None:
     """Refuse, before anything is written, what the run could not observe."""
     refuse_off_cuda(config.memory_snapshot, device)
-    if config.log == "tensorboard":
-        from torchgpu.train.tblog import check_available  # imports tensorboard: only then
-
-        check_available()
 
 
 def processes_to_start(config: TrainConfig) -> int:
@@ -153,7 +156,7 @@ def assemble(config: TrainConfig, *, task: Task | None = None, launching: bool =
                        local_world_size=nproc)
     device = build.choose_device(config, here)
     resolve_mode(config.precision, device)  # fp16 off CUDA: ConfigError, before launching
-    check_observers(config, device)  # --memory-snapshot off CUDA, --log without tensorboard
+    check_observers(config, device)  # --memory-snapshot off CUDA
     relaunch = launching and (nproc > 1 or config.nnodes > 1 or config.max_restarts > 0)
     if relaunch:
         _check_launch(nproc, device)

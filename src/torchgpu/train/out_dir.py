@@ -41,21 +41,29 @@ def _stat(path: Path) -> os.stat_result | None:
         ) from None
 
 
-def _probe(parent: Path, out: str) -> None:
-    """Make and remove a uniquely named directory in ``parent``: only the file system
-    knows whether it accepts one (``/proc``, read-only mounts, permissions, quotas).
-    A unique name, so ranks probing the same place at once do not collide.
-    Raises UsageError with the reason."""
+def cannot_make_in(parent: Path) -> str | None:
+    """Why nothing can be made in directory ``parent``, or None when it can: makes and
+    removes a uniquely named directory there, since only the file system knows whether
+    it accepts one (``/proc``, read-only mounts, permissions, quotas). A unique name, so
+    ranks probing the same place at once do not collide."""
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".torchgpu-probe-", dir=parent))
     except OSError as error:
         reason = error.strerror or str(error)
         if error.errno in (errno.EACCES, errno.EPERM):
             reason = f"permission denied ({reason})"
+        return reason
+    return None
+
+
+def _probe(parent: Path, out: str) -> None:
+    """Raise UsageError with the reason when no directory can be made in ``parent``."""
+    reason = cannot_make_in(parent)
+    if reason is not None:
         raise UsageError(
             f"--out {out} cannot be created: no directory can be made in {parent} "
             f"({reason}); {FIX}."
-        ) from None
+        )
 
 
 def _check_outputs(directory: Path, out: str) -> None:
