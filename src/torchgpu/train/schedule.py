@@ -152,7 +152,7 @@ def make(factory: SchedulerFactory, optimizer: torch.optim.Optimizer, named: str
     except Exception as error:
         raise UsageError(
             f"the scheduler factory {named} failed on the run's optimizer "
-            f"({type(error).__name__}: {first_line(error)}): {fix}") from None
+            f"({first_line(error)}): {fix}") from None
     missing = [name for name in ("step", "state_dict", "load_state_dict")
                if not callable(getattr(made, name, None))]
     if missing:
