@@ -104,6 +104,20 @@ def test_one_scheduler_step_per_optimizer_step_with_accumulation(
     assert [x["lr"] for x in _steps(tmp_path / "run")] == pytest.approx(expected, rel=1e-12)
 
 
+def test_batch_size_auto_decays_over_the_steps_of_the_effective_batch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The searched micro-batch (at most 6 samples here) is accumulated to the effective
+    batch of 16: the linear decay spans the 64 / 16 = 4 optimizer steps of each epoch."""
+    from tests.user_models import TokenDataset, lm_factory
+
+    monkeypatch.setenv("TORCHGPU_SIMULATE_MEMORY_LIMIT_SAMPLES", "6")
+    result = fit(lm_factory, TokenDataset(64), epochs=2, batch_size="auto",
+                 effective_batch_size=16, lr=0.01, lr_schedule="linear",
+                 out=tmp_path / "run", progress="off", device="cpu")
+    assert result.summary["accumulate"] > 1 and result.state.step == 8
+    assert result.state.step_lrs == pytest.approx([0.01 * (8 - t) / 8 for t in range(8)])
+
+
 def test_a_skipped_nonfinite_step_does_not_step_the_scheduler(tmp_path: Path) -> None:
     """--on-nonfinite skip drops a step: the schedule advances only on applied steps."""
     torch.manual_seed(0)
