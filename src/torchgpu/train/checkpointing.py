@@ -291,7 +291,8 @@ class RunCheckpoints:
             )
         saved = dict(extra.get("run") or {})
         changed = [f"{key} {saved.get(key)!r} -> {self.fingerprint[key]!r}"
-                   for key in (*FIXED, *SCHEDULE_FIXED) if key in saved and saved[key] != self.fingerprint[key]]
+                   for key in (*FIXED, *SCHEDULE_FIXED)
+                   if key in saved and saved[key] != self.fingerprint[key]]
         if changed:
             raise cannot_resume(loaded.path, changed)
         state = TrainState.from_dict(extra["train_state"])

@@ -205,10 +205,10 @@ def _run(
     if beat is not None:
         beat.follow(state)
         beat.phase = steps.phase
-    on_step = schedule.step_hook(steps.optimizer, scheduler, ckpt.step_hook())
     steps_left = math.ceil(batches_per_epoch / config.accumulate) * config.epochs - state.step
     watch = Observers.start(config, steps.observed, device, rank, out_dir, state, steps_left)
-    on_step = watch.wrap(on_step)
+    # The schedule steps (and the step's LR is recorded) before a checkpoint is saved.
+    on_step = watch.wrap(schedule.step_hook(steps.optimizer, scheduler, ckpt.step_hook()))
     train_seconds = 0.0
     stopped_at: int | None = None  # the step the loop stopped at on a stop flag
     started = time.perf_counter()

@@ -94,7 +94,8 @@ class TrainState:
     ``step``: optimizer steps taken. ``batch_in_epoch``: micro-batches of ``epoch``
     already consumed (0 at an epoch start). ``step_losses``: mean loss of each optimizer
     step, in order; ``step_lrs``: the learning rate each step used (the first parameter
-    group's; :mod:`torchgpu.train.schedule`). ``epoch_losses``: (train, test) loss per finished epoch.
+    group's; :mod:`torchgpu.train.schedule`). ``epoch_losses``: (train, test) loss per
+    finished epoch.
     """
 
     epoch: int = 0
