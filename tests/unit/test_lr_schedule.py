@@ -118,6 +118,42 @@ def test_batch_size_auto_decays_over_the_steps_of_the_effective_batch(
     assert result.state.step_lrs == pytest.approx([0.01 * (8 - t) / 8 for t in range(8)])
 
 
+def test_oom_backoff_replays_do_not_step_the_scheduler() -> None:
+    """A back-off replays the window at half the micro-batch: still one optimizer step,
+    so one scheduler step (the loop's on_step, as the runner hooks it)."""
+    from torchgpu.accumulate import GradAccumulator
+    from torchgpu.models import HousingNet
+    from torchgpu.precision import Precision
+    from torchgpu.train.backoff import LoopBackoff
+    from torchgpu.train.loop import LoopParts, run_epoch
+    from torchgpu.train.state import TrainState
+
+    def over_limit(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+        if module.training and inputs[0].shape[0] > 10:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    torch.manual_seed(0)
+    model = HousingNet()
+    model.register_forward_pre_hook(over_limit)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    acc = GradAccumulator(model, optimizer, 2, precision=Precision("fp32", "cpu"))
+    backoff = LoopBackoff(model, acc, nn.MSELoss(), batch_size=32, accumulate=2)
+    parts = LoopParts(model=model, loss_fn=nn.MSELoss(), accumulator=acc,
+                      precision=Precision("fp32", "cpu"), device=torch.device("cpu"),
+                      accumulate=2, backoff=backoff)
+    x, y = torch.randn(256, 13), torch.randn(256, 1)
+    batches = list(zip(x.split(32), y.split(32), strict=True))  # 8 micro-batches, 4 steps
+    scheduler = schedule.built_in(TrainConfig(lr_schedule="linear", epochs=2), optimizer,
+                                  total=8, steps_per_epoch=4)
+    state, hook = TrainState(), schedule.step_hook(optimizer, scheduler, None)
+    for epoch in range(2):
+        state.begin_epoch(epoch)
+        run_epoch(parts, batches, state, batches_per_epoch=len(batches), on_step=hook)
+    assert backoff.events  # it did back off (32 -> 16 -> 8)
+    assert state.step == scheduler.last_epoch == 8
+    assert state.step_lrs == pytest.approx([0.1 * (8 - t) / 8 for t in range(8)])
+
+
 def test_a_skipped_nonfinite_step_does_not_step_the_scheduler(tmp_path: Path) -> None:
     """--on-nonfinite skip drops a step: the schedule advances only on applied steps."""
     torch.manual_seed(0)

@@ -79,7 +79,8 @@ def render(path: Path | IO[bytes], xs: Sequence[int], train: Sequence[float],
 
 
 def _lr_panel(image: Any, draw: Any, font: Any, lrs: Sequence[float]) -> None:
-    """The learning rate per optimizer step, on a linear axis from 0, under the loss chart."""
+    """The learning rate per optimizer step (``lrs``: at least two values), on a linear
+    axis from 0, under the loss chart."""
     box = (LEFT, HEIGHT, WIDTH - RIGHT, HEIGHT + LR_HEIGHT - BOTTOM)
     count, high = len(lrs), max(max(lrs), 1e-300)
     ticks = [t for t in _nice_ticks(0.0, high, 4) if 0 <= t <= high * 1.0001]
@@ -102,8 +103,7 @@ def _lr_panel(image: Any, draw: Any, font: Any, lrs: Sequence[float]) -> None:
             draw.text((px(tick) - draw.textlength(label, font=font) / 2, box[3] + 6), label,
                       fill=INK, font=font)
     draw.rectangle(box, outline=INK)
-    draw.line([(px(i + 1), py(v)) for i, v in enumerate(lrs)] if count > 1
-              else [(box[0], py(lrs[0])), (box[2], py(lrs[0]))], fill=LR_COLOR, width=2)
+    draw.line([(px(i + 1), py(v)) for i, v in enumerate(lrs)], fill=LR_COLOR, width=2)
     _centered(draw, "optimizer step", (box[0] + box[2]) / 2, box[3] + 22, font)
     _vertical(image, "lr", 8, (box[1] + box[3]) / 2, font)
 
