@@ -47,6 +47,7 @@ WANTS = {
     "data": "a Dataset, a (train, eval) pair of Datasets, or a function returning either",
     "loss": "a function loss(output, target) -> Tensor",
     "optimizer": "a function optimizer(params) -> torch.optim.Optimizer, or an Optimizer class",
+    "scheduler": "a function scheduler(optimizer) -> torch.optim.lr_scheduler.LRScheduler",
 }
 
 

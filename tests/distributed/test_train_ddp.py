@@ -21,7 +21,11 @@ COMMON = ["--example", "housing", "--epochs", "2", "--progress", "plain", "--dev
 # batch of 5 is 3 + 2); 101 -> 81 with 2 micro-batches per step (the last global batch
 # has 1 sample: rank 1's last batch is empty, and the last window is 16 + 1 samples).
 @pytest.mark.slow
-@pytest.mark.parametrize(("size", "extra"), [("106", []), ("101", ["--accumulate", "2"])])
+# The second also runs a cosine LR schedule with warm-up: it steps alike on every rank,
+# over the optimizer steps of the global batch.
+@pytest.mark.parametrize(("size", "extra"), [
+    ("106", []),
+    ("101", ["--accumulate", "2", "--lr-schedule", "cosine", "--warmup-steps", "2"])])
 def test_ddp_two_processes_match_one_process_with_the_global_batch(
     tmp_path: Path, size: str, extra: list[str],
 ) -> None:
@@ -53,6 +57,7 @@ def test_ddp_two_processes_match_one_process_with_the_global_batch(
     for x, y in zip(ddp_steps, one_steps, strict=True):
         if x["kind"] == "step":
             assert x["loss"] == pytest.approx(y["loss"], rel=1e-4)
+            assert x["lr"] == y["lr"]
         else:  # each global batch's loss counted once, as one process counts it
             assert x["train_loss"] == pytest.approx(y["train_loss"], rel=1e-4)
     assert sorted(p.name for p in ddp_out.iterdir()) == [

@@ -28,6 +28,7 @@ from torchgpu.train.config import (
 )
 from torchgpu.train.config_file import FileSettings
 from torchgpu.train.optimizers import OPTIMIZER_NAMES
+from torchgpu.train.schedule import SCHEDULES
 from torchgpu.train.split_flags import parse_batch_size, parse_chunks
 from torchgpu.train.strategies.registry import describe as strategy_help
 
@@ -98,6 +99,17 @@ def _parser() -> ArgumentParser:
                      "(at --lr) or module:function taking the params and returning an "
                      "Optimizer (default: adam for built-in examples and CSV tables, adamw "
                      "for --model)")
+    run.add_argument("--lr-schedule", default="constant", metavar="NAME",
+                     help=f"{'|'.join(SCHEDULES)}: the LR per optimizer step; linear and "
+                     "cosine decay to 0 at the run's end (default constant)")
+    run.add_argument("--warmup-steps", type=int, default=0, metavar="N",
+                     help="optimizer steps of linear warm-up from LR 0 (default 0)")
+    run.add_argument("--lr-step-size", type=int, metavar="EPOCHS",
+                     help="--lr-schedule step: epochs between decays (default 1)")
+    run.add_argument("--lr-gamma", type=float, metavar="G",
+                     help="--lr-schedule step: the decay factor (default 0.1)")
+    run.add_argument("--scheduler", metavar="SPEC", help="module:function taking the "
+                     "optimizer and returning a torch LR scheduler (instead of --lr-schedule)")
     run.add_argument("--clip-norm", type=float, metavar="X", help="max gradient norm")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--num-workers", type=int, default=0, metavar="N",

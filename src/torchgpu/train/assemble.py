@@ -45,6 +45,7 @@ from torchgpu.train.memory_snapshot import refuse_off_cuda
 from torchgpu.train.out_dir import check_creatable, check_out_dir
 from torchgpu.train.plugin import task_for_config, with_optimizer
 from torchgpu.train.resume_plan import plan_resume
+from torchgpu.train.schedule import check as check_schedule
 from torchgpu.train.task import Task, probe
 
 
@@ -172,6 +173,7 @@ def assemble(config: TrainConfig, *, task: Task | None = None, launching: bool =
     if relaunch:  # what every worker would refuse: one message, before any starts
         choice.strategy.check_task(
             task, lambda: model if model is not None else task.build_model())
+    check_schedule(config, task, model)  # a scheduler factory meets a probe optimizer
     notes = (build.device_note(config, device), *auto_notes,
              *build.precision_notes(config, device))
     start = RunStart(plan, crash_plan_from_env(here.rank), stop_at_step,

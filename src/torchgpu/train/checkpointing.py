@@ -111,6 +111,7 @@ from torchgpu.train.faults import CrashPlan, HangPlan
 from torchgpu.train.heartbeat import Heartbeat
 from torchgpu.train.outputs import EpochRecord, MetricsBuffer
 from torchgpu.train.resume_plan import FIXED, ResumePlan, cannot_resume, checkpoints_dir
+from torchgpu.train.schedule import FIXED as SCHEDULE_FIXED
 from torchgpu.train.state import StopFlag, TrainState
 
 
@@ -140,7 +141,7 @@ class Ranks:
 def history_lines(state: TrainState, records: Iterable[EpochRecord]) -> list[str]:
     """The metrics.jsonl lines of a run at ``state``: each finished epoch's step lines and
     epoch line, then the unfinished epoch's step lines (same format as the loop writes)."""
-    buffer = MetricsBuffer()
+    buffer = MetricsBuffer(lrs=state.step_lrs)
     lines: list[str] = []
     done = 0
     for record in records:
@@ -212,6 +213,7 @@ class RunCheckpoints:
             "target": config.target, "data_size": config.data_size, "seed": config.seed,
             "batch_size": config.batch_size, "accumulate": config.accumulate, "lr": config.lr,
             "world_size": ranks.world_size, "batches_per_epoch": batches_per_epoch,
+            **{key: getattr(config, key) for key in SCHEDULE_FIXED},
         }
         self._epoch_rng: torch.Tensor | None = None  # torch RNG as this epoch's loader began
         self._pending: tuple[torch.Tensor | None, dict[str, Any]] | None = None
@@ -289,7 +291,8 @@ class RunCheckpoints:
             )
         saved = dict(extra.get("run") or {})
         changed = [f"{key} {saved.get(key)!r} -> {self.fingerprint[key]!r}"
-                   for key in FIXED if key in saved and saved[key] != self.fingerprint[key]]
+                   for key in (*FIXED, *SCHEDULE_FIXED)
+                   if key in saved and saved[key] != self.fingerprint[key]]
         if changed:
             raise cannot_resume(loaded.path, changed)
         state = TrainState.from_dict(extra["train_state"])

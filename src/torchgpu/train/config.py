@@ -98,6 +98,14 @@ class TrainConfig:
     batch_size: int | None = None  # per process, per micro-batch
     lr: float | None = None
     clip_norm: float | None = None
+    # The learning-rate schedule (torchgpu.train.schedule): constant | linear | cosine |
+    # step, after warmup_steps optimizer steps of linear warm-up from 0; or a scheduler
+    # spec (module:function, optimizer -> LRScheduler).
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    lr_step_size: int | None = None  # step: epochs between decays (default 1)
+    lr_gamma: float | None = None  # step: the decay factor (default 0.1)
+    scheduler: str | None = None
     seed: int = 0
     out: str | None = None
     num_workers: int = 0
@@ -192,6 +200,8 @@ _COUNTS: tuple[tuple[str, str], ...] = (
     ("save_every", " (optimizer steps)"),
     ("keep_last", " (checkpoints)"),
     ("profile", " (optimizer steps)"),
+    ("warmup_steps", " (optimizer steps)"),
+    ("lr_step_size", " (epochs)"),
     ("num_workers", " (DataLoader processes)"),
     ("max_restarts", ""),
     ("nnodes", ""),
@@ -304,6 +314,9 @@ def validate(config: TrainConfig) -> None:
         from torchgpu.train.optimizers import check_name
 
         check_name(config.optimizer)
+    from torchgpu.train.schedule import validate as check_schedule
+
+    check_schedule(config)
     _at_least("profile", config.profile, 1, " (optimizer steps to trace)")
     _at_least("nproc", config.nproc, 1, " (the number of processes on this node)")
     from torchgpu.launcher import check_nodes

@@ -143,6 +143,7 @@ def fit(
     loss: Callable[[Any, Any], Tensor] | None = None,
     metrics: Mapping[str, Any] | None = None,
     optimizer: str | Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None,
+    scheduler: str | Callable[[torch.optim.Optimizer], Any] | None = None,
     **settings: Any,
 ) -> TrainResult:
     """Train ``model`` on ``train_data``; return the :class:`TrainResult` (the trained,
@@ -163,6 +164,12 @@ def fit(
       for metrics that are not a mean over samples (:mod:`torchgpu.train.metrics`).
     - ``optimizer``: ``params -> Optimizer``, or a name, ``"adam"``/``"adamw"``/``"sgd"``
       (at ``lr``), as ``--optimizer`` takes (default AdamW at ``lr``, 1e-3).
+    - ``scheduler``: ``optimizer -> LRScheduler`` (e.g. ``lambda optimizer:
+      torch.optim.lr_scheduler.StepLR(optimizer, 100)``), or a ``module:function`` spec
+      as ``--scheduler`` takes; stepped once per optimizer step and checkpointed. Or the
+      built-in schedules by setting: ``lr_schedule`` (``"constant"``, ``"linear"``,
+      ``"cosine"``, ``"step"``), ``warmup_steps``, ``lr_step_size`` (epochs),
+      ``lr_gamma`` (:mod:`torchgpu.train.schedule`).
     - ``settings``: the ``torchgpu train`` flags by name: ``epochs``, ``batch_size``
       (int or ``"auto"``), ``effective_batch_size``, ``strategy`` (``"auto"``, single,
       dp, ddp, fsdp, model, pipeline), ``devices``, ``chunks``, ``accumulate``,
@@ -183,6 +190,8 @@ def fit(
         model, "__name__", "model")
     if isinstance(optimizer, str):  # a name (or spec): a setting, recorded in config.toml
         settings = {**settings, "optimizer": optimizer}
+    if isinstance(scheduler, str):  # a spec: a setting, as --scheduler
+        settings = {**settings, "scheduler": scheduler}
     config = config_from_settings(settings, name, type(train_data).__name__)
     factory = as_factory(model)
     if not isinstance(model, nn.Module):
@@ -190,4 +199,13 @@ def fit(
     task = user_task(factory, train_data, eval_data, loss=loss, metrics=metrics, name=name)
     if optimizer is not None and not isinstance(optimizer, str):
         task = dataclasses.replace(task, optimizer=optimizer)
+    if scheduler is not None and not isinstance(scheduler, str):
+        if not callable(scheduler):
+            raise UsageError(
+                f"scheduler={scheduler!r} is a {type(scheduler).__name__}: pass a function "
+                "optimizer -> LRScheduler, e.g. lambda optimizer: "
+                "torch.optim.lr_scheduler.StepLR(optimizer, step_size=100), or a "
+                "module:function spec (a scheduler object cannot be given: it must be built "
+                "on the run's optimizer)")
+        task = dataclasses.replace(task, scheduler=scheduler)
     return train(config, task=task)

@@ -6,7 +6,9 @@ that was a tenth of a 200-epoch ``make demo`` even when a helper process prepare
 training, since the helper competed with training for the CPUs. The chart is simple enough
 for a canvas: axes, a grid, nice ticks (a log scale when every loss is positive and there
 are several epochs), two lines with markers, a legend and a title. Non-finite losses
-(no held-out data, a skipped epoch) leave a gap in their line.
+(no held-out data, a skipped epoch) leave a gap in their line. When the learning rate
+changed during the run (a schedule, :mod:`torchgpu.train.schedule`), a second panel
+below draws it per optimizer step.
 """
 
 from __future__ import annotations
@@ -19,17 +21,22 @@ from typing import IO, Any
 WIDTH, HEIGHT = 640, 400  # pixels
 LEFT, RIGHT, TOP, BOTTOM = 72, 20, 36, 48  # margins around the plotting area
 COLORS = {"train": (31, 119, 180), "test": (255, 127, 14)}  # matplotlib's first two
+LR_COLOR = (44, 160, 44)  # matplotlib's third
+LR_HEIGHT = 170  # pixels of the learning-rate panel under the loss chart
 GRID = (226, 226, 226)
 INK = (40, 40, 40)
 
 
 def render(path: Path | IO[bytes], xs: Sequence[int], train: Sequence[float],
-           test: Sequence[float], title: str) -> None:
+           test: Sequence[float], title: str, lrs: Sequence[float] = ()) -> None:
     """Save a PNG of train and test loss per epoch to ``path`` (a file name or a binary
-    file). Log scale when every finite loss is positive and there are several epochs."""
+    file). Log scale when every finite loss is positive and there are several epochs.
+    ``lrs``: the learning rate of each optimizer step; drawn in a panel below when it
+    changed during the run."""
     from PIL import Image, ImageDraw
 
-    image = Image.new("RGB", (WIDTH, HEIGHT), "white")
+    panel = len(set(lrs)) > 1
+    image = Image.new("RGB", (WIDTH, HEIGHT + (LR_HEIGHT if panel else 0)), "white")
     draw = ImageDraw.Draw(image)
     font = _font(12)
     values = [v for v in (*train, *test) if math.isfinite(v)]
@@ -66,7 +73,39 @@ def render(path: Path | IO[bytes], xs: Sequence[int], train: Sequence[float],
     _centered(draw, title, (box[0] + box[2]) / 2, 10, _font(14))
     _centered(draw, "epoch", (box[0] + box[2]) / 2, HEIGHT - 20, font)
     _vertical(image, "loss", 8, (box[1] + box[3]) / 2, font)
+    if panel:
+        _lr_panel(image, draw, font, lrs)
     image.save(path, format="PNG")
+
+
+def _lr_panel(image: Any, draw: Any, font: Any, lrs: Sequence[float]) -> None:
+    """The learning rate per optimizer step (``lrs``: at least two values), on a linear
+    axis from 0, under the loss chart."""
+    box = (LEFT, HEIGHT, WIDTH - RIGHT, HEIGHT + LR_HEIGHT - BOTTOM)
+    count, high = len(lrs), max(max(lrs), 1e-300)
+    ticks = [t for t in _nice_ticks(0.0, high, 4) if 0 <= t <= high * 1.0001]
+    top = max([high, *ticks]) * 1.05
+
+    def px(step: float) -> float:
+        return box[0] + (step - 1) / max(count - 1, 1) * (box[2] - box[0])
+
+    def py(value: float) -> float:
+        return box[3] - value / top * (box[3] - box[1])
+
+    for tick in ticks:
+        draw.line([(box[0], py(tick)), (box[2], py(tick))], fill=GRID)
+        label = _label(tick)
+        draw.text((box[0] - 6 - draw.textlength(label, font=font), py(tick) - 7), label,
+                  fill=INK, font=font)
+    for tick in _nice_ticks(1, max(count, 2), 8, integers=True):
+        if 1 <= tick <= count:
+            label = _label(tick)
+            draw.text((px(tick) - draw.textlength(label, font=font) / 2, box[3] + 6), label,
+                      fill=INK, font=font)
+    draw.rectangle(box, outline=INK)
+    draw.line([(px(i + 1), py(v)) for i, v in enumerate(lrs)], fill=LR_COLOR, width=2)
+    _centered(draw, "optimizer step", (box[0] + box[2]) / 2, box[3] + 22, font)
+    _vertical(image, "lr", 8, (box[1] + box[3]) / 2, font)
 
 
 def _font(size: int) -> Any:

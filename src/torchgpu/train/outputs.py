@@ -61,21 +61,24 @@ class EpochRecord:
 
 @dataclass
 class MetricsBuffer:
-    """Step records ``(step, epoch, loss)`` collected in memory until :func:`flush`."""
+    """Step records ``(step, epoch, loss)`` collected in memory until :func:`flush`;
+    ``lrs``: the learning rate of each step (``TrainState.step_lrs``, step ``s`` at
+    ``s - 1``), written as ``lr`` where known."""
 
     steps: list[tuple[int, int, float]] = field(default_factory=list)
     epochs: list[EpochRecord] = field(default_factory=list)
+    lrs: list[float] = field(default_factory=list)
 
     def take_lines(self) -> list[str]:
         """JSON lines for everything recorded since the last call; empties the step list."""
         # What json.dumps writes for these dicts, formatted directly (3x faster; the demo
         # writes ~5,000). Non-finite losses are null, as _finite makes them.
-        real, finite = float.__repr__, math.isfinite
-        lines = [
-            f'{{"kind": "step", "step": {s:d}, "epoch": {e:d}, '
-            f'"loss": {real(float(v)) if finite(v) else "null"}}}'
-            for s, e, v in self.steps
-        ]
+        real, finite, lrs = float.__repr__, math.isfinite, self.lrs
+        lines = []
+        for s, e, v in self.steps:
+            loss = real(float(v)) if finite(v) else "null"
+            lr = f', "lr": {real(lrs[s - 1])}' if s <= len(lrs) and finite(lrs[s - 1]) else ""
+            lines.append(f'{{"kind": "step", "step": {s:d}, "epoch": {e:d}, "loss": {loss}{lr}}}')
         self.steps.clear()
         return lines
 
@@ -140,14 +143,16 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def plot_losses(path: Path, epochs: Sequence[EpochRecord], title: str) -> None:
-    """Save a PNG of train and test loss per epoch (:func:`torchgpu.train.loss_plot.render`),
-    atomically like every other output file."""
+def plot_losses(path: Path, epochs: Sequence[EpochRecord], title: str,
+                lrs: Sequence[float] = ()) -> None:
+    """Save a PNG of train and test loss per epoch (:func:`torchgpu.train.loss_plot.render`;
+    ``lrs``, the learning rate per step, in a panel below when it changed), atomically
+    like every other output file."""
     from torchgpu.checkpoint.atomic import write_file_atomic
 
     image = io.BytesIO()
     render(image, [r.epoch + 1 for r in epochs], [r.train_loss for r in epochs],
-           [r.test_loss for r in epochs], title)
+           [r.test_loss for r in epochs], title, lrs)
     write_file_atomic(path, image.getbuffer())
 
 
@@ -166,11 +171,12 @@ def save_model(path: Path, state: Mapping[str, Any]) -> None:
 
 
 def write_outputs(out_dir: Path, records: Sequence[EpochRecord], state: Mapping[str, Any],
-                  summary: dict[str, Any], title: str) -> None:
-    """A finished run's files in ``out_dir``: the loss plot (when there are epochs), the
-    final model, and the summary, which gains a ``files`` entry naming all of them."""
+                  summary: dict[str, Any], title: str, lrs: Sequence[float] = ()) -> None:
+    """A finished run's files in ``out_dir``: the loss plot (when there are epochs; with
+    ``lrs``, the learning rate per step), the final model, and the summary, which gains
+    a ``files`` entry naming all of them."""
     if records:
-        plot_losses(out_dir / PLOT_FILE, records, title)
+        plot_losses(out_dir / PLOT_FILE, records, title, lrs)
     save_model(out_dir / MODEL_FILE, state)
     summary["files"] = {
         "metrics": str(out_dir / METRICS_FILE),

@@ -43,7 +43,12 @@ def task_for_config(config: TrainConfig) -> Task:
 
 def with_optimizer(task: Task, config: TrainConfig) -> Task:
     """``task`` with ``config.optimizer`` (``--optimizer``, checked by validate) as its
-    optimizer when one was given. UsageError for a spec that does not resolve."""
+    optimizer and ``config.scheduler`` (``--scheduler``) as its scheduler factory when
+    given. UsageError for a spec that does not resolve."""
+    if config.scheduler is not None:
+        from torchgpu.train.schedule import resolve as resolve_scheduler
+
+        task = dataclasses.replace(task, scheduler=resolve_scheduler(config.scheduler))
     if config.optimizer is None:
         return task
     return dataclasses.replace(task, optimizer=optimizers.resolve(config.optimizer))

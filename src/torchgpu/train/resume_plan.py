@@ -20,6 +20,7 @@ from torchgpu.checkpoint.layout import read_meta
 from torchgpu.errors import ResumeError
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.outputs import CHECKPOINTS_DIR as CHECKPOINTS_DIR
+from torchgpu.train.schedule import FIXED as SCHEDULE_FIXED
 
 RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
 # Settings that give the saved position its meaning; a resume must not change them.
@@ -106,7 +107,8 @@ def _check_saved_settings(config: TrainConfig, found: Path) -> None:
     saved = read_meta(found).get("config")
     if not isinstance(saved, dict):
         return
-    changed = [f"{key} {saved[key]!r} -> {getattr(config, key)!r}" for key in FIXED
+    changed = [f"{key} {saved[key]!r} -> {getattr(config, key)!r}"
+               for key in (*FIXED, *SCHEDULE_FIXED)
                if key in saved and getattr(config, key, None) is not None
                and saved[key] != getattr(config, key)]
     if changed:

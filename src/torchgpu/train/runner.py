@@ -24,7 +24,7 @@ from torch import nn
 from torchgpu.data.batches import install_call_convention
 from torchgpu.distributed import gather_objects, init_distributed
 from torchgpu.errors import CollectiveTimeoutError, DistributedError, TorchGpuError, first_line
-from torchgpu.train import build, outputs
+from torchgpu.train import build, outputs, schedule
 from torchgpu.train.agreement import share_stop
 from torchgpu.train.assemble import Assembly, assemble, settle, with_stop_at
 from torchgpu.train.auto_batch import apply_auto_batch
@@ -179,6 +179,9 @@ def _run(
         resume_from=start.plan.source))
     config, parts, mode = steps.config, steps.parts, strategy.name
     assert config.epochs is not None
+    scheduler = schedule.for_run(config, data, steps.optimizer,
+                                 math.ceil(len(train_loader) / config.accumulate),
+                                 warn=out_dir is not None)
     is_main = out_dir is not None
     progress = (NullProgress() if config.json else
                 make_progress(config.progress, is_main=is_main, memory=memory_reader(device)))
@@ -194,17 +197,18 @@ def _run(
                           stop=steps.stop, batches_per_epoch=batches_per_epoch, mode=mode,
                           out_dir=out_dir, crash=start.crash, stop_at_step=start.stop_at_step,
                           sync=(lambda: sync_now(parts)) if parts.agree else None,
-                          heartbeat=beat, before_save=steps.before_save)
+                          heartbeat=beat, before_save=steps.before_save, scheduler=scheduler)
     state = ckpt.begin(start.plan)  # fresh, or restored from a checkpoint
+    buffer.lrs = state.step_lrs
     if out_dir is not None:  # after the resume's checks: a refused resume changes nothing
         write_config(out_dir, config, world, device, steps.model)
     if beat is not None:
         beat.follow(state)
         beat.phase = steps.phase
-    on_step = ckpt.step_hook()
     steps_left = math.ceil(batches_per_epoch / config.accumulate) * config.epochs - state.step
     watch = Observers.start(config, steps.observed, device, rank, out_dir, state, steps_left)
-    on_step = watch.wrap(on_step)
+    # The schedule steps (and the step's LR is recorded) before a checkpoint is saved.
+    on_step = watch.wrap(schedule.step_hook(steps.optimizer, scheduler, ckpt.step_hook()))
     train_seconds = 0.0
     stopped_at: int | None = None  # the step the loop stopped at on a stop flag
     started = time.perf_counter()
@@ -260,6 +264,7 @@ def _run(
         watch.report(summary, config, planned, data, mode, world)
     if out_dir is not None:
         outputs.write_outputs(out_dir, records, final_state, summary,
-                              f"{config.run_name}: {mode}, {world} process(es)")
+                              f"{config.run_name}: {mode}, {world} process(es)",
+                              state.step_lrs)
     return TrainResult(config, summary, state, tuple(records), steps.result_model, out_dir,
                        notes)

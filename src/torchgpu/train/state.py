@@ -93,7 +93,9 @@ class TrainState:
 
     ``step``: optimizer steps taken. ``batch_in_epoch``: micro-batches of ``epoch``
     already consumed (0 at an epoch start). ``step_losses``: mean loss of each optimizer
-    step, in order. ``epoch_losses``: (train, test) loss per finished epoch.
+    step, in order; ``step_lrs``: the learning rate each step used (the first parameter
+    group's; :mod:`torchgpu.train.schedule`). ``epoch_losses``: (train, test) loss per
+    finished epoch.
     """
 
     epoch: int = 0
@@ -105,6 +107,7 @@ class TrainState:
     epoch_loss_sum: float = 0.0  # sum of this epoch's finite micro-batch losses so far
     epoch_loss_count: int = 0
     step_losses: list[float] = field(default_factory=list)
+    step_lrs: list[float] = field(default_factory=list)
     epoch_losses: list[tuple[float, float]] = field(default_factory=list)
 
     def begin_epoch(self, epoch: int) -> None:
@@ -127,6 +130,7 @@ class TrainState:
             "epoch_loss_sum": self.epoch_loss_sum,
             "epoch_loss_count": self.epoch_loss_count,
             "step_losses": list(self.step_losses),
+            "step_lrs": list(self.step_lrs),
             "epoch_losses": [list(pair) for pair in self.epoch_losses],
         }
 
@@ -142,6 +146,7 @@ class TrainState:
             epoch_loss_sum=float(data.get("epoch_loss_sum", 0.0)),
             epoch_loss_count=int(data.get("epoch_loss_count", 0)),
             step_losses=[float(v) for v in data.get("step_losses", [])],
+            step_lrs=[float(v) for v in data.get("step_lrs", [])],
             epoch_losses=[(float(a), float(b)) for a, b in data.get("epoch_losses", [])],
         )
 

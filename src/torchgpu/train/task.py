@@ -44,7 +44,9 @@ class Task:
     (:mod:`torchgpu.train.metrics`). ``optimizer``: the run's optimizer unless
     ``--optimizer`` names another: ``adam``/``adamw``/``sgd`` at ``--lr``, or a function
     ``params -> Optimizer`` (:mod:`torchgpu.train.optimizers`); AdamW for a user's model,
-    Adam for the built-in examples (as the seeds). ``eval_batch_size``: the held-out
+    Adam for the built-in examples (as the seeds). ``scheduler``: a factory
+    ``optimizer -> LRScheduler`` (:mod:`torchgpu.train.schedule`; ``--scheduler`` sets
+    it), None for the ``--lr-schedule`` one. ``eval_batch_size``: the held-out
     split's batch is at least this many rows (evaluation keeps no activations for
     backward, so it takes larger batches); None: the training batch size.
     ``dict_batches``: the datasets yield dicts (collated by :class:`DictPairs`).
@@ -64,6 +66,7 @@ class Task:
     loss: LossFn
     metrics: Mapping[str, MetricLike] = field(default_factory=dict)
     optimizer: OptimizerChoice = "adamw"
+    scheduler: Callable[[Any], Any] | None = None  # optimizer -> LRScheduler (train/schedule)
     eval_batch_size: int | None = None
     dict_batches: bool = False
     example: ExampleData | None = None
