@@ -113,7 +113,8 @@ def to_device(obj: T, device: DeviceLike, non_blocking: NonBlocking = "auto") ->
     batch class, torch_geometric's ``Data``, transformers' ``BatchEncoding``) is moved
     by ``obj.to(device, non_blocking=...)``, or ``obj.to(device)`` when its ``.to`` does
     not take ``non_blocking``; its result replaces it, unless ``.to`` returned ``None``
-    (it moved in place), and a module is always kept itself. Everything else (numbers, strings, None) passes through.
+    (it moved in place), and a module is always kept itself. Everything else (numbers,
+    strings, None) passes through.
 
     ``device`` is anything ``torch.device`` accepts, ``meta`` included, or ``auto`` /
     ``N`` (a GPU index) as :func:`torchgpu.get_device` reads them

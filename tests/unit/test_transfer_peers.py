@@ -183,7 +183,8 @@ class QuietModule(nn.Linear):
 
 @pytest.mark.parametrize("non_blocking", [True, "auto"])
 def test_in_place_to_keeps_the_object(non_blocking):
-    batch, graph, layer = InPlaceBatch(torch.ones(2)), InPlaceGraph(torch.ones(2)), QuietModule(2, 2)
+    batch, graph = InPlaceBatch(torch.ones(2)), InPlaceGraph(torch.ones(2))
+    layer = QuietModule(2, 2)
     moved = to_device({"b": batch, "g": [graph], "m": layer}, "meta", non_blocking=non_blocking)
     assert moved["b"] is batch and on_meta(batch.x)
     assert moved["g"][0] is graph and on_meta(graph.x)
