@@ -21,8 +21,9 @@ buffers at the next forward, as after one of its own synchronised steps. Every o
 of forwards and backwards thus steps on the same gradients on every rank; the
 interleaved order keeps DDP's all-reduce overlapped with the backward.
 
-Usage, per micro-batch (the forward must run inside ``micro_step``: DDP decides at
-forward time whether the coming backward all-reduces)::
+Usage, per micro-batch (run the forward inside ``micro_step``: DDP decides at forward
+time whether the coming backward all-reduces, and this order lets it overlap the
+all-reduce with the boundary's backward)::
 
     acc = GradAccumulator(model, optimizer, steps=4, precision=prec, clip_norm=1.0)
     for x, y in loader:
