@@ -212,3 +212,11 @@ def nan_row_data() -> tuple[Dataset[tuple[Tensor, Tensor]], Dataset[tuple[Tensor
     x, y = torch.randn(40, 4, generator=generator), torch.randn(40, 1, generator=generator)
     x[5, 0] = float("nan")
     return TensorDataset(x, y), TensorDataset(torch.randn(8, 4, generator=generator), y[:8])
+
+
+class InPlaceToLinear(nn.Linear):
+    """A model whose ``.to()`` override moves it but returns nothing (no ``return
+    self``): whoever moves it must keep the module, not ``.to()``'s result."""
+
+    def to(self, *args: object, **kwargs: object) -> None:  # type: ignore[override]
+        super().to(*args, **kwargs)  # type: ignore[call-overload]

@@ -6,12 +6,24 @@ the micro-batches are equally large; for a window whose micro-batches differ (th
 epoch's short last batch), give the window's sample count to :meth:`set_steps`
 (``window_samples``) and each micro-batch's to :meth:`backward` (``samples``): each loss
 is then weighted by its share of the window's samples, which is again exactly the big
-batch's mean. Under
-DistributedDataParallel the gradient all-reduce is skipped (``no_sync``) on the k-1
-non-boundary micro-steps; the boundary step all-reduces the accumulated sum once.
+batch's mean. Under DistributedDataParallel the gradient all-reduce is skipped
+(``no_sync``) on the k-1 non-boundary micro-steps; the boundary step all-reduces the
+accumulated sum once.
 
-Usage, per micro-batch (the forward must run inside ``micro_step``: DDP decides at
-forward time whether the coming backward all-reduces)::
+DDP decides at a forward whether the *next backward* all-reduces (whichever graph it
+is: the first backward after a forward run outside ``no_sync`` reduces the whole
+accumulated ``.grad``). The accumulator watches each DDP forward, so it knows at each
+backward whether DDP reduced in it. When the window's last backward was not such a
+one -- all forwards run before their backwards, forwards outside ``micro_step``, a
+mixture -- the window's gradients are all-reduced by hand before the step (averaging
+is linear, so parts DDP already averaged stay right) and DDP is asked to broadcast its
+buffers at the next forward, as after one of its own synchronised steps. Every order
+of forwards and backwards thus steps on the same gradients on every rank; the
+interleaved order keeps DDP's all-reduce overlapped with the backward.
+
+Usage, per micro-batch (run the forward inside ``micro_step``: DDP decides at forward
+time whether the coming backward all-reduces, and this order lets it overlap the
+all-reduce with the boundary's backward)::
 
     acc = GradAccumulator(model, optimizer, steps=4, precision=prec, clip_norm=1.0)
     for x, y in loader:
@@ -40,11 +52,14 @@ from __future__ import annotations
 
 import contextlib
 import math
+import weakref
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from torchgpu.errors import ConfigError
 from torchgpu.parallel.data import find_ddp
@@ -112,17 +127,35 @@ class GradAccumulator:
         self.clip_norm: float | None = None if clip_norm is None else float(clip_norm)
         self._plain_step = self._scaling is None and not zero_after_step
         self._ddp = find_ddp(model)
+        # DDP arms its reducer at a forward run outside no_sync; the next backward then
+        # all-reduces. Watching its forwards tells each backward whether it did.
+        self._armed = False
+        if self._ddp is not None:
+            self._watch_forwards(self._ddp)
         # micro-steps in the current window (read-only for callers; a plain attribute,
         # not a property: the training loop reads it twice per step)
         self.pending = 0
         self._window_samples: float | None = None
         self._seen_samples = 0  # samples given to backward() in this window
-        self._unsynced = False  # some micro-step of this window skipped the all-reduce
+        self._unsynced = False  # the window's last backward was not all-reduced by DDP
         self._skipped = 0
         self._applied = 0
         self.last_grad_norm: torch.Tensor | None = None
         self._zero_after_step = zero_after_step
         self._stale = False  # the last step's gradients are still held (zero_after_step=False)
+
+    def _watch_forwards(self, ddp: DistributedDataParallel) -> None:
+        """Record after each DDP forward whether DDP armed its reducer (its own test:
+        gradients enabled and ``require_backward_grad_sync``, which ``no_sync`` clears)."""
+        owner = weakref.ref(self)  # the hook must not keep a dropped accumulator alive
+
+        def seen(module: nn.Module, args: Any, output: Any) -> None:
+            acc = owner()
+            if acc is not None and torch.is_grad_enabled() and ddp.require_backward_grad_sync:
+                acc._armed = True
+
+        handle = ddp.register_forward_hook(seen)
+        weakref.finalize(self, handle.remove)
 
     @property
     def steps(self) -> int:
@@ -181,6 +214,7 @@ class GradAccumulator:
         self.pending = 0
         self._seen_samples = 0
         self._unsynced = False
+        self._armed = False  # a dropped forward's arming is not trusted
 
     def loss_scale(self, samples: int | None = None) -> float:
         """The factor :meth:`backward` multiplies a loss of ``samples`` samples by:
@@ -193,14 +227,23 @@ class GradAccumulator:
     def micro_step(self) -> Iterator[bool]:
         """Context for one micro-batch's forward and backward; yields whether this
         micro-step closes the window. Under DDP, non-boundary micro-steps run in
-        ``no_sync()`` so their backward does not all-reduce."""
+        ``no_sync()`` so their backward does not all-reduce. Forwards may also run ahead
+        of their backwards (see the module docstring)."""
         boundary = self.pending + 1 >= self._steps
-        if self._ddp is None or boundary:
+        if self._ddp is None:
             yield boundary
             return
-        self._unsynced = True
-        with self._ddp.no_sync():
-            yield boundary
+        try:
+            if boundary:
+                yield boundary
+            else:
+                with self._ddp.no_sync():
+                    yield boundary
+        except BaseException:
+            # A failed step's arming, if DDP got that far, is not trusted: the window's
+            # end then all-reduces by hand (harmless where DDP reduced as well).
+            self._armed = False
+            raise
 
     def backward(self, loss: torch.Tensor, samples: int | None = None) -> bool:
         """Backward of ``loss / steps``; at the window's end, step the optimizer.
@@ -218,7 +261,10 @@ class GradAccumulator:
         """
         if self._stale:  # the caller did not zero_grad(): the old step's must not add up
             self.zero_grad()
-        if (self._steps == 1 and self._plain_step and self.clip_norm is None
+        # DDP all-reduces in this backward iff a forward armed it since the last one.
+        reduced = self._armed or self._ddp is None
+        self._armed = False
+        if (reduced and self._steps == 1 and self._plain_step and self.clip_norm is None
                 and self._window_samples is None):
             # One micro-batch per step, no scaler, clipping or early freeing: what a
             # hand-written loop does, without the bookkeeping calls (the training loop's
@@ -237,9 +283,12 @@ class GradAccumulator:
             self._scaling.backward(scaled)
         else:
             torch.autograd.backward(scaled)
+        self._unsynced = not reduced
         self.pending += 1
         if self.pending < self._steps:
             return False
+        if self._unsynced:
+            self._sync_by_hand()
         return self._apply()
 
     def flush(self) -> bool:
@@ -257,7 +306,7 @@ class GradAccumulator:
         seen = float(self._seen_samples)
         if self._unsynced and self._ddp is not None:
             group = self._ddp.process_group
-            self._average_gradients(group)
+            self._sync_by_hand()
             if self._window_samples is not None and dist.get_world_size(group) > 1:
                 seen = self._mean_over_ranks(seen, group)
         if self._window_samples is not None:
@@ -296,6 +345,16 @@ class GradAccumulator:
         self._seen_samples = 0
         self._unsynced = False
         return stepped
+
+    def _sync_by_hand(self) -> None:
+        """What DDP's synchronising backward does, for a window whose last backward was
+        not one: average the gradients over the ranks, and have DDP broadcast its
+        buffers (BatchNorm statistics) at the next forward."""
+        ddp = self._ddp
+        if ddp is None:
+            return
+        self._average_gradients(ddp.process_group)
+        ddp.require_forward_param_sync = True
 
     def _mean_over_ranks(self, value: float, group: dist.ProcessGroup | None) -> float:
         params = [p for p in self.model.parameters()]

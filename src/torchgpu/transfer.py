@@ -112,7 +112,9 @@ def to_device(obj: T, device: DeviceLike, non_blocking: NonBlocking = "auto") ->
     base (``dict``, ``list``...). Any other object with a ``.to()`` method (a custom
     batch class, torch_geometric's ``Data``, transformers' ``BatchEncoding``) is moved
     by ``obj.to(device, non_blocking=...)``, or ``obj.to(device)`` when its ``.to`` does
-    not take ``non_blocking``. Everything else (numbers, strings, None) passes through.
+    not take ``non_blocking``; its result replaces it, unless ``.to`` returned ``None``
+    (it moved in place), and a module is always kept itself. Everything else (numbers,
+    strings, None) passes through.
 
     ``device`` is anything ``torch.device`` accepts, ``meta`` included, or ``auto`` /
     ``N`` (a GPU index) as :func:`torchgpu.get_device` reads them
@@ -145,17 +147,22 @@ def to_device(obj: T, device: DeviceLike, non_blocking: NonBlocking = "auto") ->
         return t.to(target, non_blocking=nb)
 
     def move_module(m: nn.Module) -> nn.Module:
-        return m.to(target)
+        # Modules move in place; a subclass's .to() override may return nothing.
+        m.to(target)
+        return m
 
     def move_object(o: _Movable) -> object:
         try:
             moved = o.to(target, non_blocking=object_nb)
         except TypeError:  # a .to() without the non_blocking keyword
-            return o.to(target)
-        if object_nb and target.type == "cpu":
-            # Its tensors' sources are unknown: wait for every queued CUDA copy.
-            pending_d2h.update(_current_cuda_device())
-        return moved
+            moved = o.to(target)
+        else:
+            if object_nb and target.type == "cpu":
+                # Its tensors' sources are unknown: wait for every queued CUDA copy.
+                pending_d2h.update(_current_cuda_device())
+        # A .to() that moves in place and returns None keeps the object, as Lightning's
+        # move_data_to_device does.
+        return o if moved is None else moved
 
     result: T = _map(obj, move, move_module, move_object)
     for source in pending_d2h:

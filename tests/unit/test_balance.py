@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests.user_models import InPlaceToLinear
 from torchgpu.errors import BalanceError
 from torchgpu.parallel.balance import (
     balance_by_size,
@@ -99,6 +100,13 @@ def test_layer_sizes_counts_saved_activations_without_touching_the_model() -> No
     assert with_act[0] >= 32 * 8 * 4  # Linear saves its input
     assert bn.num_batches_tracked.item() == 0 and bn.running_mean.abs().sum() == 0
     assert layers[0].weight.grad is None
+
+
+def test_layers_whose_to_returns_nothing_are_measured() -> None:
+    layers = [InPlaceToLinear(8, 16), nn.ReLU(), InPlaceToLinear(16, 4)]
+    sample = torch.randn(4, 8)
+    assert layer_sizes(layers, sample, param_scale=1.0)[0] >= (8 * 16 + 16) * 4
+    assert len(balance_by_time(layers, 2, sample)) == 2
 
 
 def test_balance_by_time_puts_the_slow_layer_alone() -> None:

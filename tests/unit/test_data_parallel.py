@@ -11,6 +11,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from tests.user_models import InPlaceToLinear
 from torchgpu.distributed import free_port
 from torchgpu.errors import ConfigError
 from torchgpu.parallel.data import (
@@ -20,6 +21,8 @@ from torchgpu.parallel.data import (
     wrap_data_parallel,
     wrapper_chain,
 )
+from torchgpu.train.config import TrainConfig
+from torchgpu.train.strategies import REGISTRY
 
 
 def _model() -> nn.Module:
@@ -92,6 +95,12 @@ def test_ddp_on_cpu_has_no_device_ids(gloo_world_of_one: None) -> None:
     x = torch.randn(3, 4)
     assert torch.equal(ddp(x), model(x))
     assert unwrap(ddp) is model and find_ddp(ddp) is ddp
+
+
+def test_ddp_strategy_keeps_a_model_whose_to_returns_nothing(gloo_world_of_one: None) -> None:
+    model = InPlaceToLinear(4, 2)
+    wrapped, _ = REGISTRY["ddp"].wrap(model, TrainConfig(), None, torch.device("cpu"))  # type: ignore[arg-type]
+    assert isinstance(wrapped, DistributedDataParallel) and wrapped.module is model
 
 
 def test_fsdp_shards_blocks_then_root(gloo_world_of_one: None) -> None:

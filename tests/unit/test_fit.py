@@ -19,10 +19,12 @@ from tests.user_models import (
     CNNDictWrapper,
     DictImageDataset,
     ImageDataset,
+    InPlaceToLinear,
     TinyCausalLM,
     TokenDataset,
     cnn_dict_loss,
     lm_factory,
+    sgd,
 )
 from torchgpu import fit
 from torchgpu.errors import DataError, UsageError
@@ -155,6 +157,18 @@ def test_optimizer_factory_is_used(tmp_path: Path) -> None:
     assert len(seen) == 1
     for key, value in model.state_dict().items():  # lr 0: nothing moved
         assert torch.equal(value, before[key]), key
+
+
+@pytest.mark.parametrize("strategy", ["single", "dp"])
+def test_a_model_whose_to_returns_nothing_is_kept(tmp_path: Path, strategy: str) -> None:
+    torch.manual_seed(0)
+    model = InPlaceToLinear(3, 1)
+    data = TensorDataset(torch.randn(8, 3), torch.randn(8, 1))
+    before = model.weight.detach().clone()
+    result = fit(model, data, loss=nn.MSELoss(), optimizer=sgd, strategy=strategy, epochs=1,
+                 batch_size=4, out=tmp_path / "run", **_quiet())
+    assert result.summary["strategy"] == strategy
+    assert not torch.equal(model.weight.detach(), before)  # the user's module was trained
 
 
 class _Stream(IterableDataset[Any]):

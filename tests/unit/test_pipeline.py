@@ -11,7 +11,7 @@ from torch import nn
 
 from torchgpu.errors import BalanceError, ConfigError
 from torchgpu.parallel.batchnorm import DeferredBatchNorm
-from torchgpu.parallel.pipeline import Pipeline
+from torchgpu.parallel.pipeline import Pipeline, choose_chunks
 
 
 def mlp(seed: int = 0) -> nn.Sequential:
@@ -161,6 +161,18 @@ def test_chunks_auto_measures_and_keeps_the_table() -> None:
     assert "median s" in choice.format() and "*" in choice.format()
     assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_choose_chunks_keeps_the_gradients_already_there() -> None:
+    x, y = torch.randn(8, 5), torch.randn(8, 2)
+    pipe = Pipeline(mlp(), ["cpu", "cpu"], chunks=2)
+    nn.functional.mse_loss(pipe(x), y).backward()  # type: ignore[no-untyped-call]
+    before = [p.grad.clone() for p in pipe.parameters() if p.grad is not None]
+    choose_chunks(pipe, x, y, nn.functional.mse_loss, candidates=[1, 2], steps=1, warmup=0)
+    after = [p.grad for p in pipe.parameters()]
+    assert len(before) == len(after) > 0
+    for a, b in zip(before, after, strict=True):
+        assert b is not None and torch.equal(a, b)
 
 
 def test_errors() -> None:

@@ -154,6 +154,44 @@ def test_mapping_with_its_own_to_uses_it():
     assert on_meta(moved["input_ids"])
 
 
+class InPlaceBatch:
+    """A batch whose .to() moves its tensors in place and returns nothing."""
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.x = x
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> None:
+        self.x = self.x.to(device, non_blocking=non_blocking)
+
+
+class InPlaceGraph:
+    """The same with a .to(device) that takes no non_blocking."""
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.x = x
+
+    def to(self, device: torch.device) -> None:
+        self.x = self.x.to(device)
+
+
+class QuietModule(nn.Linear):
+    """A module whose .to() override forgets to return self."""
+
+    def to(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        super().to(*args, **kwargs)
+
+
+@pytest.mark.parametrize("non_blocking", [True, "auto"])
+def test_in_place_to_keeps_the_object(non_blocking):
+    batch, graph = InPlaceBatch(torch.ones(2)), InPlaceGraph(torch.ones(2))
+    layer = QuietModule(2, 2)
+    moved = to_device({"b": batch, "g": [graph], "m": layer}, "meta", non_blocking=non_blocking)
+    assert moved["b"] is batch and on_meta(batch.x)
+    assert moved["g"][0] is graph and on_meta(graph.x)
+    assert moved["m"] is layer and on_meta(layer.weight)
+    assert to_device(InPlaceBatch(torch.ones(1)), "meta") is not None
+
+
 def test_module_still_moved_in_place():
     layer = nn.Linear(2, 2)
     assert to_device(layer, "meta") is layer

@@ -264,7 +264,8 @@ def _probe(layer: nn.Module, device: torch.device) -> nn.Module:
     """A copy of ``layer`` on ``device`` in training mode: profiling measures what a
     training step costs (Dropout masks, BatchNorm batch statistics) whatever mode the
     model is in now, and the model itself (mode, weights, statistics) is not touched."""
-    probe = copy.deepcopy(layer).to(device)
+    probe = copy.deepcopy(layer)
+    probe.to(device)  # in place; a layer's own .to() override may return nothing
     probe.train(True)
     return probe
 

@@ -211,12 +211,14 @@ def time_chunks(
 
     def make_step(m: int) -> Callable[[], None]:
         def step() -> None:
+            # From no gradient: a backward adds into an existing .grad in place, which
+            # would change the caller's saved gradients.
+            for p in params:
+                p.grad = None
             pipe.chunks = m
             out = pipe(sample_input)
             loss = loss_fn(out, move(target, pipe.output_device))
             torch.autograd.backward(loss)
-            for p in params:
-                p.grad = None
 
         return step
 

@@ -140,7 +140,9 @@ def _wrap_dp(
             DataParallelFallbackWarning,
             stacklevel=3,
         )
-        return model.to(where) if device is not None else model
+        if device is not None:
+            model.to(where)  # in place; a model's own .to() override may return nothing
+        return model
     device_ids = list(kw.pop("device_ids", None) or range(count))
     if device is not None and device.index is not None and device.index in device_ids:
         # the requested GPU holds the parameters and gathers the outputs

@@ -250,9 +250,10 @@ class StagePipeline:
         kind = self.group_schedule(count) if training else "gpipe"
         # scale_grads=False: the loss is pre-weighted by rows/batch rows, and torch's
         # division by the micro-batch count would also shrink gradients accumulated earlier.
-        # (Without training: torch's defaults, no loss and scale_grads=True.)
+        # A forward-only schedule needs it too: torch divides every .grad at the end of
+        # each step, whether or not a backward ran.
         loss_fn = self._weighted_loss(each) if training else None
-        scale_grads = not training
+        scale_grads = False
         sched: PipelineScheduleSingle | PipelineScheduleMulti
         if self.stages_per_rank > 1:
             multi = ScheduleInterleaved1F1B if kind == "interleaved1f1b" else ScheduleLoopedBFS
@@ -437,8 +438,8 @@ def choose_stage_chunks(
     """The split-size sweep across ranks: every rank runs the same interleaved rounds;
     rank 0's timings decide and the choice is broadcast. Candidates the schedule cannot
     run (e.g. 1F1B below the stage count) are skipped; ``pipe.chunks`` is left unchanged.
-    Gradients accumulated by the sweep are cleared and buffers (BatchNorm statistics)
-    restored; the weights are never stepped."""
+    Gradients and buffers (BatchNorm statistics) are restored afterwards; the weights
+    are never stepped."""
     ok = []
     for m in candidates:
         try:
@@ -449,9 +450,15 @@ def choose_stage_chunks(
     original = pipe.chunks
     buffers = [b for m in pipe.modules for b in m.buffers()]
     saved = [b.detach().clone() for b in buffers]
+    params = list(pipe.parameters())
+    saved_grads = [p.grad for p in params]
 
     def make_step(m: int) -> Callable[[], None]:
         def step() -> None:
+            # From no gradient: a backward adds into an existing .grad in place, which
+            # would change the caller's saved gradients.
+            for p in params:
+                p.grad = None
             pipe.chunks = m
             pipe.step(x, target)
 
@@ -465,8 +472,8 @@ def choose_stage_chunks(
         choice = sweep_chunks(make_step, ok, rows, steps, warmup, barrier)
     finally:
         pipe.chunks = original
-        for p in pipe.parameters():
-            p.grad = None
+        for p, g in zip(params, saved_grads, strict=True):
+            p.grad = g
         with torch.no_grad():
             for buf, old in zip(buffers, saved, strict=True):
                 buf.copy_(old)

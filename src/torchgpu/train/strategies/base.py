@@ -141,7 +141,8 @@ class Strategy:
              device: torch.device) -> tuple[nn.Module, tuple[str, ...]]:
         """``model`` (activation checkpointing already applied) placed and wrapped for
         training; notes to show. Default: moved to ``device``."""
-        return model.to(device), ()
+        model.to(device)  # in place; a model's own .to() override may return nothing
+        return model, ()
 
     def full_state(self, model: nn.Module) -> dict[str, Tensor]:
         """The whole model's weights under canonical keys, for the final save (collective

@@ -39,7 +39,9 @@ class DataParallel(Strategy):
             wrapped = wrap_data_parallel(model, "dp", device=device,
                                          batch_size=config.batch_size)
         notes = tuple(f"note: {w.message}" for w in caught)
-        return (wrapped.to(device) if wrapped is model else wrapped), notes
+        if wrapped is model:
+            model.to(device)  # in place; a model's own .to() override may return nothing
+        return wrapped, notes
 
 
 class Ddp(Strategy):
@@ -55,7 +57,8 @@ class Ddp(Strategy):
 
     def wrap(self, model: nn.Module, config: TrainConfig, task: Task,
              device: torch.device) -> tuple[nn.Module, tuple[str, ...]]:
-        return wrap_data_parallel(model.to(device), self.name, device=device), ()
+        model.to(device)  # in place; a model's own .to() override may return nothing
+        return wrap_data_parallel(model, self.name, device=device), ()
 
 
 class Fsdp(Ddp):
