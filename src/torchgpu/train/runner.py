@@ -33,6 +33,7 @@ from torchgpu.train.config import TrainConfig
 from torchgpu.train.heartbeat import Heartbeat, collective_failure
 from torchgpu.train.loop import run_epoch, sync_now
 from torchgpu.train.observers import Observers
+from torchgpu.train.out_dir import clear_run
 from torchgpu.train.outputs import EpochRecord, MetricsBuffer
 from torchgpu.train.progress import NullProgress, make_progress
 from torchgpu.train.report import (
@@ -183,6 +184,11 @@ def _run(
     progress = (NullProgress() if config.json else
                 make_progress(config.progress, is_main=is_main, memory=memory_reader(device)))
     if out_dir is not None:
+        if config.overwrite and not start.plan.continuing:  # checked in assemble
+            removed = clear_run(out_dir)
+            if removed:
+                notes += (f"note: --overwrite: removed the previous run's {', '.join(removed)} "
+                          f"from {out_dir}",)
         out_dir.mkdir(parents=True, exist_ok=True)
         for note in (*notes, *steps.lines()):
             print(note, file=sys.stderr)
