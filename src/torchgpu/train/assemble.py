@@ -181,13 +181,16 @@ def assemble(config: TrainConfig, *, task: Task | None = None, launching: bool =
 
 
 def _probe(task: Task, model: nn.Module, config: TrainConfig) -> None:
-    """A model its plug-in does not vouch for meets its data and loss once before
-    anything is written."""
+    """A model its plug-in does not vouch for meets its data (both splits) and loss once
+    before anything is written."""
     if task.trusted:
         return
-    probe(task, model, model_label=f"--model {config.model}" if config.model
-          else "the model", data_label=f"--data {config.data}" if config.data
-          else "the training data")
+    model_label = f"--model {config.model}" if config.model else "the model"
+    data = f"--data {config.data}" if config.data else "the training data"
+    held_out = f"the evaluation split of {data}" if config.data else "the evaluation data"
+    if (config.data or "").startswith("fit:"):  # fit's objects, by its arguments' names
+        model_label, data, held_out = "the model", "train_data", "eval_data"
+    probe(task, model, model_label=model_label, data_label=data, eval_label=held_out)
 
 
 def with_stop_at(run: Assembly, stop_at_step: int | None) -> Assembly:
