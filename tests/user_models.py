@@ -257,3 +257,11 @@ def failing_eval_data() -> tuple[Dataset[tuple[Tensor, Tensor]], FailingRows]:
                           torch.randn(40, 1, generator=generator)),
             FailingRows(torch.randn(8, 4, generator=generator),
                         torch.randn(8, 1, generator=generator)))
+
+
+def training_only_mse(output: Tensor, target: Tensor) -> Tensor:
+    """MSE that fails on evaluation batches (more than the probe's two rows, without
+    gradients): a loss that breaks only when the run evaluates."""
+    if not torch.is_grad_enabled() and output.shape[0] > 2:
+        raise ValueError("training_only_mse cannot evaluate")
+    return nn.functional.mse_loss(output, target.reshape(output.shape))
