@@ -220,3 +220,56 @@ class InPlaceToLinear(nn.Linear):
 
     def to(self, *args: object, **kwargs: object) -> None:  # type: ignore[override]
         super().to(*args, **kwargs)  # type: ignore[call-overload]
+
+
+def narrow_eval_data() -> tuple[Dataset[tuple[Tensor, Tensor]], Dataset[tuple[Tensor, Tensor]]]:
+    """40 training rows of 4 features (what :func:`seq_factory` takes) and 8 evaluation
+    rows of 3: a held-out split of another width."""
+    from torch.utils.data import TensorDataset
+
+    generator = torch.Generator().manual_seed(0)
+    return (TensorDataset(torch.randn(40, 4, generator=generator),
+                          torch.randn(40, 1, generator=generator)),
+            TensorDataset(torch.randn(8, 3, generator=generator),
+                          torch.randn(8, 1, generator=generator)))
+
+
+#: While set, :func:`failing_eval_data`'s evaluation split cannot read its sixth row.
+EVAL_FAILS_ENV = "TORCHGPU_TEST_EVAL_FAILS"
+
+
+class FailingRows(Dataset[tuple[Tensor, Tensor]]):
+    """Rows whose sixth item raises OSError while :data:`EVAL_FAILS_ENV` is set (a file
+    that went away): the first two read fine, so the evaluation fails, not a probe."""
+
+    def __init__(self, x: Tensor, y: Tensor) -> None:
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return int(self.x.shape[0])
+
+    def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
+        import os
+
+        if i == 5 and os.environ.get(EVAL_FAILS_ENV):
+            raise OSError(f"row {i}: the file holding it is gone")
+        return self.x[i], self.y[i]
+
+
+def failing_eval_data() -> tuple[Dataset[tuple[Tensor, Tensor]], FailingRows]:
+    """:func:`seq_factory`'s 40 training rows and 8 :class:`FailingRows` to evaluate on."""
+    from torch.utils.data import TensorDataset
+
+    generator = torch.Generator().manual_seed(0)
+    return (TensorDataset(torch.randn(40, 4, generator=generator),
+                          torch.randn(40, 1, generator=generator)),
+            FailingRows(torch.randn(8, 4, generator=generator),
+                        torch.randn(8, 1, generator=generator)))
+
+
+def training_only_mse(output: Tensor, target: Tensor) -> Tensor:
+    """MSE that fails on evaluation batches (more than the probe's two rows, without
+    gradients): a loss that breaks only when the run evaluates."""
+    if not torch.is_grad_enabled() and output.shape[0] > 2:
+        raise ValueError("training_only_mse cannot evaluate")
+    return nn.functional.mse_loss(output, target.reshape(output.shape))

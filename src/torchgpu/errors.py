@@ -114,6 +114,13 @@ class NonFiniteLossError(TorchGpuError, FloatingPointError):
     exit_code = EXIT_FAILURE
 
 
+class EvaluationError(TorchGpuError, RuntimeError):
+    """The held-out evaluation after an epoch failed (a metric, the loss, the data); the
+    epoch's training was saved first and the message says where and how to continue."""
+
+    exit_code = EXIT_FAILURE
+
+
 class OutOfMemoryBackoffError(TorchGpuError, MemoryError):
     """Out of memory even at micro-batch 1: the step cannot fit on this device."""
 

@@ -128,6 +128,9 @@ def _parser() -> ArgumentParser:
     out.add_argument("--keep-last", type=int, metavar="K", help="keep the K newest checkpoints")
     out.add_argument("--resume", nargs="?", const="", metavar="DIR",
                      help="continue from a checkpoint (default: the run's latest)")
+    out.add_argument("--overwrite", action=argparse.BooleanOptionalAction, default=False,
+                     help="an --out that holds a run: remove that run's files (only those) "
+                     "and start over, instead of refusing")
     out.add_argument("--trust-checkpoint", action=argparse.BooleanOptionalAction, default=False,
                      help="with --resume: unpickle state.pt fully even if it needs globals "
                      "outside the weights-only allowlist (this can run code from the file)")
@@ -311,6 +314,7 @@ def main(argv: list[str]) -> int:
         return code
     from torchgpu.errors import TorchGpuError
     from torchgpu.train.assemble import assemble, settle
+    from torchgpu.train.out_dir import OutHoldsRun
 
     try:
         config = settle(config)  # validated, resolved, --out creatable: before any data
@@ -320,7 +324,9 @@ def main(argv: list[str]) -> int:
         run = assemble(config, launching=True)
         _check_step_fits(run)
     except TorchGpuError as error:
-        if from_file is not None:  # a value from the file is named as its line there
+        if isinstance(error, OutHoldsRun):  # the exact commands: this one + --resume...
+            error.name_command(["torchgpu", "train", *argv])
+        elif from_file is not None:  # a value from the file is named as its line there
             from_file.name_keys(error)
         raise
     if run.relaunch:

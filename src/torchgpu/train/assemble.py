@@ -6,7 +6,8 @@ error for bad input, so a bad run leaves nothing behind:
 1. :func:`settle`: validate, resolve (defaults, the ``--out`` name), ``--out`` creatable;
 2. :func:`assemble`: decide -- the processes a launcher starts, the device, the
    precision and observers it allows, the strategy that runs, the resume point, the
-   ``--out`` check; then load the data (the plug-in's Task:
+   ``--out`` check (a run already there is refused unless this one continues it or
+   ``--overwrite`` replaces it); then load the data (the plug-in's Task:
    :func:`~torchgpu.train.plugin.task_for_config`, unless a task is given; ``--optimizer``
    applied to either) and build the model (``task.build_model()``; a launcher that
    starts workers builds none: each worker builds its own); a model the plug-in does not
@@ -163,8 +164,7 @@ def assemble(config: TrainConfig, *, task: Task | None = None, launching: bool =
         _check_launch(nproc, device)
     choice = build.choose_strategy(config, here, device)
     plan = plan_resume(config)  # ResumeError (exit 2) before anything is written
-    assert config.out is not None
-    out_dir = check_out_dir(config.out, resuming=plan.continuing)
+    out_dir = check_out_dir(config, resuming=plan.continuing)  # holds a run: refused
     if task is None:
         task = task_for_config(config)  # the data, loaded once
     if model is None and not relaunch:
@@ -186,13 +186,16 @@ def assemble(config: TrainConfig, *, task: Task | None = None, launching: bool =
 
 
 def _probe(task: Task, model: nn.Module, config: TrainConfig) -> None:
-    """A model its plug-in does not vouch for meets its data and loss once before
-    anything is written."""
+    """A model its plug-in does not vouch for meets its data (both splits) and loss once
+    before anything is written."""
     if task.trusted:
         return
-    probe(task, model, model_label=f"--model {config.model}" if config.model
-          else "the model", data_label=f"--data {config.data}" if config.data
-          else "the training data")
+    model_label = f"--model {config.model}" if config.model else "the model"
+    data = f"--data {config.data}" if config.data else "the training data"
+    held_out = f"the evaluation split of {data}" if config.data else "the evaluation data"
+    if (config.data or "").startswith("fit:"):  # fit's objects, by its arguments' names
+        model_label, data, held_out = "the model", "train_data", "eval_data"
+    probe(task, model, model_label=model_label, data_label=data, eval_label=held_out)
 
 
 def with_stop_at(run: Assembly, stop_at_step: int | None) -> Assembly:

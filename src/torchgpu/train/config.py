@@ -113,6 +113,8 @@ class TrainConfig:
     keep_last: int | None = None
     resume: str | None = None  # "" = the run's own `latest`; a path = that checkpoint/dir
     trust_checkpoint: bool = False  # --resume may run the full unpickler on state.pt
+    # an --out holding a run's files: remove them (train.out_dir.clear_run) and start over
+    overwrite: bool = False
     on_nonfinite: str = "stop"
     # Seconds a rank waits in a collective (gradient all-reduce, agreement, checkpoint
     # barrier) before the run is stopped and the rank that did not arrive is named.
@@ -364,6 +366,12 @@ def validate(config: TrainConfig) -> None:
             "add --save-every to write checkpoints."
         )
     strategies.check_config(config)  # the strategy's flags and features
+    if config.overwrite and config.resume is not None:
+        raise UsageError(
+            f"--overwrite and --resume{' ' + config.resume if config.resume else ''} were "
+            "both given: --resume continues the run in --out, --overwrite removes it and "
+            "starts over. Pass one of them."
+        )
     if config.resume == "" and config.out is None:
         raise UsageError(
             "--resume without DIR continues the run in --out, but no --out was given: pass "

@@ -36,10 +36,10 @@ from torchgpu.train.outputs import CONFIG_FILE as CONFIG_FILE
 from torchgpu.user_files import read_text
 
 RUN_TABLE = "run"  # metadata, not settings
-# Settings a reproduced run must not inherit: continuing a checkpoint, the launcher's
+# Settings a reproduced run must not inherit: continuing or removing a run, the launcher's
 # node-specific addresses, and what only changes how the result is printed.
-_NOT_WRITTEN = frozenset({"resume", "trust_checkpoint", "node_rank", "rdzv_endpoint",
-                          "gpus", "json", "progress"})
+_NOT_WRITTEN = frozenset({"resume", "trust_checkpoint", "overwrite", "node_rank",
+                          "rdzv_endpoint", "gpus", "json", "progress"})
 
 
 def _field_types() -> dict[str, tuple[type, ...]]:

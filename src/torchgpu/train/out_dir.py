@@ -4,18 +4,30 @@ A run writes its files at the end of a long preparation (data, model, planner), 
 output directory that cannot be created must be refused first, with the reason, and
 without creating anything. :func:`check_creatable` walks up to the first existing
 ancestor and asks the file system itself whether a new directory can be made there.
+
+An ``--out`` that already holds a run's files (any of
+:data:`~torchgpu.train.outputs.RUN_ENTRIES`: checkpoints, config.toml, metrics...) is never
+written over unasked: :func:`check_out_dir` refuses it unless the run continues it
+(``--resume``, a torchrun restart) or ``--overwrite`` was given; with ``--overwrite``
+:func:`clear_run` removes those entries, and nothing else, just before the new run
+writes its first file.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import shlex
+import shutil
 import stat
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from torchgpu.errors import UsageError
 from torchgpu.train import outputs
+from torchgpu.train.config import TrainConfig
 
 FIX = "pass a directory you can write to, e.g. --out runs/my-run"
 
@@ -144,18 +156,154 @@ def check_creatable(out: str) -> None:
     _probe(ancestor, out)
 
 
-def check_out_dir(out: str, resuming: bool) -> Path:
-    """Refuse an ``--out`` that is a file or already holds a run (unless resuming)."""
-    path = Path(out)
+def check_out_dir(config: TrainConfig, *, resuming: bool) -> Path:
+    """``config.out`` as a Path, unless it cannot take this run.
+
+    The one check of whether a run may write into an existing ``--out``; ``resuming`` is
+    the caller's decision that the run continues the one there (``--resume``, a torchrun
+    restart), which may then write into it. Otherwise an ``--out`` holding any of the
+    run's entries (:data:`~torchgpu.train.outputs.RUN_ENTRIES`) is refused with
+    :class:`OutHoldsRun` (exit 2: how to continue it, or ``--overwrite``), unless
+    ``config.overwrite``: then the runner removes them (:func:`clear_run`) before it
+    writes. A file where the directory should be is a UsageError either way. Reads only.
+    """
+    assert config.out is not None
+    path = Path(config.out)
     if path.exists() and not path.is_dir():
         raise UsageError(
-            f"--out {out} exists and is not a directory: pass a new directory for the run."
+            f"--out {config.out} exists and is not a directory: pass a new directory for "
+            "the run."
         )
-    if not resuming and path.is_dir():
-        taken = [n for n in (outputs.SUMMARY_FILE, outputs.METRICS_FILE) if (path / n).exists()]
-        if taken:
-            raise UsageError(
-                f"--out {out} already holds a run ({', '.join(taken)}): pass a new --out "
-                "directory, delete the old run, or continue it with --resume."
-            )
+    if resuming or config.overwrite or not path.is_dir():
+        return path
+    entries = run_entries(path)
+    if entries:
+        raise OutHoldsRun(config, entries)
     return path
+
+
+def run_entries(out_dir: Path) -> list[str]:
+    """The names of :data:`~torchgpu.train.outputs.RUN_ENTRIES` present in ``out_dir``
+    (a dangling link counts: it stands where the run writes)."""
+    return [name for name in outputs.RUN_ENTRIES if os.path.lexists(out_dir / name)]
+
+
+def clear_run(out_dir: Path) -> list[str]:
+    """Remove the entries of a previous run from ``out_dir`` (``--overwrite``) and return
+    their names: only :data:`~torchgpu.train.outputs.RUN_ENTRIES`, never another file.
+    A link is removed, not what it points to, except a linked directory, whose contents
+    are removed (the new run writes through the link again). UsageError naming the
+    entry when one cannot be removed."""
+    removed = run_entries(out_dir)
+    for name in removed:
+        path = out_dir / name
+        try:
+            if path.is_dir() and path.is_symlink():
+                for child in path.iterdir():
+                    _remove(child)
+            else:
+                _remove(path)
+        except OSError as error:
+            raise UsageError(
+                f"--overwrite: {path} of the previous run cannot be removed "
+                f"({error.strerror or error}); remove it yourself, or pass another --out."
+            ) from None
+    return removed
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+class OutHoldsRun(UsageError):
+    """``--out`` holds a run's files and this run neither continues nor overwrites it.
+
+    The message names the entries, the newest checkpoint (if any) and how to continue or
+    replace the run: for a :func:`torchgpu.fit` run as keyword arguments, for the
+    command line as a generic hint until :meth:`name_command` gives the exact command.
+    """
+
+    def __init__(self, config: TrainConfig, entries: Sequence[str]) -> None:
+        assert config.out is not None
+        self.out = config.out
+        self.entries = list(entries)
+        self.newest = newest_checkpoint(Path(config.out))
+        from torchgpu.train.resume_plan import saved_changes
+
+        self.changed = saved_changes(config, self.newest) if self.newest else []
+        self.from_fit = (config.model or "").startswith("fit:")
+        super().__init__(self._message(None))
+
+    def name_command(self, argv: Sequence[str]) -> None:
+        """Say the exact commands: ``argv`` (``torchgpu train ...``, as typed) with
+        ``--resume`` (the saved values of changed settings put back) or ``--overwrite``."""
+        self.args = (self._message(list(argv)),)
+
+    def _message(self, argv: list[str] | None) -> str:
+        found = ", ".join(f"{name}/" if outputs.RUN_ENTRIES[name] else name
+                          for name in self.entries)
+        text = (f"--out {self.out} already holds a run ({found}) and this run would write "
+                "over it; nothing was written or changed. ")
+        resume, overwrite = _ways(argv, self.changed, self.from_fit)
+        if self.newest is not None:
+            saved = (" with the settings it was saved with ("
+                     + ", ".join(f"{key} {was!r}, not {now!r}" for key, was, now in self.changed)
+                     + ")" if self.changed else "")
+            text += (f"Its newest checkpoint is {self.newest}: to continue the run from "
+                     f"there{saved}, {resume}. To start it over instead, {overwrite}")
+        else:
+            text += f"It holds no checkpoint to continue from. To start it over, {overwrite}"
+        return (text + " (this removes the previous run's entries listed above and nothing "
+                "else), or pass a new --out.")
+
+
+def _ways(argv: list[str] | None, changed: list[tuple[str, Any, Any]], from_fit: bool
+          ) -> tuple[str, str]:
+    """How to continue and how to overwrite: the commands, or fit's keyword arguments."""
+    if from_fit:
+        settings = "".join(f", {key}={was!r}" for key, was, _ in changed)
+        return (f"call fit(...) again with resume=True{settings}",
+                "call fit(...) with overwrite=True")
+    if argv is None:
+        return ("run the same command with --resume"
+                + (" and those settings" if changed else ""),
+                "run the same command with --overwrite")
+    resumed = list(argv)
+    for key, was, _ in changed:
+        resumed = with_flag(resumed, "--" + key.replace("_", "-"), was)
+    return (f"run: {shlex.join([*resumed, '--resume'])}",
+            f"run: {shlex.join([*argv, '--overwrite'])}")
+
+
+def with_flag(argv: Sequence[str], flag: str, value: Any) -> list[str]:
+    """``argv`` with ``flag``'s value set to ``value`` where it is given (``FLAG V`` or
+    ``FLAG=V``; the last one counts), appended when it is not; ``None`` removes it."""
+    out: list[str] = []
+    i = 0
+    items = list(argv)
+    while i < len(items):
+        item = items[i]
+        if item == flag:
+            i += 2
+            continue
+        if not item.startswith(flag + "="):
+            out.append(item)
+        i += 1
+    return out + ([flag, str(value)] if value is not None else [])
+
+
+def newest_checkpoint(out_dir: Path) -> Path | None:
+    """The newest complete checkpoint of the run in ``out_dir`` (the one ``--resume``
+    continues from when ``latest`` is intact), or None; reads only."""
+    from torchgpu.checkpoint import list_checkpoints
+    from torchgpu.errors import CheckpointError
+    from torchgpu.train.resume_plan import checkpoints_dir
+
+    try:
+        found = list_checkpoints(checkpoints_dir(out_dir))
+    except CheckpointError:
+        return None
+    return found[-1] if found else None

@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from torchgpu.checkpoint import find_checkpoint
 from torchgpu.checkpoint.layout import read_meta
@@ -99,18 +100,23 @@ def plan_resume(config: TrainConfig, environ: Mapping[str, str] | None = None) -
     return ResumePlan(found, True, notes, named=found.resolve() == where.resolve())
 
 
-def _check_saved_settings(config: TrainConfig, found: Path) -> None:
-    """Refuse, before anything is written, a resume that changes a setting the saved
-    position depends on, as far as the checkpoint's meta.json and ``config`` tell it now
-    (the rest -- world size, batches per epoch, a searched batch size -- is checked when
-    the checkpoint is loaded)."""
+def saved_changes(config: TrainConfig, found: Path) -> list[tuple[str, Any, Any]]:
+    """``(setting, saved value, value in config)`` for each setting the saved position of
+    checkpoint ``found`` depends on that ``config`` changes, as far as the checkpoint's
+    meta.json and ``config`` tell it now (the rest -- world size, batches per epoch, a
+    searched batch size -- is checked when the checkpoint is loaded)."""
     saved = read_meta(found).get("config")
     if not isinstance(saved, dict):
-        return
-    changed = [f"{key} {saved[key]!r} -> {getattr(config, key)!r}"
-               for key in (*FIXED, *SCHEDULE_FIXED)
-               if key in saved and getattr(config, key, None) is not None
-               and saved[key] != getattr(config, key)]
+        return []
+    return [(key, saved[key], getattr(config, key)) for key in (*FIXED, *SCHEDULE_FIXED)
+            if key in saved and getattr(config, key, None) is not None
+            and saved[key] != getattr(config, key)]
+
+
+def _check_saved_settings(config: TrainConfig, found: Path) -> None:
+    """Refuse, before anything is written, a resume that changes a setting the saved
+    position depends on (:func:`saved_changes`)."""
+    changed = [f"{key} {was!r} -> {now!r}" for key, was, now in saved_changes(config, found)]
     if changed:
         raise cannot_resume(found, changed)
 

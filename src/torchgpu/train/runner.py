@@ -23,7 +23,13 @@ from torch import nn
 
 from torchgpu.data.batches import install_call_convention
 from torchgpu.distributed import gather_objects, init_distributed
-from torchgpu.errors import CollectiveTimeoutError, DistributedError, TorchGpuError, first_line
+from torchgpu.errors import (
+    CollectiveTimeoutError,
+    DistributedError,
+    EvaluationError,
+    TorchGpuError,
+    first_line,
+)
 from torchgpu.train import build, outputs, schedule
 from torchgpu.train.agreement import share_stop
 from torchgpu.train.assemble import Assembly, assemble, settle, with_stop_at
@@ -33,6 +39,7 @@ from torchgpu.train.config import TrainConfig
 from torchgpu.train.heartbeat import Heartbeat, collective_failure
 from torchgpu.train.loop import run_epoch, sync_now
 from torchgpu.train.observers import Observers
+from torchgpu.train.out_dir import clear_run
 from torchgpu.train.outputs import EpochRecord, MetricsBuffer
 from torchgpu.train.progress import NullProgress, make_progress
 from torchgpu.train.report import (
@@ -44,7 +51,7 @@ from torchgpu.train.report import (
     write_config,
 )
 from torchgpu.train.run_steps import StepContext
-from torchgpu.train.state import StopFlag
+from torchgpu.train.state import StopFlag, TrainState
 from torchgpu.train.strategies import Strategy
 from torchgpu.train.task import Task, spreads_inputs
 
@@ -186,6 +193,11 @@ def _run(
     progress = (NullProgress() if config.json else
                 make_progress(config.progress, is_main=is_main, memory=memory_reader(device)))
     if out_dir is not None:
+        if config.overwrite and not start.plan.continuing:  # checked in assemble
+            removed = clear_run(out_dir)
+            if removed:
+                notes += (f"note: --overwrite: removed the previous run's {', '.join(removed)} "
+                          f"from {out_dir}",)
         out_dir.mkdir(parents=True, exist_ok=True)
         for note in (*notes, *steps.lines()):
             print(note, file=sys.stderr)
@@ -238,7 +250,14 @@ def _run(
                     ckpt.stopped(state, buffer, batches_per_epoch)  # save, say how to resume
                     break
                 with beat.during("evaluation") if beat is not None else nullcontext():
-                    result = steps.evaluate(test_loader)
+                    try:
+                        result = steps.evaluate(test_loader)
+                    except Exception as error:
+                        if isinstance(error, DistributedError) or collective_failure(error):
+                            raise  # a peer's failure: no collective save can follow
+                        watch.steps(buffer.steps)
+                        raise _evaluation_failed(ckpt, state, buffer, out_dir, config,
+                                                 error) from error
                 record = epoch_record(state, result, totals.samples, totals.seconds,
                                       steps.record_world)
                 records.append(record)
@@ -268,3 +287,31 @@ def _run(
                               state.step_lrs)
     return TrainResult(config, summary, state, tuple(records), steps.result_model, out_dir,
                        notes)
+
+
+def _evaluation_failed(ckpt: RunCheckpoints, state: TrainState, buffer: MetricsBuffer,
+                       out_dir: Path | None, config: TrainConfig, error: Exception
+                       ) -> EvaluationError:
+    """The evaluation after an epoch raised ``error``: keep the epoch's training (a
+    checkpoint of its end, unless one of that step exists, saved by every rank; its step
+    losses appended to metrics.jsonl by rank 0) and return the error naming the
+    evaluation, where the epoch is kept and how to continue (the resumed run evaluates
+    that epoch again)."""
+    kept = ""
+    try:
+        if ckpt.last_saved_step != state.step:
+            ckpt.save(state)
+        kept = f"its checkpoint is {ckpt.last_saved}"
+    except TorchGpuError as save_error:  # the evaluation's error stays the one raised
+        kept = f"saving its checkpoint failed too ({first_line(save_error)})"
+    if out_dir is not None:
+        outputs.append_lines(out_dir / outputs.METRICS_FILE, buffer.take_lines())
+        kept += f", its step losses are in {out_dir / outputs.METRICS_FILE}"
+    how = ("call fit(...) again with resume=True" if (config.model or "").startswith("fit:")
+           else f"run the same command with --resume --out {config.out}")
+    return EvaluationError(
+        f"the evaluation after epoch {state.epoch + 1} of {config.epochs} (step "
+        f"{state.step}) failed: {first_line(error)}. The epoch's training is kept: {kept}. "
+        "Fix what failed (a metric, the loss on the evaluation split, or the evaluation "
+        f"data), then {how}: the run evaluates that epoch again and goes on."
+    )

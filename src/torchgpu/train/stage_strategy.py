@@ -49,6 +49,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from torchgpu.errors import first_line
 from torchgpu.train.evaluation import EvalResult, evaluate
 from torchgpu.train.loop import LoopParts
 from torchgpu.train.run_steps import RunSteps, StepContext
@@ -225,14 +226,22 @@ class StageTrainer:
                     last_outputs.append((out.detach(), y.to(self.device)))
         finally:
             pipe.train(True)
-        result: EvalResult | None = None
+        result: EvalResult | Exception | None = None
+        failed: Exception | None = None
         if pipe.is_last:  # the loss under autocast, as one process computes it
-            result = evaluate(nn.Identity(), last_outputs, self.loss_fn,
-                              device=self.device, precision=self.precision,
-                              metrics=self.metrics)
+            try:
+                result = evaluate(nn.Identity(), last_outputs, self.loss_fn,
+                                  device=self.device, precision=self.precision,
+                                  metrics=self.metrics)
+            except Exception as error:  # a metric or the loss: every rank raises it, so
+                failed = error  # they save the epoch together (the runner)
+                result = _picklable(error)
         box: list[Any] = [result]
         dist.broadcast_object_list(box, src=self.last_rank)
-        got: EvalResult = box[0]
+        got = box[0]
+        if isinstance(got, Exception):
+            raise failed if failed is not None else got
+        assert isinstance(got, EvalResult)
         return got
 
     # -- weights ---------------------------------------------------------------------
@@ -417,3 +426,15 @@ class StageRun(RunSteps):
         summary["pipeline"] = {"processes": t.ranks, "stages": t.stages,
                                "schedule": t.schedule, "balance": t.balance,
                                "chunks": t.chunks}
+
+
+def _picklable(error: Exception) -> Exception:
+    """``error`` if it pickles (to send it to the other ranks), else a RuntimeError
+    holding its first line."""
+    import pickle
+
+    try:
+        pickle.dumps(error)
+    except Exception:
+        return RuntimeError(first_line(error))
+    return error

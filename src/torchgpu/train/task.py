@@ -96,16 +96,19 @@ class Task:
         """The DataLoader's collate function (None: torch's default)."""
         return DictPairs() if self.dict_batches else None
 
-    def sample(self, rows: int) -> tuple[Any, Any]:
-        """The first ``rows`` training samples as one ``(inputs, target)`` batch
-        (cycling when the dataset is smaller): probes, measurements, the planner."""
+    def sample(self, rows: int, split: str = "train") -> tuple[Any, Any]:
+        """The first ``rows`` samples of ``split`` (``train``, or ``test``: the held-out
+        split, which must exist) as one ``(inputs, target)`` batch (cycling when the
+        dataset is smaller): probes, measurements, the planner."""
         from torch.utils.data import TensorDataset, default_collate
 
-        n = self.train_rows
-        if isinstance(self.train, TensorDataset) and len(self.train.tensors) == 2:
+        dataset = self.train if split == "train" else self.test
+        assert isinstance(dataset, Sized)  # a map-style Dataset (check_dataset)
+        n = len(dataset)
+        if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
             index = torch.arange(max(1, rows)) % n
-            return self.train.tensors[0][index], self.train.tensors[1][index]
-        items = [self.train[i % n] for i in range(max(1, rows))]
+            return dataset.tensors[0][index], dataset.tensors[1][index]
+        items = [dataset[i % n] for i in range(max(1, rows))]
         if self.dict_batches:
             batch = default_collate(items)
             return batch, batch
@@ -251,47 +254,89 @@ def seeded(factory: Callable[[], nn.Module], seed: int) -> Callable[[], nn.Modul
 
 
 def probe(task: Task, model: nn.Module, *, model_label: str = "the model",
-          data_label: str = "the training data") -> None:
-    """One forward and loss on the first two training samples, before anything is written.
+          data_label: str = "the training data",
+          eval_label: str = "the evaluation data") -> None:
+    """One forward and loss on the first two training samples, and on the first two
+    samples of the held-out split (when the task has one), before anything is written.
 
     A model the data does not fit, a loss that cannot take the model's output, or a model
     with no loss of its own would otherwise fail at the first step, after ``--out`` was
     made; here each is :class:`UsageError` naming the specs (``model_label``,
-    ``data_label``) and the fix. The probe runs in the model's training mode (some models
-    return their losses only there) without gradients, and leaves no trace: the CPU
-    random state and the model's buffers (BatchNorm statistics) are put back.
+    ``data_label``) and the fix. A held-out split the model does not take (``eval_label``:
+    another width than the training data, say) would fail the evaluation after the first
+    epoch; here it is :class:`DataError` naming that split, both splits' shapes and the
+    fix. The training probe runs in the model's training mode (some models return their
+    losses only there), the held-out one in evaluation mode with the output cast to float
+    as :func:`~torchgpu.train.evaluation.evaluate` runs it, both without gradients; they
+    leave no trace: the CPU random state, the model's mode and its buffers (BatchNorm
+    statistics) are put back.
     """
     from torchgpu.errors import TorchGpuError, first_line
-    from torchgpu.transfer import to_device
 
-    inputs, target = task.sample(2)
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    if device.type != "cpu":  # a user's module already placed: the samples follow it
-        inputs, target = to_device((inputs, target), device)
+    sample = task.sample(2)
+    was_training = model.training
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     try:
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
-            if isinstance(inputs, Mapping):
-                output = model(**inputs)
-            elif isinstance(inputs, tuple | list) and not hasattr(inputs, "_fields"):
-                output = model(*inputs)
-            else:
-                output = model(inputs)
-            loss = task.loss(output, target)
-    except TorchGpuError as error:  # e.g. output_loss: no loss in the output
-        raise UsageError(f"{model_label} on two samples of {data_label}: {error}") from None
-    except Exception as error:
-        raise UsageError(
-            f"{model_label} on two samples of {data_label} failed ({first_line(error)}): "
-            "the data's batches must be what the model's forward takes (pairs: "
-            "model(inputs), dicts: model(**batch)) and the loss must take the model's "
-            "output; check the model and data specs, or pass the loss that fits."
-        ) from None
+        try:
+            loss = _forward_loss(task, model, sample, evaluating=False)
+        except TorchGpuError as error:  # e.g. output_loss: no loss in the output
+            raise UsageError(f"{model_label} on two samples of {data_label}: {error}"
+                             ) from None
+        except Exception as error:
+            raise UsageError(
+                f"{model_label} on two samples of {data_label} failed ({first_line(error)}): "
+                "the data's batches must be what the model's forward takes (pairs: "
+                "model(inputs), dicts: model(**batch)) and the loss must take the model's "
+                "output; check the model and data specs, or pass the loss that fits."
+            ) from None
+        _check_scalar(loss, model_label, data_label)
+        if task.test is None:
+            return
+        held_out = task.sample(2, "test")
+        try:
+            float(_forward_loss(task, model, held_out, evaluating=True))
+        except Exception as error:
+            raise DataError(
+                f"{model_label} takes {data_label} ({_shapes(sample, task)}) but fails on two "
+                f"samples of {eval_label} ({_shapes(held_out, task)}): {first_line(error)}. "
+                "The evaluation after the first epoch of training would fail the same way: "
+                "give the evaluation split what the training split has (the same features "
+                "or columns, sizes and preprocessing), or fix the data spec."
+            ) from None
     finally:
+        model.train(was_training)
         with torch.no_grad():
             for name, value in model.named_buffers():
                 if name in buffers:
                     value.copy_(buffers[name])
+
+
+def _forward_loss(task: Task, model: nn.Module, batch: tuple[Any, Any], *,
+                  evaluating: bool) -> Any:
+    """The task's loss of ``model`` on ``batch`` (moved to the model's device), without
+    gradients and with the CPU random state put back; ``evaluating``: in evaluation
+    mode, a tensor output cast to float (as evaluation runs it)."""
+    from torchgpu.transfer import to_device
+
+    inputs, target = batch
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    if device.type != "cpu":  # a user's module already placed: the samples follow it
+        inputs, target = to_device((inputs, target), device)
+    if evaluating:
+        model.eval()
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        if isinstance(inputs, Mapping):
+            output = model(**inputs)
+        elif isinstance(inputs, tuple | list) and not hasattr(inputs, "_fields"):
+            output = model(*inputs)
+        else:
+            output = model(inputs)
+        if evaluating and isinstance(output, Tensor):
+            output = output.float()
+        return task.loss(output, target)
+
+
+def _check_scalar(loss: Any, model_label: str, data_label: str) -> None:
     if not (isinstance(loss, Tensor) and loss.numel() == 1 and loss.is_floating_point()):
         shape = tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__
         raise UsageError(
@@ -299,6 +344,24 @@ def probe(task: Task, model: nn.Module, *, model_label: str = "the model",
             "tensor: the loss must return one number per batch (e.g. a mean); pass a "
             "loss that reduces, e.g. torch.nn.CrossEntropyLoss()"
         )
+
+
+def _shapes(batch: tuple[Any, Any], task: Task) -> str:
+    """``batch``'s shapes in words: ``inputs (2, 8) and targets (2,)``, or for dict
+    batches ``batches {input_ids: (2, 12), labels: (2, 12)}``."""
+    def shape(value: Any) -> str:
+        if isinstance(value, Tensor):
+            return str(tuple(value.shape))
+        if isinstance(value, Mapping):
+            return "{" + ", ".join(f"{k}: {shape(v)}" for k, v in value.items()) + "}"
+        if isinstance(value, tuple | list):
+            return "[" + ", ".join(shape(v) for v in value) + "]"
+        return type(value).__name__
+
+    inputs, target = batch
+    if task.dict_batches:
+        return f"batches {shape(inputs)}"
+    return f"inputs {shape(inputs)} and targets {shape(target)}"
 
 
 def spreads_inputs(task: Task) -> bool:
