@@ -104,7 +104,12 @@ from torchgpu.checkpoint import (
 from torchgpu.checkpoint.atomic import write_pointer
 from torchgpu.checkpoint.discover import LATEST, later_checkpoints, newest_verified, set_aside
 from torchgpu.distributed import gather_objects
-from torchgpu.errors import CheckpointCorruptError, ResumeError
+from torchgpu.errors import (
+    CheckpointCorruptError,
+    CheckpointFormatError,
+    ResumeError,
+    ResumeStepsError,
+)
 from torchgpu.train import loop, outputs
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.faults import CrashPlan, HangPlan
@@ -204,6 +209,7 @@ class RunCheckpoints:
         # weights and optimizer states) is gathered to rank 0, which writes.
         self.before_save = before_save
         self.save_every = config.save_every
+        self.batches_per_epoch = batches_per_epoch
         self.last_saved: Path | None = None
         self.last_saved_step: int | None = None
         self.resumed_from: Path | None = None
@@ -292,8 +298,8 @@ class RunCheckpoints:
                    for key in FIXED if key in saved and saved[key] != self.fingerprint[key]]
         if changed:
             raise cannot_resume(loaded.path, changed)
-        state = TrainState.from_dict(extra["train_state"])
-        self.records[:] = [_record(r) for r in extra.get("epochs", [])]
+        state = self._saved_state(loaded.path, extra)
+        self._check_steps_asked(loaded.path, state)
         rngs = list(extra.get("rng_per_rank") or [])
         epoch_rngs = list(extra.get("epoch_rng_per_rank") or [])
         rank = self.ranks.rank
@@ -315,6 +321,59 @@ class RunCheckpoints:
                     "iterable datasets are not; use --num-workers 0 for a bitwise resume",
                     UserWarning, stacklevel=2)
         return state
+
+    def _saved_state(self, path: Path, extra: Mapping[str, Any]) -> TrainState:
+        """The checkpoint's position and epoch records (into ``self.records``), checked:
+        a field that is not what a save writes (a checkpoint altered after its manifest
+        was written) is a one-paragraph CheckpointFormatError naming it, before the run
+        uses it or writes anything."""
+        try:
+            state = TrainState.from_saved(extra["train_state"])
+            steps_per_epoch = math.ceil(self.batches_per_epoch / self.config.accumulate)
+            if state.batch_in_epoch > self.batches_per_epoch:
+                raise ValueError(f"train_state.batch_in_epoch is {state.batch_in_epoch}; "
+                                 f"expected at most {self.batches_per_epoch}, the batches "
+                                 "of one epoch")
+            if state.step > steps_per_epoch * (state.epoch + 1):
+                raise ValueError(
+                    f"train_state.step is {state.step}; expected at most "
+                    f"{steps_per_epoch * (state.epoch + 1)} at epoch {state.epoch + 1} "
+                    f"({steps_per_epoch} optimizer steps per epoch)")
+            epochs = extra.get("epochs", [])
+            if not isinstance(epochs, list) or not all(isinstance(r, dict) for r in epochs):
+                raise ValueError(f"epochs is a {type(epochs).__name__}; expected a list of "
+                                 "the finished epochs' records")
+            try:
+                records = [_record(r) for r in epochs]
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"epochs holds a record that is not an epoch's ({error}); "
+                                 "expected the finished epochs' records") from None
+        except ValueError as error:
+            raise CheckpointFormatError(
+                f"cannot resume from {path}: its state.pt {error}. Its files match their "
+                "manifest, so it was changed or written wrongly after the run saved it: "
+                "resume from another checkpoint of the run (--resume DIR), or start "
+                "without --resume.") from None
+        self.records[:] = records
+        return state
+
+    def _check_steps_asked(self, path: Path, state: TrainState) -> None:
+        """Refuse a resume whose ``--epochs`` asks for fewer optimizer steps than the
+        checkpoint has done: going on would rewrite the run's metrics.jsonl and
+        summary.json for fewer steps beside weights trained for more."""
+        assert self.config.epochs is not None
+        per_epoch = math.ceil(self.batches_per_epoch / self.config.accumulate)
+        asked = per_epoch * self.config.epochs
+        if state.step <= asked and state.epoch <= self.config.epochs:
+            return
+        needed = max(state.epoch, math.ceil(state.step / per_epoch))
+        raise ResumeStepsError(
+            f"cannot resume from {path}: it has done {state.step} optimizer steps, but "
+            f"--epochs {self.config.epochs} asks for "
+            f"{asked} steps in all ({per_epoch} per epoch). A resume continues a run and "
+            "never shortens one; nothing was changed. Resume with --epochs "
+            f"{needed} or more (epochs={needed} in fit), or start a new run with another "
+            "--out and no --resume.")
 
     def start_epoch(self, loader: Iterable[Any], seed: int, epoch: int,
                     skip: int = 0) -> Iterator[Any]:
