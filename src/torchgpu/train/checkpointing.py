@@ -193,7 +193,8 @@ class RunCheckpoints:
                  stop_at_step: int | None = None,
                  sync: Callable[[], bool] | None = None,
                  heartbeat: Heartbeat | None = None,
-                 before_save: Callable[[], None] | None = None) -> None:
+                 before_save: Callable[[], None] | None = None,
+                 files: Mapping[str, str] | None = None) -> None:
         assert config.out is not None
         self.config = config
         self.directory = checkpoints_dir(config.out)
@@ -209,6 +210,9 @@ class RunCheckpoints:
         # weights and optimizer states) is gathered to rank 0, which writes.
         self.before_save = before_save
         self.save_every = config.save_every
+        # the sha256 of the run's files by path, in every checkpoint's meta.json: a
+        # resume compares them (torchgpu.train.resume_plan)
+        self.files = dict(files or {})
         self.batches_per_epoch = batches_per_epoch
         self.last_saved: Path | None = None
         self.last_saved_step: int | None = None
@@ -437,7 +441,8 @@ class RunCheckpoints:
             "run": dict(self.fingerprint),
         }
         meta = {"config": dataclasses.asdict(self.config), "strategy": self.mode,
-                "position": {"epoch": state.epoch, "batch_in_epoch": state.batch_in_epoch}}
+                "position": {"epoch": state.epoch, "batch_in_epoch": state.batch_in_epoch},
+                "fingerprints": self.files}
         path = save_checkpoint(
             self.directory / f"step-{state.step:08d}", model=self.model,
             optimizer=self.optimizer, scheduler=self.scheduler, scaler=self.precision,

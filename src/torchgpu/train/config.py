@@ -105,6 +105,9 @@ class TrainConfig:
     keep_last: int | None = None
     resume: str | None = None  # "" = the run's own `latest`; a path = that checkpoint/dir
     trust_checkpoint: bool = False  # --resume may run the full unpickler on state.pt
+    # --resume goes on although a file the run is built from (a spec's file, a CSV)
+    # changed since the checkpoint was saved (torchgpu.train.fingerprints)
+    force_resume: bool = False
     on_nonfinite: str = "stop"
     # Seconds a rank waits in a collective (gradient all-reduce, agreement, checkpoint
     # barrier) before the run is stopped and the rank that did not arrive is named.
