@@ -8,7 +8,13 @@ stops, with or without ``--save-every``. ``--resume`` continues from ``OUT/check
 (``latest``; if it names a missing or incomplete directory, the newest complete one, with
 a message); ``--resume DIR`` from a run directory, its ``checkpoints/`` or one checkpoint.
 No checkpoint there is a :class:`~torchgpu.errors.ResumeError` (exit 2), never a fresh
-start. Orphan temporaries of dead writers are ignored and deleted. A checkpoint whose
+start; nor is a resume whose ``--epochs`` asks for fewer optimizer steps than the
+checkpoint has done (:class:`~torchgpu.errors.ResumeStepsError`), or -- unless
+``--force-resume`` -- one whose run's files changed since
+(:mod:`torchgpu.train.fingerprints`). A ``state.pt`` that matches its manifest but
+holds a malformed position, epoch records or optimizer state is a
+:class:`~torchgpu.errors.CheckpointFormatError` naming the field. Each is refused before
+a file under ``--out`` changes. Orphan temporaries of dead writers are ignored and deleted. A checkpoint whose
 bytes do not match its manifest (a bit flip keeps the size, so it looks complete) is
 found when it is loaded: reached through ``latest``, the run resumes from the newest
 checkpoint that verifies, with a note; named explicitly, the
