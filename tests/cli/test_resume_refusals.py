@@ -130,3 +130,22 @@ def test_a_malformed_checkpoint_that_matches_its_manifest_is_refused(
     for word in words:
         assert word in message, err
     assert _hashes(out) == before
+
+
+def test_an_optimizer_step_count_beyond_the_runs_steps_is_refused(
+        finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = _copy(finished, tmp_path)
+    ckpt = out / "checkpoints" / "step-00000004"
+
+    def huge(state: dict[str, Any]) -> None:
+        state["optimizer"]["state"][0]["step"] = torch.tensor(float(10**12))
+
+    _rewrite(ckpt, huge)
+    before = _hashes(out)
+    code, err = run_main([*RUN, "--epochs", "2", "--resume", str(ckpt), "--out", str(out)],
+                         capsys)
+    message = _error(err)
+    assert code == 2 and str(ckpt) in message, err
+    assert "optimizer state 'step' of parameter 0" in message, err
+    assert "expected a whole number from 0 to 4" in message, err
+    assert _hashes(out) == before

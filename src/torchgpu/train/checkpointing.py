@@ -1,26 +1,27 @@
 """Checkpoints and exact resume for ``torchgpu train``.
 
 **Where.** ``--save-every N`` writes ``OUT/checkpoints/step-SSSSSSSS`` every N optimizer
-steps with :func:`torchgpu.checkpoint.save_checkpoint` (atomic: temporary sibling, fsync,
-rename; ``latest`` updated after the commit; ``--keep-last K`` prunes after it). A stop
-(SIGTERM, SIGINT, or a step limit) always writes one at the step boundary where the run
-stops, with or without ``--save-every``. ``--resume`` continues from ``OUT/checkpoints``
-(``latest``; if it names a missing or incomplete directory, the newest complete one, with
-a message); ``--resume DIR`` from a run directory, its ``checkpoints/`` or one checkpoint.
-No checkpoint there is a :class:`~torchgpu.errors.ResumeError` (exit 2), never a fresh
-start; nor is a resume whose ``--epochs`` asks for fewer optimizer steps than the
-checkpoint has done (:class:`~torchgpu.errors.ResumeStepsError`), or -- unless
-``--force-resume`` -- one whose run's files changed since
-(:mod:`torchgpu.train.fingerprints`). A ``state.pt`` that matches its manifest but
-holds a malformed position, epoch records or optimizer state is a
-:class:`~torchgpu.errors.CheckpointFormatError` naming the field. Each is refused before
-a file under ``--out`` changes. Orphan temporaries of dead writers are ignored and deleted. A checkpoint whose
-bytes do not match its manifest (a bit flip keeps the size, so it looks complete) is
-found when it is loaded: reached through ``latest``, the run resumes from the newest
-checkpoint that verifies, with a note; named explicitly, the
-:class:`~torchgpu.errors.CheckpointCorruptError` (exit 2) names that checkpoint.
-``--trust-checkpoint`` lets the resume unpickle a ``state.pt`` that needs globals outside
-the weights-only allowlist (never needed for checkpoints ``torchgpu train`` wrote).
+steps with :func:`torchgpu.checkpoint.save_checkpoint` (atomic: temporary sibling,
+fsync, rename; ``latest`` updated after the commit; ``--keep-last K`` prunes after it).
+A stop (SIGTERM, SIGINT, or a step limit) always writes one at the step boundary where
+the run stops, with or without ``--save-every``. ``--resume`` continues from
+``OUT/checkpoints`` (``latest``; if it names a missing or incomplete directory, the
+newest complete one, with a message); ``--resume DIR`` from a run directory, its
+``checkpoints/`` or one checkpoint. No checkpoint there is a
+:class:`~torchgpu.errors.ResumeError` (exit 2), never a fresh start; nor is a resume
+whose ``--epochs`` asks for fewer optimizer steps than the checkpoint has done
+(:class:`~torchgpu.errors.ResumeStepsError`), or -- unless ``--force-resume`` -- one
+whose run's files changed since (:mod:`torchgpu.train.fingerprints`). A ``state.pt``
+that matches its manifest but holds a malformed position, epoch records or optimizer
+state is a :class:`~torchgpu.errors.CheckpointFormatError` naming the field. Each is
+refused before a file under ``--out`` changes. Orphan temporaries of dead writers are
+ignored and deleted. A checkpoint whose bytes do not match its manifest (a bit flip
+keeps the size, so it looks complete) is found when it is loaded: reached through
+``latest``, the run resumes from the newest checkpoint that verifies, with a note; named
+explicitly, the :class:`~torchgpu.errors.CheckpointCorruptError` (exit 2) names that
+checkpoint. ``--trust-checkpoint`` lets the resume unpickle a ``state.pt`` that needs
+globals outside the weights-only allowlist (never needed for checkpoints ``torchgpu
+train`` wrote).
 
 **Resuming from an earlier step.** ``latest`` always names the newest save of the current
 run. When a run resumes from step S and its ``OUT/checkpoints`` holds checkpoints with a
@@ -349,6 +350,7 @@ class RunCheckpoints:
                     f"train_state.step is {state.step}; expected at most "
                     f"{steps_per_epoch * (state.epoch + 1)} at epoch {state.epoch + 1} "
                     f"({steps_per_epoch} optimizer steps per epoch)")
+            self._check_optimizer_steps(state.step)
             epochs = extra.get("epochs", [])
             if not isinstance(epochs, list) or not all(isinstance(r, dict) for r in epochs):
                 raise ValueError(f"epochs is a {type(epochs).__name__}; expected a list of "
@@ -366,6 +368,25 @@ class RunCheckpoints:
                 "without --resume.") from None
         self.records[:] = records
         return state
+
+    def _check_optimizer_steps(self, steps: int) -> None:
+        """ValueError when the loaded optimizer counts more steps for a parameter than the
+        run took (``steps``), or a count that is not a whole number: each optimizer step
+        of the run steps the optimizer at most once."""
+        if not isinstance(self.optimizer, torch.optim.Optimizer):
+            return
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        for index, param in enumerate(params):
+            count = self.optimizer.state.get(param, {}).get("step")
+            if count is None:
+                continue
+            value = float(count.item() if isinstance(count, torch.Tensor)
+                          and count.numel() == 1 else count
+                          if isinstance(count, int | float) else math.nan)
+            if not (math.isfinite(value) and value == int(value) and 0 <= value <= steps):
+                raise ValueError(
+                    f"optimizer state 'step' of parameter {index} is {count!r}; expected a "
+                    f"whole number from 0 to {steps}, the optimizer steps the run took")
 
     def _check_steps_asked(self, path: Path, state: TrainState) -> None:
         """Refuse a resume whose ``--epochs`` asks for fewer optimizer steps than the
