@@ -113,9 +113,7 @@ from torchgpu.checkpoint.discover import LATEST, later_checkpoints, newest_verif
 from torchgpu.distributed import gather_objects
 from torchgpu.errors import (
     CheckpointCorruptError,
-    CheckpointFormatError,
     ResumeError,
-    ResumeStepsError,
 )
 from torchgpu.train import loop, outputs
 from torchgpu.train.config import TrainConfig
@@ -123,6 +121,7 @@ from torchgpu.train.faults import CrashPlan, HangPlan
 from torchgpu.train.heartbeat import Heartbeat
 from torchgpu.train.outputs import EpochRecord, MetricsBuffer
 from torchgpu.train.resume_plan import FIXED, ResumePlan, cannot_resume, checkpoints_dir
+from torchgpu.train.saved_position import check_steps_asked, saved_position
 from torchgpu.train.state import StopFlag, TrainState
 
 
@@ -167,18 +166,6 @@ def history_lines(state: TrainState, records: Iterable[EpochRecord]) -> list[str
                     for s in range(done + 1, state.step + 1)]
     return lines + buffer.take_lines()
 
-
-def _record(data: Mapping[str, Any]) -> EpochRecord:
-    """The EpochRecord that ``record.as_dict()`` saved: its ``test_<name>`` entries are the
-    task's metrics again (``None`` ones left out: checkpoints written before metrics were
-    plug-ins hold ``test_r2: None`` / ``test_accuracy: None`` for tasks without them)."""
-    names = {f.name for f in dataclasses.fields(EpochRecord)}
-    values = {k: v for k, v in data.items() if k in names}
-    for key in ("train_loss", "test_loss", "samples_per_s", "seconds"):
-        values[key] = math.nan if values.get(key) is None else float(values[key])
-    values["metrics"] = {k[len("test_"):]: float(v) for k, v in data.items()
-                         if k.startswith("test_") and k != "test_loss" and v is not None}
-    return EpochRecord(**values)
 
 
 class RunCheckpoints:
@@ -310,7 +297,7 @@ class RunCheckpoints:
         if changed:
             raise cannot_resume(loaded.path, changed)
         state = self._saved_state(loaded.path, extra)
-        self._check_steps_asked(loaded.path, state)
+        check_steps_asked(loaded.path, state, self.config, self.batches_per_epoch)
         rngs = list(extra.get("rng_per_rank") or [])
         epoch_rngs = list(extra.get("epoch_rng_per_rank") or [])
         rank = self.ranks.rank
@@ -334,77 +321,12 @@ class RunCheckpoints:
         return state
 
     def _saved_state(self, path: Path, extra: Mapping[str, Any]) -> TrainState:
-        """The checkpoint's position and epoch records (into ``self.records``), checked:
-        a field that is not what a save writes (a checkpoint altered after its manifest
-        was written) is a one-paragraph CheckpointFormatError naming it, before the run
-        uses it or writes anything."""
-        try:
-            state = TrainState.from_saved(extra["train_state"])
-            steps_per_epoch = math.ceil(self.batches_per_epoch / self.config.accumulate)
-            if state.batch_in_epoch > self.batches_per_epoch:
-                raise ValueError(f"train_state.batch_in_epoch is {state.batch_in_epoch}; "
-                                 f"expected at most {self.batches_per_epoch}, the batches "
-                                 "of one epoch")
-            if state.step > steps_per_epoch * (state.epoch + 1):
-                raise ValueError(
-                    f"train_state.step is {state.step}; expected at most "
-                    f"{steps_per_epoch * (state.epoch + 1)} at epoch {state.epoch + 1} "
-                    f"({steps_per_epoch} optimizer steps per epoch)")
-            self._check_optimizer_steps(state.step)
-            epochs = extra.get("epochs", [])
-            if not isinstance(epochs, list) or not all(isinstance(r, dict) for r in epochs):
-                raise ValueError(f"epochs is a {type(epochs).__name__}; expected a list of "
-                                 "the finished epochs' records")
-            try:
-                records = [_record(r) for r in epochs]
-            except (TypeError, ValueError) as error:
-                raise ValueError(f"epochs holds a record that is not an epoch's ({error}); "
-                                 "expected the finished epochs' records") from None
-        except ValueError as error:
-            raise CheckpointFormatError(
-                f"cannot resume from {path}: its state.pt {error}. Its files match their "
-                "manifest, so it was changed or written wrongly after the run saved it: "
-                "resume from another checkpoint of the run (--resume DIR), or start "
-                "without --resume.") from None
+        """The checkpoint's position, checked (:func:`saved_position`); its epoch records
+        go into ``self.records``."""
+        state, records = saved_position(path, extra, self.batches_per_epoch,
+                                        self.config.accumulate, self.optimizer)
         self.records[:] = records
         return state
-
-    def _check_optimizer_steps(self, steps: int) -> None:
-        """ValueError when the loaded optimizer counts more steps for a parameter than the
-        run took (``steps``), or a count that is not a whole number: each optimizer step
-        of the run steps the optimizer at most once."""
-        if not isinstance(self.optimizer, torch.optim.Optimizer):
-            return
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        for index, param in enumerate(params):
-            count = self.optimizer.state.get(param, {}).get("step")
-            if count is None:
-                continue
-            value = float(count.item() if isinstance(count, torch.Tensor)
-                          and count.numel() == 1 else count
-                          if isinstance(count, int | float) else math.nan)
-            if not (math.isfinite(value) and value == int(value) and 0 <= value <= steps):
-                raise ValueError(
-                    f"optimizer state 'step' of parameter {index} is {count!r}; expected a "
-                    f"whole number from 0 to {steps}, the optimizer steps the run took")
-
-    def _check_steps_asked(self, path: Path, state: TrainState) -> None:
-        """Refuse a resume whose ``--epochs`` asks for fewer optimizer steps than the
-        checkpoint has done: going on would rewrite the run's metrics.jsonl and
-        summary.json for fewer steps beside weights trained for more."""
-        assert self.config.epochs is not None
-        per_epoch = math.ceil(self.batches_per_epoch / self.config.accumulate)
-        asked = per_epoch * self.config.epochs
-        if state.step <= asked and state.epoch <= self.config.epochs:
-            return
-        needed = max(state.epoch, math.ceil(state.step / per_epoch))
-        raise ResumeStepsError(
-            f"cannot resume from {path}: it has done {state.step} optimizer steps, but "
-            f"--epochs {self.config.epochs} asks for "
-            f"{asked} steps in all ({per_epoch} per epoch). A resume continues a run and "
-            "never shortens one; nothing was changed. Resume with --epochs "
-            f"{needed} or more (epochs={needed} in fit), or start a new run with another "
-            "--out and no --resume.")
 
     def start_epoch(self, loader: Iterable[Any], seed: int, epoch: int,
                     skip: int = 0) -> Iterator[Any]:
