@@ -108,6 +108,11 @@ class ResumeError(TorchGpuError, RuntimeError):
     exit_code = EXIT_USAGE
 
 
+class ResumeStepsError(ResumeError, UsageError):
+    """A resume that asks for fewer optimizer steps than its checkpoint has done: a
+    resume continues a run, it never shortens one (also a :class:`UsageError`)."""
+
+
 class NonFiniteLossError(TorchGpuError, FloatingPointError):
     """The loss became NaN or infinite; raised before it reaches the weights."""
 

@@ -252,6 +252,32 @@ def _pointer_failed(final: Path, replaced: bool, error: BaseException) -> Checkp
         f"{error}. {show(final)} itself was rewritten; fix the directory and save again")
 
 
+# Optimizer states that hold one value per element of their parameter (Adam's moments,
+# SGD's momentum, RMSprop's average...): each must have its parameter's shape. Others
+# (a step count, Adafactor's factored rows and columns, L-BFGS's flat history) need not.
+_ELEMENTWISE_STATES = frozenset({
+    "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "exp_inf", "momentum_buffer", "square_avg",
+    "grad_avg", "acc_delta", "sum", "ax", "prev", "step_size"})
+
+
+def _check_optimizer_shapes(optimizer: torch.optim.Optimizer, found: Path) -> None:
+    """Refuse optimizer state that ``load_state_dict`` took but the first step would fail
+    on: a per-element state whose shape is not its parameter's (torch checks only the
+    parameter counts)."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for index, param in enumerate(params):
+        for key, value in optimizer.state.get(param, {}).items():
+            if (key in _ELEMENTWISE_STATES and isinstance(value, torch.Tensor)
+                    and value.shape != param.shape):
+                raise CheckpointFormatError(
+                    f"the optimizer state in {found} does not fit the optimizer given: its "
+                    f"{key!r} of parameter {index} has shape {list(value.shape)}, expected "
+                    f"{list(param.shape)} (that parameter's shape). The checkpoint was "
+                    "written for another model, or changed after it was saved: resume from "
+                    "another checkpoint, or build the model and optimizer as the run that "
+                    "saved it did")
+
+
 def load_checkpoint(
     path: str | Path, *, model: nn.Module | None = None, optimizer: Stateful | None = None,
     scheduler: Stateful | None = None, scaler: Stateful | None = None,
@@ -316,6 +342,8 @@ def load_checkpoint(
             raise CheckpointError(
                 f"the {name} state in {found} does not fit the {name} given ({error}); build "
                 f"the {name} the same way as the run that saved it") from None
+        if isinstance(target, torch.optim.Optimizer):
+            _check_optimizer_shapes(target, found)
     if restore_rng and state.get("rng") is not None:
         restore_rng_state(state["rng"])
     step, epoch, extra = state.get("step", 0), state.get("epoch", 0), state.get("extra") or {}

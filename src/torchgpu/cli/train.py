@@ -134,6 +134,10 @@ def _parser() -> ArgumentParser:
     out.add_argument("--trust-checkpoint", action=argparse.BooleanOptionalAction, default=False,
                      help="with --resume: unpickle state.pt fully even if it needs globals "
                      "outside the weights-only allowlist (this can run code from the file)")
+    out.add_argument("--force-resume", action=argparse.BooleanOptionalAction, default=False,
+                     help="with --resume: go on although a --model/--data/--loss/--optimizer "
+                     "file or the CSV changed since the checkpoint was saved (refused "
+                     "otherwise)")
     out.add_argument("--progress", default="auto", help=f"{'|'.join(PROGRESS_MODES)} "
                      "(default auto: a bar on a terminal, one line per epoch otherwise)")
     out.add_argument("--json", action=argparse.BooleanOptionalAction, default=False,
@@ -192,14 +196,16 @@ def _parse(argv: list[str]) -> tuple[TrainConfig, FileSettings | None]:
         from torchgpu.train.config_file import read_settings
 
         keys: dict[str, str] = {}
-        settings = read_settings(ns["config"], keys)
+        recorded: dict[str, str] = {}
+        settings = read_settings(ns["config"], keys, recorded)
         probe = _parser()  # which settings the command line gives: they win
         probe.set_defaults(**{a.dest: _UNSET for a in probe._actions if a.dest != "help"})
         given = {k for k, v in vars(probe.parse_args(argv)).items() if v is not _UNSET}
         parser.set_defaults(**settings)
         ns = vars(parser.parse_args(argv))
         from_file = FileSettings(ns["config"], {name: (keys[name], value) for name, value
-                                                in settings.items() if name not in given})
+                                                in settings.items() if name not in given},
+                                 recorded)
     if ns.get("batch_size") == "auto":  # --batch-size auto: searched once the model exists
         ns["batch_size"], ns["auto_batch_size"] = None, True
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -318,6 +324,9 @@ def main(argv: list[str]) -> int:
 
     try:
         config = settle(config)  # validated, resolved, --out creatable: before any data
+        if from_file is not None:  # a replay: say which of its files changed since
+            for line in from_file.changed_lines(config):
+                print(line, file=sys.stderr)
         if config.gpus is not None:
             _set_gpus(config)
         # Data, model (when this process trains or plans), decisions: each once, here.

@@ -163,7 +163,8 @@ def assemble(config: TrainConfig, *, task: Task | None = None, launching: bool =
     if relaunch:
         _check_launch(nproc, device)
     choice = build.choose_strategy(config, here, device)
-    plan = plan_resume(config)  # ResumeError (exit 2) before anything is written
+    # ResumeError (exit 2) before anything is written; the files are hashed by one process
+    plan = plan_resume(config, check_files=here.rank == 0)
     out_dir = check_out_dir(config, resuming=plan.continuing)  # holds a run: refused
     if task is None:
         task = task_for_config(config)  # the data, loaded once

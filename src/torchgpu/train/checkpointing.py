@@ -1,20 +1,27 @@
 """Checkpoints and exact resume for ``torchgpu train``.
 
 **Where.** ``--save-every N`` writes ``OUT/checkpoints/step-SSSSSSSS`` every N optimizer
-steps with :func:`torchgpu.checkpoint.save_checkpoint` (atomic: temporary sibling, fsync,
-rename; ``latest`` updated after the commit; ``--keep-last K`` prunes after it). A stop
-(SIGTERM, SIGINT, or a step limit) always writes one at the step boundary where the run
-stops, with or without ``--save-every``. ``--resume`` continues from ``OUT/checkpoints``
-(``latest``; if it names a missing or incomplete directory, the newest complete one, with
-a message); ``--resume DIR`` from a run directory, its ``checkpoints/`` or one checkpoint.
-No checkpoint there is a :class:`~torchgpu.errors.ResumeError` (exit 2), never a fresh
-start. Orphan temporaries of dead writers are ignored and deleted. A checkpoint whose
-bytes do not match its manifest (a bit flip keeps the size, so it looks complete) is
-found when it is loaded: reached through ``latest``, the run resumes from the newest
-checkpoint that verifies, with a note; named explicitly, the
-:class:`~torchgpu.errors.CheckpointCorruptError` (exit 2) names that checkpoint.
-``--trust-checkpoint`` lets the resume unpickle a ``state.pt`` that needs globals outside
-the weights-only allowlist (never needed for checkpoints ``torchgpu train`` wrote).
+steps with :func:`torchgpu.checkpoint.save_checkpoint` (atomic: temporary sibling,
+fsync, rename; ``latest`` updated after the commit; ``--keep-last K`` prunes after it).
+A stop (SIGTERM, SIGINT, or a step limit) always writes one at the step boundary where
+the run stops, with or without ``--save-every``. ``--resume`` continues from
+``OUT/checkpoints`` (``latest``; if it names a missing or incomplete directory, the
+newest complete one, with a message); ``--resume DIR`` from a run directory, its
+``checkpoints/`` or one checkpoint. No checkpoint there is a
+:class:`~torchgpu.errors.ResumeError` (exit 2), never a fresh start; nor is a resume
+whose ``--epochs`` asks for fewer optimizer steps than the checkpoint has done
+(:class:`~torchgpu.errors.ResumeStepsError`), or -- unless ``--force-resume`` -- one
+whose run's files changed since (:mod:`torchgpu.train.fingerprints`). A ``state.pt``
+that matches its manifest but holds a malformed position, epoch records or optimizer
+state is a :class:`~torchgpu.errors.CheckpointFormatError` naming the field. Each is
+refused before a file under ``--out`` changes. Orphan temporaries of dead writers are
+ignored and deleted. A checkpoint whose bytes do not match its manifest (a bit flip
+keeps the size, so it looks complete) is found when it is loaded: reached through
+``latest``, the run resumes from the newest checkpoint that verifies, with a note; named
+explicitly, the :class:`~torchgpu.errors.CheckpointCorruptError` (exit 2) names that
+checkpoint. ``--trust-checkpoint`` lets the resume unpickle a ``state.pt`` that needs
+globals outside the weights-only allowlist (never needed for checkpoints ``torchgpu
+train`` wrote).
 
 **Resuming from an earlier step.** ``latest`` always names the newest save of the current
 run. When a run resumes from step S and its ``OUT/checkpoints`` holds checkpoints with a
@@ -104,13 +111,17 @@ from torchgpu.checkpoint import (
 from torchgpu.checkpoint.atomic import write_pointer
 from torchgpu.checkpoint.discover import LATEST, later_checkpoints, newest_verified, set_aside
 from torchgpu.distributed import gather_objects
-from torchgpu.errors import CheckpointCorruptError, ResumeError
+from torchgpu.errors import (
+    CheckpointCorruptError,
+    ResumeError,
+)
 from torchgpu.train import loop, outputs
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.faults import CrashPlan, HangPlan
 from torchgpu.train.heartbeat import Heartbeat
 from torchgpu.train.outputs import EpochRecord, MetricsBuffer
 from torchgpu.train.resume_plan import FIXED, ResumePlan, cannot_resume, checkpoints_dir
+from torchgpu.train.saved_position import check_steps_asked, saved_position
 from torchgpu.train.schedule import FIXED as SCHEDULE_FIXED
 from torchgpu.train.state import StopFlag, TrainState
 
@@ -157,18 +168,6 @@ def history_lines(state: TrainState, records: Iterable[EpochRecord]) -> list[str
     return lines + buffer.take_lines()
 
 
-def _record(data: Mapping[str, Any]) -> EpochRecord:
-    """The EpochRecord that ``record.as_dict()`` saved: its ``test_<name>`` entries are the
-    task's metrics again (``None`` ones left out: checkpoints written before metrics were
-    plug-ins hold ``test_r2: None`` / ``test_accuracy: None`` for tasks without them)."""
-    names = {f.name for f in dataclasses.fields(EpochRecord)}
-    values = {k: v for k, v in data.items() if k in names}
-    for key in ("train_loss", "test_loss", "samples_per_s", "seconds"):
-        values[key] = math.nan if values.get(key) is None else float(values[key])
-    values["metrics"] = {k[len("test_"):]: float(v) for k, v in data.items()
-                         if k.startswith("test_") and k != "test_loss" and v is not None}
-    return EpochRecord(**values)
-
 
 class RunCheckpoints:
     """Saving and restoring one ``torchgpu train`` run (see the module docstring).
@@ -189,7 +188,8 @@ class RunCheckpoints:
                  stop_at_step: int | None = None,
                  sync: Callable[[], bool] | None = None,
                  heartbeat: Heartbeat | None = None,
-                 before_save: Callable[[], None] | None = None) -> None:
+                 before_save: Callable[[], None] | None = None,
+                 files: Mapping[str, str] | None = None) -> None:
         assert config.out is not None
         self.config = config
         self.directory = checkpoints_dir(config.out)
@@ -205,6 +205,10 @@ class RunCheckpoints:
         # weights and optimizer states) is gathered to rank 0, which writes.
         self.before_save = before_save
         self.save_every = config.save_every
+        # the sha256 of the run's files by path, in every checkpoint's meta.json: a
+        # resume compares them (torchgpu.train.resume_plan)
+        self.files = dict(files or {})
+        self.batches_per_epoch = batches_per_epoch
         self.last_saved: Path | None = None
         self.last_saved_step: int | None = None
         self.resumed_from: Path | None = None
@@ -295,8 +299,8 @@ class RunCheckpoints:
                    if key in saved and saved[key] != self.fingerprint[key]]
         if changed:
             raise cannot_resume(loaded.path, changed)
-        state = TrainState.from_dict(extra["train_state"])
-        self.records[:] = [_record(r) for r in extra.get("epochs", [])]
+        state = self._saved_state(loaded.path, extra)
+        check_steps_asked(loaded.path, state, self.config, self.batches_per_epoch)
         rngs = list(extra.get("rng_per_rank") or [])
         epoch_rngs = list(extra.get("epoch_rng_per_rank") or [])
         rank = self.ranks.rank
@@ -317,6 +321,14 @@ class RunCheckpoints:
                     "a worker_init_fn drawing from other sources, persistent workers and "
                     "iterable datasets are not; use --num-workers 0 for a bitwise resume",
                     UserWarning, stacklevel=2)
+        return state
+
+    def _saved_state(self, path: Path, extra: Mapping[str, Any]) -> TrainState:
+        """The checkpoint's position, checked (:func:`saved_position`); its epoch records
+        go into ``self.records``."""
+        state, records = saved_position(path, extra, self.batches_per_epoch,
+                                        self.config.accumulate, self.optimizer)
+        self.records[:] = records
         return state
 
     def start_epoch(self, loader: Iterable[Any], seed: int, epoch: int,
@@ -381,7 +393,8 @@ class RunCheckpoints:
             "run": dict(self.fingerprint),
         }
         meta = {"config": dataclasses.asdict(self.config), "strategy": self.mode,
-                "position": {"epoch": state.epoch, "batch_in_epoch": state.batch_in_epoch}}
+                "position": {"epoch": state.epoch, "batch_in_epoch": state.batch_in_epoch},
+                "fingerprints": self.files}
         path = save_checkpoint(
             self.directory / f"step-{state.step:08d}", model=self.model,
             optimizer=self.optimizer, scheduler=self.scheduler, scaler=self.precision,

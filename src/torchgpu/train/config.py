@@ -115,6 +115,9 @@ class TrainConfig:
     trust_checkpoint: bool = False  # --resume may run the full unpickler on state.pt
     # an --out holding a run's files: remove them (train.out_dir.clear_run) and start over
     overwrite: bool = False
+    # --resume goes on although a file the run is built from (a spec's file, a CSV)
+    # changed since the checkpoint was saved (torchgpu.train.fingerprints)
+    force_resume: bool = False
     on_nonfinite: str = "stop"
     # Seconds a rank waits in a collective (gradient all-reduce, agreement, checkpoint
     # barrier) before the run is stopped and the rank that did not arrive is named.

@@ -15,7 +15,9 @@ strings, which TOML basic strings accept; ``None`` = the key is left out).
 
 The optional ``[run]`` table records what the file came from (device, versions,
 ``cli = false`` for a :func:`torchgpu.fit` run, whose model and data were Python objects
-and cannot be rebuilt from the file); reading refuses a file with ``cli = false``.
+and cannot be rebuilt from the file); reading refuses a file with ``cli = false``. The
+optional ``[fingerprints]`` table records the sha256 of each of the run's files by its
+absolute path (:mod:`torchgpu.train.fingerprints`): a replay whose files changed warns.
 """
 
 from __future__ import annotations
@@ -36,10 +38,11 @@ from torchgpu.train.outputs import CONFIG_FILE as CONFIG_FILE
 from torchgpu.user_files import read_text
 
 RUN_TABLE = "run"  # metadata, not settings
+FINGERPRINTS_TABLE = "fingerprints"  # {path: sha256} of the run's files, not settings
 # Settings a reproduced run must not inherit: continuing or removing a run, the launcher's
 # node-specific addresses, and what only changes how the result is printed.
-_NOT_WRITTEN = frozenset({"resume", "trust_checkpoint", "overwrite", "node_rank",
-                          "rdzv_endpoint", "gpus", "json", "progress"})
+_NOT_WRITTEN = frozenset({"resume", "trust_checkpoint", "force_resume", "overwrite",
+                          "node_rank", "rdzv_endpoint", "gpus", "json", "progress"})
 
 
 def _field_types() -> dict[str, tuple[type, ...]]:
@@ -72,16 +75,19 @@ def _load_toml(text: str, path: str) -> dict[str, Any]:
     try:
         return dict(tomllib.loads(text))
     except tomllib.TOMLDecodeError as error:
+        _refuse_repeats(text, path, {})  # a key given twice: name both of its lines
         raise ConfigError(
             f"--config {path} is not valid TOML ({error}): fix the file, e.g. "
             'batch_size = 32 and strategy = "ddp", one setting per line.'
         ) from None
 
 
-def read_settings(path: str, keys: dict[str, str] | None = None) -> dict[str, Any]:
+def read_settings(path: str, keys: dict[str, str] | None = None,
+                  fingerprints: dict[str, str] | None = None) -> dict[str, Any]:
     """The settings in the TOML file at ``path``, by field name (dashes become
     underscores), type-checked against :class:`TrainConfig`. ``keys``, when given, is
-    filled with each setting's key as the file spells it.
+    filled with each setting's key as the file spells it; ``fingerprints`` with its
+    ``[fingerprints]`` table (path -> sha256; entries of another shape are left out).
 
     Raises UsageError for a missing file or a file written by ``fit`` (``[run]`` has
     ``cli = false``), ConfigError for bad TOML, an unknown key or a value of the wrong
@@ -89,8 +95,15 @@ def read_settings(path: str, keys: dict[str, str] | None = None) -> dict[str, An
     """
     text = read_text(path, what="--config", fix=f"Pass the path of a TOML file with "
                      f"settings, e.g. a previous run's OUT/{CONFIG_FILE}.")
+    # Editors on Windows often start a UTF-8 file with a byte-order mark, which TOML
+    # does not allow: it carries no setting, so it is dropped rather than refused.
+    text = text.removeprefix("\ufeff")
     raw = _load_toml(text, path)
+    _refuse_repeats(text, path, raw)
     meta = raw.pop(RUN_TABLE, {})
+    recorded = raw.pop(FINGERPRINTS_TABLE, {})
+    if fingerprints is not None and isinstance(recorded, Mapping):
+        fingerprints.update({k: v for k, v in recorded.items() if isinstance(v, str)})
     if isinstance(meta, Mapping) and meta.get("cli") is False:
         raise UsageError(
             f"--config {path} was written by torchgpu.fit(), whose model and data were "
@@ -127,6 +140,39 @@ def read_settings(path: str, keys: dict[str, str] | None = None) -> dict[str, An
     return settings
 
 
+# A top-level ``key = value`` line: the key bare or quoted (the value is not read here).
+_KEY_LINE = re.compile(r"""\s*(?:([A-Za-z0-9_-]+)|"([^"\\]*)"|'([^']*)')\s*=""")
+
+
+def _refuse_repeats(text: str, path: str, raw: Mapping[str, Any]) -> None:
+    """Refuse one setting given twice at the top level of the file, under one spelling
+    (``batch_size`` twice, which TOML itself rejects) or two (``batch_size`` and
+    ``batch-size``, which it takes as two keys), naming both lines. ``raw``: the parsed
+    file ({} when it did not parse); a repeat under two spellings counts only when both
+    keys are in it, so text inside a multi-line string is never mistaken for a line."""
+    seen: dict[str, tuple[int, str]] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.lstrip().startswith("["):
+            return  # a table begins: the settings are above it
+        match = _KEY_LINE.match(line)
+        if match is None:
+            continue
+        key = next(group for group in match.groups() if group is not None)
+        name = key.replace("-", "_")
+        if name in seen:
+            first, spelled = seen[name]
+            if spelled == key and raw:
+                continue  # parsed as one key: this line is inside a multi-line value
+            if spelled != key and not (spelled in raw and key in raw):
+                continue
+            raise ConfigError(
+                f"--config {path} sets {name} twice: line {first} ({spelled} = ...) and "
+                f"line {number} ({key} = ...); `_` and `-` spell the same setting, so the "
+                "file does not say which value it means. Delete one of the two lines."
+            )
+        seen[name] = (number, key)
+
+
 def _shown(value: Any) -> str:
     """``value`` as TOML writes it, where it can."""
     try:
@@ -138,10 +184,22 @@ def _shown(value: Any) -> str:
 @dataclasses.dataclass(frozen=True)
 class FileSettings:
     """The settings a run took from ``--config path``: ``{name: (key, value)}``, only
-    those the command line did not override."""
+    those the command line did not override; ``fingerprints``: the file's
+    ``[fingerprints]`` table (path -> sha256 of the files its run was built from)."""
 
     path: str
     values: Mapping[str, tuple[str, Any]]
+    fingerprints: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def changed_lines(self, config: TrainConfig) -> list[str]:
+        """A warning line for each file of ``config`` that differs from its recorded
+        fingerprint: the replay runs the file as it is now, which may not reproduce the
+        run the file records."""
+        from torchgpu.train.fingerprints import changed_files
+
+        return [f"warning: --config {self.path} recorded {change.words()}: it changed "
+                "since that run, so this run uses it as it is now and may not reproduce "
+                "that run." for change in changed_files(self.fingerprints, config)]
 
     def name_keys(self, error: BaseException) -> None:
         """Make ``error``'s message name the file's keys instead of the flags: a value
@@ -275,22 +333,28 @@ def _value(value: Any) -> str:
 
 
 def dumps(settings: Mapping[str, Any], run: Mapping[str, Any] | None = None,
-          comments: tuple[str, ...] = ()) -> str:
+          comments: tuple[str, ...] = (), fingerprints: Mapping[str, str] | None = None
+          ) -> str:
     """TOML text: ``comments`` as ``#`` lines, then ``settings`` as top-level keys
-    (``None`` values left out), then ``run`` as the ``[run]`` table."""
+    (``None`` values left out), then ``run`` as the ``[run]`` table and
+    ``fingerprints`` (path -> sha256) as the ``[fingerprints]`` table."""
     lines = [f"# {line}" for line in comments]
     lines += [f"{key} = {_value(v)}" for key, v in settings.items() if v is not None]
     if run:
         lines += ["", f"[{RUN_TABLE}]"]
         lines += [f"{key} = {_value(v)}" for key, v in run.items() if v is not None]
+    if fingerprints:
+        lines += ["", f"[{FINGERPRINTS_TABLE}]"]
+        lines += [f"{_value(path)} = {_value(digest)}" for path, digest in fingerprints.items()]
     return "\n".join(lines) + "\n"
 
 
 def write_config(out_dir: Path, config: TrainConfig, *, world_size: int, local_world_size: int,
-                 device: str, model: Any = None) -> Path:
+                 device: str, model: Any = None,
+                 fingerprints: Mapping[str, str] | None = None) -> Path:
     """Write ``OUT/config.toml`` for ``config`` (the settings that ran, ``auto`` values
-    resolved on ``device`` and with the wrapped ``model``: :func:`settings_to_write`)
-    and return its path.
+    resolved on ``device`` and with the wrapped ``model``: :func:`settings_to_write`;
+    ``fingerprints``: the run's files' sha256 by path) and return its path.
 
     A :func:`torchgpu.fit` run (``model`` is ``fit:<name>``: its model and data were
     objects) still records its settings; the file says it cannot be re-run from the
@@ -316,4 +380,4 @@ def write_config(out_dir: Path, config: TrainConfig, *, world_size: int, local_w
     from torchgpu.checkpoint.atomic import write_file_atomic
 
     return write_file_atomic(out_dir / CONFIG_FILE,
-                             dumps(settings, run, comments).encode("utf-8"))
+                             dumps(settings, run, comments, fingerprints).encode("utf-8"))

@@ -174,7 +174,8 @@ def fit(
       (int or ``"auto"``), ``effective_batch_size``, ``strategy`` (``"auto"``, single,
       dp, ddp, fsdp, model, pipeline), ``devices``, ``chunks``, ``accumulate``,
       ``precision``, ``activation_checkpointing``, ``clip_norm``, ``lr``, ``out``,
-      ``save_every``, ``keep_last``, ``resume``, ``overwrite`` (an ``out`` holding a run's
+      ``save_every``, ``keep_last``, ``resume`` (``force_resume=True``: although a file
+      the run was built from changed since), ``overwrite`` (an ``out`` holding a run's
       files is refused without ``resume`` or it), ``seed``, ``device``, ``progress``,
       ``on_nonfinite``, ``collective_timeout`` (seconds), ``profile`` (N steps under
       torch.profiler), ``log`` (``"tensorboard"``), ``memory_snapshot``, ``estimate_memory``, ...

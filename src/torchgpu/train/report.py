@@ -11,6 +11,7 @@ import math
 import os
 import resource
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -66,12 +67,14 @@ def memory_reader(device: torch.device) -> Any:
 
 
 def write_config(out_dir: Path, config: TrainConfig, world: int, device: torch.device,
-                 model: nn.Module | None = None) -> None:
+                 model: nn.Module | None = None,
+                 fingerprints: Mapping[str, str] | None = None) -> None:
     """OUT/config.toml for the run: ``config`` as it ran, ``auto`` values resolved on
-    ``device`` and with the wrapped ``model`` (a split model's chunks, balance, devices)."""
+    ``device`` and with the wrapped ``model`` (a split model's chunks, balance, devices),
+    and the sha256 ``fingerprints`` of its files."""
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     write_config_file(out_dir, config, world_size=world, local_world_size=local,
-                      device=str(device), model=model)
+                      device=str(device), model=model, fingerprints=fingerprints)
 
 
 def epoch_record(state: TrainState, result: EvalResult, samples: int, seconds: float,

@@ -3,7 +3,9 @@ torchrun restart -- from the run's own newest checkpoint (:func:`plan_resume`).
 
 Decided during assembly, before ``--out`` is written: a resume that finds no checkpoint,
 or one saved with settings the run now changes (the data position and optimizer state
-would mean something else), is refused here (:class:`~torchgpu.errors.ResumeError`).
+would mean something else), or -- unless ``--force-resume`` -- one saved by a run whose
+files (a spec's file, a CSV: :mod:`torchgpu.train.fingerprints`) changed since, is
+refused here (:class:`~torchgpu.errors.ResumeError`).
 Loading the checkpoint is :class:`torchgpu.train.checkpointing.RunCheckpoints`' job.
 """
 
@@ -20,6 +22,7 @@ from torchgpu.checkpoint import find_checkpoint
 from torchgpu.checkpoint.layout import read_meta
 from torchgpu.errors import ResumeError
 from torchgpu.train.config import TrainConfig
+from torchgpu.train.fingerprints import changed_files
 from torchgpu.train.outputs import CHECKPOINTS_DIR as CHECKPOINTS_DIR
 from torchgpu.train.schedule import FIXED as SCHEDULE_FIXED
 
@@ -64,9 +67,12 @@ def _find(where: Path) -> tuple[Path | None, tuple[str, ...]]:
     return found, tuple(f"note: {w.message}" for w in caught)
 
 
-def plan_resume(config: TrainConfig, environ: Mapping[str, str] | None = None) -> ResumePlan:
+def plan_resume(config: TrainConfig, environ: Mapping[str, str] | None = None, *,
+                check_files: bool = True) -> ResumePlan:
     """Decide where the run (``config`` resolved: ``out`` set) starts; touches nothing but
-    orphan temporaries. Raises :class:`ResumeError` when ``--resume`` finds no checkpoint.
+    orphan temporaries. Raises :class:`ResumeError` when ``--resume`` finds no checkpoint
+    or its run's files changed (``check_files``: hash them; False where another process
+    of the run has checked them).
 
     ``--resume``: ``OUT/checkpoints``; ``--resume DIR``: DIR. Under a torchrun restart the
     run's own newest checkpoint wins (it is newer than DIR); without one, ``--resume`` is
@@ -97,6 +103,8 @@ def plan_resume(config: TrainConfig, environ: Mapping[str, str] | None = None) -
             "drop --resume to start from scratch."
         )
     _check_saved_settings(config, found)
+    if check_files:
+        notes += _check_files(config, found)
     return ResumePlan(found, True, notes, named=found.resolve() == where.resolve())
 
 
@@ -119,6 +127,25 @@ def _check_saved_settings(config: TrainConfig, found: Path) -> None:
     changed = [f"{key} {was!r} -> {now!r}" for key, was, now in saved_changes(config, found)]
     if changed:
         raise cannot_resume(found, changed)
+
+
+def _check_files(config: TrainConfig, found: Path) -> tuple[str, ...]:
+    """Refuse a resume from ``found`` when a file the run is built from changed since the
+    checkpoint's run recorded it (its meta.json's ``fingerprints``), unless
+    ``--force-resume``: then the notes that say which."""
+    changes = changed_files(read_meta(found).get("fingerprints"), config)
+    if not changes:
+        return ()
+    which = "; ".join(change.words() for change in changes)
+    if config.force_resume:
+        return (f"note: --force-resume: resuming from {found} although {which} changed "
+                "since it was saved",)
+    raise ResumeError(
+        f"cannot resume from {found}: {which} changed since the checkpoint was saved, so "
+        "the run would continue with another model, data or loss than it trained with. "
+        "Restore the file, start a new run (another --out, without --resume), or pass "
+        "--force-resume (force_resume=True in fit) to go on with the file as it is now."
+    )
 
 
 def cannot_resume(path: Path, changed: list[str]) -> ResumeError:

@@ -36,6 +36,7 @@ from torchgpu.train.assemble import Assembly, assemble, settle, with_stop_at
 from torchgpu.train.auto_batch import apply_auto_batch
 from torchgpu.train.checkpointing import Ranks, RunCheckpoints, RunStart
 from torchgpu.train.config import TrainConfig
+from torchgpu.train.fingerprints import fingerprints
 from torchgpu.train.heartbeat import Heartbeat, collective_failure
 from torchgpu.train.loop import run_epoch, sync_now
 from torchgpu.train.observers import Observers
@@ -204,16 +205,18 @@ def _run(
     buffer = MetricsBuffer()
     batches_per_epoch = len(train_loader)
     records: list[EpochRecord] = []
+    files = fingerprints(config) if is_main else {}  # hashed once (cached since the plan)
     ckpt = RunCheckpoints(config, model=steps.model, optimizer=steps.optimizer,
                           precision=precision, ranks=Ranks(rank, world), records=records,
                           stop=steps.stop, batches_per_epoch=batches_per_epoch, mode=mode,
                           out_dir=out_dir, crash=start.crash, stop_at_step=start.stop_at_step,
                           sync=(lambda: sync_now(parts)) if parts.agree else None,
-                          heartbeat=beat, before_save=steps.before_save, scheduler=scheduler)
+                          heartbeat=beat, before_save=steps.before_save, scheduler=scheduler,
+                          files=files)
     state = ckpt.begin(start.plan)  # fresh, or restored from a checkpoint
     buffer.lrs = state.step_lrs
     if out_dir is not None:  # after the resume's checks: a refused resume changes nothing
-        write_config(out_dir, config, world, device, steps.model)
+        write_config(out_dir, config, world, device, steps.model, files)
     if beat is not None:
         beat.follow(state)
         beat.phase = steps.phase
@@ -278,6 +281,7 @@ def _run(
     summary = summary_of(config, data, mode, world, state, records, peaks, train_seconds,
                        time.perf_counter() - started, steps.stop, precision.mode, stopped_at)
     summary.update(ckpt.summary())
+    summary["fingerprints"] = files
     steps.summarize(summary, state, train_seconds)
     if out_dir is not None:
         watch.report(summary, config, planned, data, mode, world)

@@ -135,6 +135,40 @@ class TrainState:
         }
 
     @classmethod
+    def from_saved(cls, data: object) -> TrainState:
+        """:meth:`from_dict` of what a checkpoint holds, checked first: a ``ValueError``
+        whose message names the first field that is not what :meth:`to_dict` writes
+        (``step_losses is a str; expected a list of numbers...``), so a damaged state
+        is refused before the run uses it."""
+        if not isinstance(data, dict):
+            raise ValueError(f"train_state is a {type(data).__name__}; expected a dict "
+                             "of the run's position")
+        for name in ("epoch", "step", "batch_in_epoch", "samples", "skipped_steps",
+                     "epoch_start_step", "epoch_loss_count"):
+            value = data.get(name, None if name in ("epoch", "step", "batch_in_epoch") else 0)
+            if not _count(value):
+                raise ValueError(f"train_state.{name} is {_shown(value)}; expected a "
+                                 "non-negative integer")
+        if not _number(data.get("epoch_loss_sum", 0.0)):
+            raise ValueError(f"train_state.epoch_loss_sum is "
+                             f"{_shown(data.get('epoch_loss_sum'))}; expected a number")
+        losses = data.get("step_losses", [])
+        if not isinstance(losses, list) or not all(_number(v) for v in losses):
+            raise ValueError(f"train_state.step_losses is {_shown(losses)}; expected a list "
+                             "of numbers, the mean loss of each optimizer step")
+        if len(losses) != data["step"]:
+            raise ValueError(f"train_state.step is {data['step']} but train_state."
+                             f"step_losses holds {len(losses)} losses; expected one per "
+                             "optimizer step")
+        pairs = data.get("epoch_losses", [])
+        if not isinstance(pairs, list) or not all(
+                isinstance(p, list | tuple) and len(p) == 2 and all(_number(v) for v in p)
+                for p in pairs):
+            raise ValueError(f"train_state.epoch_losses is {_shown(pairs)}; expected a list "
+                             "of (train, test) loss pairs, one per finished epoch")
+        return cls.from_dict(data)
+
+    @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainState:
         return cls(
             epoch=int(data["epoch"]),
@@ -149,6 +183,20 @@ class TrainState:
             step_lrs=[float(v) for v in data.get("step_lrs", [])],
             epoch_losses=[(float(a), float(b)) for a, b in data.get("epoch_losses", [])],
         )
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _shown(value: object) -> str:
+    """``value`` for a message: its type and, when short, itself."""
+    text = repr(value)
+    return f"{type(value).__name__} {text}" if len(text) <= 40 else f"a {type(value).__name__}"
 
 
 class StopFlag:
