@@ -212,3 +212,12 @@ def nan_row_data() -> tuple[Dataset[tuple[Tensor, Tensor]], Dataset[tuple[Tensor
     x, y = torch.randn(40, 4, generator=generator), torch.randn(40, 1, generator=generator)
     x[5, 0] = float("nan")
     return TensorDataset(x, y), TensorDataset(torch.randn(8, 4, generator=generator), y[:8])
+
+
+def ten_rows() -> Dataset[tuple[Tensor, Tensor]]:
+    """Ten training rows of four features: fewer than one batch of the default 16."""
+    from torch.utils.data import TensorDataset
+
+    generator = torch.Generator().manual_seed(0)
+    return TensorDataset(torch.randn(10, 4, generator=generator),
+                         torch.randn(10, 1, generator=generator))
