@@ -187,7 +187,8 @@ def _probe(task: Task, model: nn.Module, config: TrainConfig) -> None:
         return
     probe(task, model, model_label=f"--model {config.model}" if config.model
           else "the model", data_label=f"--data {config.data}" if config.data
-          else "the training data")
+          else "the training data",
+          loss_label=f"--loss {config.loss}" if config.loss else None)
 
 
 def with_stop_at(run: Assembly, stop_at_step: int | None) -> Assembly:
