@@ -111,7 +111,7 @@ def test_the_length_bound_is_this_machines_memory(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(loader, "host_memory_bytes", lambda: 2**30)
     loader.check_order_fits(2**30 // loader.ORDER_BYTES_PER_SAMPLE, "data")
-    with pytest.raises(DataError, match="more than this machine's 1.0 GiB"):
+    with pytest.raises(DataError, match=r"more than this machine's 1\.0 GiB"):
         loader.check_order_fits(2**30 // loader.ORDER_BYTES_PER_SAMPLE + 1, "data")
     monkeypatch.setattr(loader, "host_memory_bytes", lambda: None)
     loader.check_order_fits(2**40, "data")  # unknown memory: the allocator decides
@@ -164,7 +164,7 @@ def test_a_models_own_loss_without_gradients_is_refused_at_the_first_step(
 def test_fit_refuses_a_detached_loss(tmp_path: Path) -> None:
     data = TensorDataset(torch.randn(20, 4), torch.randn(20, 1))
     mse = nn.MSELoss()
-    with pytest.raises(UsageError, match="^the loss of .* does not require gradients"):
+    with pytest.raises(UsageError, match=r"^the loss of .* does not require gradients"):
         fit(nn.Linear(4, 1), data, loss=lambda out, y: mse(out, y).detach(), epochs=1,
             out=str(tmp_path / "out"))
     assert not (tmp_path / "out").exists()

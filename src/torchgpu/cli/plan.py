@@ -12,15 +12,15 @@ then the chosen plan, why, and the exact ``torchgpu train`` command that runs it
 printed: with ``--model --data`` it carries ``--loss`` (which data of ``(inputs,
 target)`` pairs needs) and, when ``--optimizer`` was given, that optimizer; where no
 command would run (``--model --input-shape``, which ``torchgpu train`` cannot load;
-pairs without ``--loss``), the same settings as torchgpu Python calls. The sample batch of ``--model`` comes from ``--input-shape`` (batch first; a
-``:DTYPE`` suffix such as ``2,128:int64`` makes token ids) or from ``--data SPEC``
-(``module.path:attr`` or ``path/to/file.py:attr`` naming a Dataset, a (train, eval) pair
-or a function returning one: ``--batch-size`` items, default_collate-d; dict items are
-passed as ``model(**batch)``). A spec that does not resolve, a factory that fails, or a
-forward that does not take the sample is a usage error (exit 2, one paragraph).
-``--json`` prints the document of :mod:`torchgpu.planning.report` instead. Exit codes:
-0 a plan was found, 1 nothing fits (the table still prints, the numbers go to stderr),
-2 bad flags.
+pairs without ``--loss``), the same settings as torchgpu Python calls. The sample batch
+of ``--model`` comes from ``--input-shape`` (batch first; a ``:DTYPE`` suffix such as
+``2,128:int64`` makes token ids) or from ``--data SPEC`` (``module.path:attr`` or
+``path/to/file.py:attr`` naming a Dataset, a (train, eval) pair or a function returning
+one: ``--batch-size`` items, default_collate-d; dict items are passed as
+``model(**batch)``). A spec that does not resolve, a factory that fails, or a forward
+that does not take the sample is a usage error (exit 2, one paragraph). ``--json``
+prints the document of :mod:`torchgpu.planning.report` instead. Exit codes: 0 a plan was
+found, 1 nothing fits (the table still prints, the numbers go to stderr), 2 bad flags.
 """
 
 from __future__ import annotations
