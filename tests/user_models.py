@@ -273,3 +273,12 @@ def training_only_mse(output: Tensor, target: Tensor) -> Tensor:
     if not torch.is_grad_enabled() and output.shape[0] > 2:
         raise ValueError("training_only_mse cannot evaluate")
     return nn.functional.mse_loss(output, target.reshape(output.shape))
+
+
+def ten_rows() -> Dataset[tuple[Tensor, Tensor]]:
+    """Ten training rows of four features: fewer than one batch of the default 16."""
+    from torch.utils.data import TensorDataset
+
+    generator = torch.Generator().manual_seed(0)
+    return TensorDataset(torch.randn(10, 4, generator=generator),
+                         torch.randn(10, 1, generator=generator))

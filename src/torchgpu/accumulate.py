@@ -61,9 +61,17 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from torchgpu.errors import ConfigError
+from torchgpu.errors import ConfigError, UsageError
 from torchgpu.parallel.data import find_ddp
 from torchgpu.precision import Precision
+
+#: What a loss without gradients is, and the fix (the probe of a user's task says it too).
+NO_GRADIENT = (
+    "does not require gradients (requires_grad=False, no grad_fn): backward cannot reach "
+    "the weights through it. Compute the loss from the model's output with torch "
+    "operations, without .detach(), .item(), torch.tensor(...), NumPy or torch.no_grad() "
+    "on the way."
+)
 
 
 def _check_steps(steps: object) -> int:
@@ -259,6 +267,8 @@ class GradAccumulator:
         GradScaler did not skip it); False otherwise (``pending`` tells the two apart:
         it is 0 right after a boundary).
         """
+        if not loss.requires_grad:  # torch's "element 0 of tensors does not require grad"
+            raise UsageError(f"the loss {NO_GRADIENT}")
         if self._stale:  # the caller did not zero_grad(): the old step's must not add up
             self.zero_grad()
         # DDP all-reduces in this backward iff a forward armed it since the last one.

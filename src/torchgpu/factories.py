@@ -6,7 +6,17 @@ A spec names an attribute of an importable module or of a Python file:
   imported with :func:`importlib.import_module` from the Python path;
 - ``path/to/file.py:attr``, loaded with :mod:`importlib` under a module name unique to
   the file's resolved path (two files both named ``model.py`` do not clash; loading the
-  same file twice returns the same module).
+  same file twice returns the same module). As for a script, the file's directory goes
+  first on ``sys.path`` (and stays, so DataLoader workers and lazy imports find it too):
+  ``import helper`` finds the ``helper.py`` beside it. Python keeps one module per name,
+  so two spec files in different directories whose siblings share a name (``a/helper.py``,
+  ``b/helper.py``) would share the first one imported: that is refused, naming both.
+
+While a spec is imported, and while its factory runs, ``sys.argv`` is ``[spec's file or
+module]`` alone (as for a script run without arguments): a module-level ``argparse``
+with defaults parses nothing of torchgpu's own command line. A spec that ends the
+program meanwhile (``sys.exit(3)``, an ``argparse`` error) is a :class:`UsageError`
+naming it and what it did, not a silent exit with its code.
 
 Entry points:
 
@@ -30,7 +40,8 @@ import importlib
 import importlib.util
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -62,12 +73,78 @@ def _forms(what: str) -> str:
     )
 
 
+def _exit_call(exited: SystemExit) -> str:
+    """``sys.exit(...)`` as the code that raised ``exited`` called it."""
+    return "sys.exit()" if exited.code is None else f"sys.exit({exited.code!r})"
+
+
+@contextmanager
+def _as_spec(argv0: str, doing: str, spec: str, what: str) -> Iterator[None]:
+    """Inside the block (a spec's import, or its factory's call): ``sys.argv`` is
+    ``[argv0]``, put back after; a ``SystemExit`` raised there (a module-level
+    ``argparse`` failing, a ``sys.exit``) is a UsageError naming the spec and what it did,
+    rather than torchgpu ending silently with the spec's exit code."""
+    saved = sys.argv
+    sys.argv = [argv0]
+    try:
+        yield
+    except SystemExit as exited:
+        raise UsageError(
+            f"{_flag(what)} {spec!r}: {doing} ended the program with {_exit_call(exited)} "
+            f"(SystemExit). A spec is imported and called, not run as a script: torchgpu "
+            f"gives it sys.argv = [{argv0!r}], so an argparse parser sees no arguments and "
+            "must have defaults for all of them. Move the exit and the argument parsing under "
+            "`if __name__ == \"__main__\":`, or give every argument a default."
+        ) from None
+    finally:
+        sys.argv = saved
+
+
+def _on_path(directory: Path) -> bool:
+    """Put ``directory`` first on ``sys.path`` (as Python does for a script's directory);
+    True when it was not there before."""
+    entry = str(directory)
+    if entry in sys.path:
+        return False
+    sys.path.insert(0, entry)
+    return True
+
+
+def _check_siblings(module: ModuleType, directory: Path, spec: str, what: str) -> None:
+    """UsageError when ``module`` (a spec file in ``directory``) uses a module whose name
+    a file beside it has, but which was imported from elsewhere (another spec's
+    directory imported its own sibling of that name first: Python keeps one per name)."""
+    for value in list(vars(module).values()):
+        try:  # any object may stand in a module's namespace, with any attributes
+            name = value.__name__ if isinstance(value, ModuleType) else getattr(
+                value, "__module__", None)
+        except Exception:
+            continue
+        if not isinstance(name, str) or name.startswith("_torchgpu_spec_"):
+            continue
+        top = name.partition(".")[0]
+        beside = [p for p in (directory / f"{top}.py", directory / top / "__init__.py")
+                  if p.is_file()]
+        loaded = getattr(sys.modules.get(top), "__file__", None)
+        if not beside or not isinstance(loaded, str):
+            continue
+        if Path(loaded).resolve() not in {p.resolve() for p in beside}:
+            raise UsageError(
+                f"{_flag(what)} {spec!r}: it imports {top}, and {show(beside[0])} stands "
+                f"beside it, but the module {top} in use was imported from {show(loaded)} "
+                "(Python keeps one module per name; another spec's directory, or the Python "
+                f"path, gave it first). Rename one of the two {top} modules, or make the "
+                "directories packages and use module specs (package.module:attr)."
+            )
+
+
 def _load_file(path_text: str, spec: str, what: str) -> ModuleType:
     path = check_file(Path(path_text).expanduser(), what=f"{_flag(what)} {show(spec)!r}: file",
                       fix=f"Use {_forms(what)}.")
     # A stable name unique to the file, so two files called model.py do not clash and a
     # second resolution of the same file reuses the module (its classes stay identical).
-    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    resolved = path.resolve()
+    digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:12]
     name = f"_torchgpu_spec_{path.stem}_{digest}"
     if name in sys.modules:
         return sys.modules[name]
@@ -78,14 +155,22 @@ def _load_file(path_text: str, spec: str, what: str) -> ModuleType:
         )
     module = importlib.util.module_from_spec(loader_spec)
     sys.modules[name] = module  # before exec: dataclasses and pickling look it up
+    added = _on_path(resolved.parent)  # `import helper` finds helper.py beside the file
     try:
-        loader_spec.loader.exec_module(module)
-    except Exception as error:
-        del sys.modules[name]
-        raise UsageError(
-            f"{_flag(what)} {spec!r}: importing {path_text} failed: {first_line(error)}. "
-            "Fix the file so that it imports on its own."
-        ) from error
+        with _as_spec(str(path), f"importing {path_text}", spec, what):
+            try:
+                loader_spec.loader.exec_module(module)
+            except Exception as error:
+                raise UsageError(
+                    f"{_flag(what)} {spec!r}: importing {path_text} failed: "
+                    f"{first_line(error)}. Fix the file so that it imports on its own."
+                ) from error
+        _check_siblings(module, resolved.parent, spec, what)
+    except BaseException:  # the import did not happen: leave no half of it behind
+        sys.modules.pop(name, None)
+        if added and str(resolved.parent) in sys.path:
+            sys.path.remove(str(resolved.parent))
+        raise
     return module
 
 
@@ -96,6 +181,11 @@ def _load_module(name: str, spec: str, what: str) -> ModuleType:
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.insert(0, cwd)
+    with _as_spec(name, f"importing {name}", spec, what):
+        return _import(name, spec, what)
+
+
+def _import(name: str, spec: str, what: str) -> ModuleType:
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as error:
@@ -167,9 +257,10 @@ def resolve_factory(spec: str) -> Callable[[], nn.Module]:
 
 
 def _call(factory: Callable[[], Any], spec: str, what: str) -> Any:
-    name = spec.rpartition(":")[2]
+    where, _, name = spec.rpartition(":")
     try:
-        return factory()
+        with _as_spec(where, f"{name}()", spec, what):
+            return factory()
     except TorchGpuError:
         raise
     except Exception as error:

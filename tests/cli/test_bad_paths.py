@@ -233,6 +233,26 @@ def test_an_optimizer_step_larger_than_the_train_split_is_refused(
     assert not out.exists()
 
 
+@pytest.mark.parametrize("source", ["example", "csv", "spec"])
+def test_batch_size_auto_trains_a_split_smaller_than_the_default_batch(
+        source: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Ten training rows, fewer than the default batch (16, 32 for a CSV): ``--batch-size
+    auto`` asks for a batch that fits the data, as ``fit(batch_size="auto")`` does, so the
+    checks against one default batch must not refuse it."""
+    table = tmp_path / "t.csv"
+    table.write_text("a,b,y\n" + "".join(f"{i},{i % 5},{i % 3}\n" for i in range(12)))
+    flags = {"example": ["--example", "housing", "--data-size", "12"],
+             "csv": ["--data", str(table), "--target", "y"],
+             "spec": ["--model", "tests.user_models:seq_factory", "--data",
+                      "tests.user_models:ten_rows", "--loss", "mse", "--accumulate", "2"]}
+    out = tmp_path / "out"
+    code, err = run(["train", *flags[source], "--batch-size", "auto", "--epochs", "1",
+                     "--device", "cpu", "--progress", "off", "--out", str(out)], capsys)
+    assert code == 0, err
+    assert "micro-batch 10" in err or "micro-batch 5" in err, err
+    assert (out / "summary.json").is_file()
+
+
 @pytest.mark.parametrize("rdzv_id", ["/proc/x", "a" * 300, "", "job 1", "a/b"])
 def test_launch_refuses_a_rendezvous_id_torchrun_cannot_name_a_directory_after(
         rdzv_id: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

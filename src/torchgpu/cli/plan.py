@@ -4,21 +4,23 @@
                    | --model SPEC (--input-shape 2,3,128,128[:DTYPE] | --data SPEC)]
                   [--batch-size B]
                    [--devices auto|4x80GiB|2x24GiB,1x16GiB|cuda:0,cuda:1]
-                  [--optimizer adam] [--precision fp32] [--json]
+                  [--loss NAME|SPEC] [--optimizer adam] [--precision fp32] [--json]
 
 Prints a table of every strategy (single, + accumulation, + activation checkpointing,
 ddp, fsdp, model split, pipeline) with its memory on each device and whether it fits,
-then the chosen plan, why, and the exact ``torchgpu train`` command that runs it (for
-``--model``, which ``torchgpu train`` cannot load, the same settings as torchgpu Python
-calls). The sample batch of ``--model`` comes from ``--input-shape`` (batch first; a
-``:DTYPE`` suffix such as ``2,128:int64`` makes token ids) or from ``--data SPEC``
-(``module.path:attr`` or ``path/to/file.py:attr`` naming a Dataset, a (train, eval) pair
-or a function returning one: ``--batch-size`` items, default_collate-d; dict items are
-passed as ``model(**batch)``). A spec that does not resolve, a factory that fails, or a
-forward that does not take the sample is a usage error (exit 2, one paragraph).
-``--json`` prints the document of :mod:`torchgpu.planning.report` instead. Exit codes:
-0 a plan was found, 1 nothing fits (the table still prints, the numbers go to stderr),
-2 bad flags.
+then the chosen plan, why, and the exact ``torchgpu train`` command that runs it as
+printed: with ``--model --data`` it carries ``--loss`` (which data of ``(inputs,
+target)`` pairs needs) and, when ``--optimizer`` was given, that optimizer; where no
+command would run (``--model --input-shape``, which ``torchgpu train`` cannot load;
+pairs without ``--loss``), the same settings as torchgpu Python calls. The sample batch
+of ``--model`` comes from ``--input-shape`` (batch first; a ``:DTYPE`` suffix such as
+``2,128:int64`` makes token ids) or from ``--data SPEC`` (``module.path:attr`` or
+``path/to/file.py:attr`` naming a Dataset, a (train, eval) pair or a function returning
+one: ``--batch-size`` items, default_collate-d; dict items are passed as
+``model(**batch)``). A spec that does not resolve, a factory that fails, or a forward
+that does not take the sample is a usage error (exit 2, one paragraph). ``--json``
+prints the document of :mod:`torchgpu.planning.report` instead. Exit codes: 0 a plan was
+found, 1 nothing fits (the table still prints, the numbers go to stderr), 2 bad flags.
 """
 
 from __future__ import annotations
@@ -74,12 +76,19 @@ def build_parser() -> ArgumentParser:
         metavar="SPEC",
         help="with --model: take the sample batch from your dataset (module.path:attr)",
     )
+    parser.add_argument(
+        "--loss",
+        metavar="NAME|SPEC",
+        help="with --model --data: the loss the run: line passes to torchgpu train "
+        "(mse|cross_entropy|module:function; data of (inputs, target) pairs needs one)",
+    )
     parser.add_argument("--batch-size", type=int, metavar="B", help="samples per optimizer step")
     parser.add_argument(
         "--devices", default="auto", metavar="SPEC", help=f"default auto; {ACCEPTED}"
     )
     parser.add_argument(
-        "--optimizer", default="adam", help="optimizer whose state to count (default adam)"
+        "--optimizer", help="optimizer whose state to count (default adam); given, the run: "
+        "line trains with it"
     )
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -91,6 +100,12 @@ def main(argv: list[str]) -> int:
     if args.model is None and (args.input_shape is not None or args.data is not None):
         flag = "--input-shape" if args.input_shape is not None else "--data"
         raise UsageError(f"{flag} goes with --model (built-in examples know their shape)")
+    if args.loss is not None and args.data is None:
+        raise UsageError(
+            f"--loss {args.loss} goes with --model and --data: the loss is for the run: line's "
+            "torchgpu train of your model on your data (built-in examples bring their own)"
+        )
+    optimizer = args.optimizer or "adam"
     if args.model is not None and args.input_shape is not None and args.data is not None:
         raise UsageError(
             "--input-shape and --data both describe the sample batch: give one of them"
@@ -111,6 +126,7 @@ def main(argv: list[str]) -> int:
             "(samples per optimizer step). Pass a smaller value, e.g. --batch-size 32."
         )
     targets = parse_devices(args.devices)  # before the model: bad devices fail fast
+    pairs = False
     example = args.example if args.model is None else None
     if example is None and args.model is None:
         example = "housing"
@@ -127,14 +143,16 @@ def main(argv: list[str]) -> int:
         if args.data is not None:
             batch = args.batch_size or DATA_BATCH_SIZE
             model = build_custom_model(args.model)  # UsageError (exit 2) if the factory fails
-            sample, _ = sample_from_data(args.data, batch)
+            sample, dicts = sample_from_data(args.data, batch)
+            pairs = not dicts
+            _check_loss(args.loss, args.data, dicts)
         else:
             shape, dtype = parse_input_shape(args.input_shape)
             model = build_custom_model(args.model)
             batch = args.batch_size or shape[0]
             sample = shape_sample(shape, dtype, batch)  # meta: nothing allocated
         footprint = measure_custom_model(
-            model, args.model, sample, optimizer=args.optimizer, precision=args.precision,
+            model, args.model, sample, optimizer=optimizer, precision=args.precision,
             source="--input-shape" if args.data is None else "--data",
         )
     else:
@@ -146,11 +164,12 @@ def main(argv: list[str]) -> int:
         batch = args.batch_size or EXAMPLE_BATCH_SIZES[example]
         sample = torch.empty(batch, *EXAMPLE_INPUT_SHAPES[example], device="meta")
         footprint = measure_footprint(
-            model, sample, optimizer=args.optimizer, precision=args.precision
+            model, sample, optimizer=optimizer, precision=args.precision
         )
     workload = Workload(
         batch, example=example, model=args.model, precision=args.precision,
-        optimizer=args.optimizer, data=getattr(args, "data", None) if args.model else None,
+        optimizer=optimizer, data=getattr(args, "data", None) if args.model else None,
+        loss=args.loss, pairs=pairs, optimizer_given=args.optimizer is not None,
     )
     try:
         plan: Plan | None = plan_from_footprint(footprint, targets, workload)
@@ -168,6 +187,29 @@ def main(argv: list[str]) -> int:
         print(f"torchgpu: {error}", file=sys.stderr)
         return PlanError.exit_code
     return 0
+
+
+def _check_loss(loss: str | None, data: str, dicts: bool) -> None:
+    """``--loss`` as ``torchgpu train`` takes it with ``--data`` (the run: line must run
+    as printed): a built-in name or a spec that resolves to a callable; a built-in
+    name is refused for dict batches, which have no separate target."""
+    if loss is None:
+        return
+    from torchgpu.train.task import LOSS_NAMES, loss_by_name
+
+    if ":" not in loss:
+        loss_by_name(loss)  # UsageError naming the built-in losses
+        if dicts:
+            raise UsageError(
+                f"--loss {loss} takes (output, target) but --data {data} yields dict batches, "
+                "which have no separate target: drop --loss (the model's output.loss), or "
+                "pass --loss module:function with a function loss(output, batch) -> Tensor"
+            )
+        assert loss in LOSS_NAMES
+        return
+    from torchgpu.factories import resolve_callable
+
+    resolve_callable(loss, "loss")
 
 
 def _per_device(values: tuple[int, ...]) -> str:
@@ -240,7 +282,7 @@ def _render(
     elif plan.python is not None:
         console.print(
             "[bold]run:[/bold]  set your model up with torchgpu's Python API (or give "
-            "`torchgpu train --model ... --data ...` the same settings as flags):",
+            "`torchgpu train --model ... --data ... --loss ...` the same settings as flags):",
             soft_wrap=True,
         )
         console.print(textwrap.indent(plan.python, "    "), soft_wrap=True, markup=False)

@@ -378,14 +378,15 @@ def _check_step_fits(run: Assembly) -> None:
         samples = len(run.task.train)  # type: ignore[arg-type]
     except TypeError:  # not sized: the loader says what it can
         return
-    if config.batch_size is None:  # --batch-size auto: searched to fit later
+    batch = config.fixed_batch_size
+    if batch is None:  # --batch-size auto: the search fits the step to the data later
         return
     ranks = run.choice.strategy.shard(0, run.nproc * config.nnodes).world_size
-    step = ranks * config.batch_size * config.accumulate
+    step = ranks * batch * config.accumulate
     if step <= samples:
         return
     parts = " x ".join(p for p in (f"{ranks} processes" if ranks > 1 else "",
-                                   f"--batch-size {config.batch_size}",
+                                   f"--batch-size {batch}",
                                    f"--accumulate {config.accumulate}"
                                    if config.accumulate > 1 else "") if p)
     most = samples // (ranks * config.accumulate)

@@ -8,6 +8,7 @@ epoch repeats the first epoch's order.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sized
 from typing import Any, TypeGuard
 
@@ -145,6 +146,42 @@ def make_loader(
         num_workers=num_workers,
         pin_memory=pin,
         drop_last=drop_last,
+    )
+
+
+#: Host bytes per sample of an epoch's shuffled order: torch's samplers draw
+#: ``randperm(n)`` (8 bytes an index) and turn it into a Python list (an 8-byte slot and
+#: an int object of about 32 bytes each), both alive at once.
+ORDER_BYTES_PER_SAMPLE = 48
+
+
+def host_memory_bytes() -> int | None:
+    """This machine's physical memory in bytes (None where the OS does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def check_order_fits(samples: int, what: str) -> None:
+    """DataError (before anything is written) when an epoch's shuffled order of
+    ``samples`` indices -- which every sampler of the training split holds in memory --
+    would need more than this machine's memory (a ``__len__`` of 2**40 fails in the
+    allocator otherwise, at the first epoch)."""
+    total = host_memory_bytes()
+    need = samples * ORDER_BYTES_PER_SAMPLE
+    if total is None or need <= total:
+        return
+    from torchgpu.sizes import format_bytes
+
+    raise DataError(
+        f"{what} has {samples:,} samples (its len()): shuffling an epoch holds the order of "
+        f"every index in memory, about {format_bytes(need)} ({ORDER_BYTES_PER_SAMPLE} B a "
+        f"sample), more than this machine's {format_bytes(total)}. Check that __len__ "
+        "returns the number of samples; train on a smaller map-style Dataset (e.g. a "
+        "torch.utils.data.Subset of the indices per run), or stream the data as an "
+        "IterableDataset in a training loop of your own (torchgpu's needs len() and "
+        "indexing)."
     )
 
 

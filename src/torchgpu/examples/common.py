@@ -25,10 +25,11 @@ EVAL_BATCH_SIZE = 256
 def builtin_data(name: str, config: TrainConfig) -> ExampleData:
     """The data of the built-in example ``name`` for ``config`` (its seed and
     ``--data-size``). DataError when the train split holds fewer rows than one batch of
-    ``config.batch_size`` (the loader would silently make one smaller batch)."""
+    ``config.batch_size`` (the loader would silently make one smaller batch); not
+    under ``--batch-size auto``, whose search fits the batch to the data."""
     data = example_data(name, seed=config.seed, size=config.data_size)
     n_train, n_test = len(data.train), len(data.test)
-    if config.batch_size is not None and n_train < config.batch_size:
+    if config.fixed_batch_size is not None and n_train < config.fixed_batch_size:
         more = " or a larger --data-size" if config.data_size is not None else ""
         raise DataError(
             f"example {name} has {n_train + n_test} samples, so the train split holds "

@@ -30,8 +30,8 @@ def load(config: TrainConfig) -> ExampleData:
     """The CSV file's data (DataError for a bad file, exit 2): the launcher's hand-off
     when there is one for this file, target and seed, else parsed here.
 
-    ``config.batch_size`` (resolved; None with ``--batch-size auto``): a CSV whose
-    train split holds fewer rows than one batch is refused here.
+    ``config.fixed_batch_size`` (none with ``--batch-size auto``): a CSV whose train
+    split holds fewer rows than one batch is refused here.
     """
     from torchgpu.data import csv_data
 
@@ -40,7 +40,7 @@ def load(config: TrainConfig) -> ExampleData:
     if handed is not None:
         return handed
     return csv_data(config.data, config.target, seed=config.seed,
-                    batch_size=config.batch_size)
+                    batch_size=config.fixed_batch_size)
 
 
 def task(config: TrainConfig) -> Task:

@@ -129,19 +129,40 @@ def train_settings(candidate: Candidate, targets: Sequence[DeviceTarget]) -> Tra
     )
 
 
+#: The planner's optimizer names as ``torchgpu train --optimizer`` values; the others
+#: (momentum, amsgrad, centered variants, none) take options no flag gives.
+TRAIN_OPTIMIZERS = {
+    "adam": "adam", "adamw": "adamw", "sgd": "sgd", "adamax": "torch.optim:Adamax",
+    "nadam": "torch.optim:NAdam", "radam": "torch.optim:RAdam",
+    "adagrad": "torch.optim:Adagrad", "rmsprop": "torch.optim:RMSprop",
+}  # fmt: skip
+
+
 def train_command(
     candidate: Candidate, workload: Workload, targets: Sequence[DeviceTarget]
 ) -> str | None:
-    """The exact ``torchgpu train`` line for ``candidate``: ``--example NAME``, or
-    ``--model SPEC --data SPEC`` for a custom model planned with its data; None for a
-    custom model planned from an input shape (see :func:`python_snippet`)."""
+    """The exact ``torchgpu train`` line for ``candidate``, which runs as printed:
+    ``--example NAME``, or ``--model SPEC --data SPEC`` (with ``--loss``) for a custom
+    model planned with its data, then the plan's settings, ``--optimizer`` when one was
+    asked for, ``--precision``. None where no such line would run (see
+    :func:`python_snippet`): a custom model planned from an input shape, data of pairs
+    without a loss, an optimizer no ``--optimizer`` value names."""
     if workload.example is not None:
         args = ["torchgpu", "train", "--example", workload.example]
     elif workload.model is not None and workload.data is not None:
+        if workload.pairs and workload.loss is None:
+            return None  # train would refuse it: pairs need a loss
         args = ["torchgpu", "train", "--model", workload.model, "--data", workload.data]
+        if workload.loss is not None:
+            args += ["--loss", workload.loss]
     else:
         return None
     args += train_settings(candidate, targets).argv()
+    if workload.optimizer_given:
+        optimizer = TRAIN_OPTIMIZERS.get(workload.optimizer.lower().replace("-", "_"))
+        if optimizer is None:
+            return None
+        args += ["--optimizer", optimizer]
     if workload.precision != "fp32":
         args += ["--precision", workload.precision]
     return shlex.join(args)

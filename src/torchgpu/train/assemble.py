@@ -196,7 +196,8 @@ def _probe(task: Task, model: nn.Module, config: TrainConfig) -> None:
     held_out = f"the evaluation split of {data}" if config.data else "the evaluation data"
     if (config.data or "").startswith("fit:"):  # fit's objects, by its arguments' names
         model_label, data, held_out = "the model", "train_data", "eval_data"
-    probe(task, model, model_label=model_label, data_label=data, eval_label=held_out)
+    probe(task, model, model_label=model_label, data_label=data, eval_label=held_out,
+          loss_label=f"--loss {config.loss}" if config.loss else None)
 
 
 def with_stop_at(run: Assembly, stop_at_step: int | None) -> Assembly:

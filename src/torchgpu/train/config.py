@@ -130,6 +130,14 @@ class TrainConfig:
     estimate_memory: bool = False  # the planner's estimate next to the measured peak
 
     @property
+    def fixed_batch_size(self) -> int | None:
+        """The batch size the run is held to: ``batch_size``, or None under ``--batch-size
+        auto``, where the resolved ``batch_size`` is only where the search starts (the
+        search fits the micro-batch to the data, so no check of the data against the
+        default batch applies)."""
+        return None if self.auto_batch_size else self.batch_size
+
+    @property
     def run_name(self) -> str:
         """What the run trains: the model spec's name, the example name or the CSV's stem."""
         if self.model is not None:

@@ -55,10 +55,20 @@ def aggregates(metric: object) -> TypeGuard[Metric]:
 def check_metrics(metrics: Mapping[Any, Any] | None) -> dict[str, MetricLike]:
     """``metrics`` as a plain dict, each entry checked.
 
-    Raises UsageError naming the entry and the fix for a name that is not a non-empty
+    Raises UsageError for ``metrics`` that is not a mapping (a list of metrics has no
+    names to report them by), and naming the entry and the fix for a name that is not a non-empty
     string, the name ``loss`` (its ``test_loss`` would overwrite the run's loss), and a
     value that is neither a function nor an object with reset/update/compute.
     """
+    if metrics is not None and not isinstance(metrics, Mapping):
+        shown = repr(metrics)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        raise UsageError(
+            f"metrics={shown} is a {type(metrics).__name__}, not a dict: pass "
+            "{name: metric}, e.g. metrics={'accuracy': fn}, each reported as test_<name>, "
+            "where a metric is a function fn(output, target_or_batch) -> float or an object "
+            "with reset(), update(output, target) and compute() -> float"
+        )
     checked: dict[str, MetricLike] = {}
     for name, metric in (metrics or {}).items():
         if not isinstance(name, str) or not name:

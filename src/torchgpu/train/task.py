@@ -76,9 +76,11 @@ class Task:
 
     def make_optimizer(self, model: nn.Module, lr: float) -> torch.optim.Optimizer:
         """The run's optimizer (:attr:`optimizer`) over ``model``'s trainable parameters,
-        at ``lr`` for a built-in name. UsageError when a factory fails or returns no
-        Optimizer."""
+        at ``lr`` for a built-in name. UsageError when there are none, or a factory fails
+        or returns no Optimizer."""
         params = [p for p in model.parameters() if p.requires_grad]
+        if not params:  # torch's "optimizer got an empty parameter list", with the fix
+            raise untrainable("the model", model)
         return optimizers.make(self.optimizer, params, lr)
 
     @property
@@ -149,11 +151,13 @@ def _is_dict_dataset(dataset: Dataset[Any], what: str) -> bool:
     )
 
 
-def check_dataset(dataset: Any, what: str) -> Dataset[Any]:
+def check_dataset(dataset: Any, what: str, *, shuffled: bool = False) -> Dataset[Any]:
     """``dataset`` if it is a non-empty map-style Dataset, else DataError with the fix.
 
     An ``IterableDataset`` is refused: exact resume, DDP sharding and batch-size search
-    need ``len()`` and indexing.
+    need ``len()`` and indexing. ``shuffled`` (the training split): a length whose
+    epoch order would not fit in memory is refused too
+    (:func:`~torchgpu.data.loader.check_order_fits`).
     """
     if isinstance(dataset, IterableDataset):
         raise DataError(
@@ -182,6 +186,10 @@ def check_dataset(dataset: Any, what: str) -> Dataset[Any]:
         ) from None
     if size == 0:
         raise DataError(f"{what} is empty: there is nothing to train on; check the data")
+    if shuffled:
+        from torchgpu.data.loader import check_order_fits
+
+        check_order_fits(size, what)
     checked: Dataset[Any] = dataset
     return checked
 
@@ -197,7 +205,7 @@ def user_task(build_model: Callable[[], nn.Module], train: Any, test: Any = None
     without a loss or a malformed metric.
     """
     checked = check_metrics(metrics)
-    train = check_dataset(train, "the training data")
+    train = check_dataset(train, "the training data", shuffled=True)
     dict_batches = _is_dict_dataset(train, "the training data")
     if test is not None:
         test = check_dataset(test, "the evaluation data")
@@ -253,32 +261,53 @@ def seeded(factory: Callable[[], nn.Module], seed: int) -> Callable[[], nn.Modul
     return build
 
 
+def untrainable(label: str, model: nn.Module) -> UsageError:
+    """The error for a model (``label``) none of whose parameters requires a gradient."""
+    count = sum(1 for _ in model.parameters())
+    which = (f"its {count} parameters are all frozen (requires_grad=False)" if count
+             else f"it is a {type(model).__name__} without parameters")
+    return UsageError(
+        f"{label} has no trainable parameters ({which}): the optimizer would have nothing "
+        "to update. Unfreeze what should train (p.requires_grad_(True)), or pass a model "
+        "that has parameters."
+    )
+
+
 def probe(task: Task, model: nn.Module, *, model_label: str = "the model",
-          data_label: str = "the training data",
-          eval_label: str = "the evaluation data") -> None:
+          data_label: str = "the training data", eval_label: str = "the evaluation data",
+          loss_label: str | None = None) -> None:
     """One forward and loss on the first two training samples, and on the first two
     samples of the held-out split (when the task has one), before anything is written.
 
-    A model the data does not fit, a loss that cannot take the model's output, or a model
-    with no loss of its own would otherwise fail at the first step, after ``--out`` was
-    made; here each is :class:`UsageError` naming the specs (``model_label``,
-    ``data_label``) and the fix. A held-out split the model does not take (``eval_label``:
-    another width than the training data, say) would fail the evaluation after the first
-    epoch; here it is :class:`DataError` naming that split, both splits' shapes and the
-    fix. The training probe runs in the model's training mode (some models return their
-    losses only there), the held-out one in evaluation mode with the output cast to float
-    as :func:`~torchgpu.train.evaluation.evaluate` runs it, both without gradients; they
-    leave no trace: the CPU random state, the model's mode and its buffers (BatchNorm
-    statistics) are put back.
+    A model with no trainable parameters, a model the data does not fit, a loss that
+    cannot take the model's output, a model with no loss of its own, or a loss that is
+    not a scalar or carries no gradient (computed detached, through ``.item()`` or under
+    ``no_grad``) would otherwise fail at the first step, after ``--out`` was made; here
+    each is :class:`UsageError` naming the specs (``model_label``, ``data_label``,
+    ``loss_label``: default the task's loss, or the model's own) and the fix. A held-out
+    split the model does not take (``eval_label``: another width than the training data,
+    say) would fail the evaluation after the first epoch; here it is :class:`DataError`
+    naming that split, both splits' shapes and the fix. The training probe runs in the
+    model's training mode (some models return their losses only there) without
+    gradients; its loss then runs with gradients on an output of tensors that require
+    them (no backward), so a loss that cuts them off shows. The held-out probe runs in
+    evaluation mode with the output cast to float, as
+    :func:`~torchgpu.train.evaluation.evaluate` runs it. The probes leave no trace: the
+    CPU random state, the model's mode and its buffers (BatchNorm statistics) are put back.
     """
     from torchgpu.errors import TorchGpuError, first_line
 
+    if not any(p.requires_grad for p in model.parameters()):
+        raise untrainable(model_label, model)
+    if loss_label is None:
+        loss_label = ("the model's own loss (output.loss)" if task.loss is output_loss
+                      else "the loss")
     sample = task.sample(2)
     was_training = model.training
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     try:
         try:
-            loss = _forward_loss(task, model, sample, evaluating=False)
+            loss, checked = _forward_loss(task, model, sample, evaluating=False)
         except TorchGpuError as error:  # e.g. output_loss: no loss in the output
             raise UsageError(f"{model_label} on two samples of {data_label}: {error}"
                              ) from None
@@ -290,11 +319,15 @@ def probe(task: Task, model: nn.Module, *, model_label: str = "the model",
                 "output; check the model and data specs, or pass the loss that fits."
             ) from None
         _check_scalar(loss, model_label, data_label)
+        if checked and not loss.requires_grad:
+            from torchgpu.accumulate import NO_GRADIENT
+
+            raise UsageError(f"{loss_label} of {model_label} on {data_label} {NO_GRADIENT}")
         if task.test is None:
             return
         held_out = task.sample(2, "test")
         try:
-            float(_forward_loss(task, model, held_out, evaluating=True))
+            float(_forward_loss(task, model, held_out, evaluating=True)[0])
         except Exception as error:
             raise DataError(
                 f"{model_label} takes {data_label} ({_shapes(sample, task)}) but fails on two "
@@ -312,10 +345,12 @@ def probe(task: Task, model: nn.Module, *, model_label: str = "the model",
 
 
 def _forward_loss(task: Task, model: nn.Module, batch: tuple[Any, Any], *,
-                  evaluating: bool) -> Any:
-    """The task's loss of ``model`` on ``batch`` (moved to the model's device), without
-    gradients and with the CPU random state put back; ``evaluating``: in evaluation
-    mode, a tensor output cast to float (as evaluation runs it)."""
+                  evaluating: bool) -> tuple[Any, bool]:
+    """The task's loss of ``model`` on ``batch`` (moved to the model's device), the model
+    run without gradients and the CPU random state put back, and whether the loss ran on
+    an output that requires gradients (so its own gradient can be checked: see
+    :func:`_grad_leaves`); ``evaluating``: in evaluation mode, a tensor output cast to
+    float (as evaluation runs it), no gradients at all."""
     from torchgpu.transfer import to_device
 
     inputs, target = batch
@@ -331,9 +366,14 @@ def _forward_loss(task: Task, model: nn.Module, batch: tuple[Any, Any], *,
             output = model(*inputs)
         else:
             output = model(inputs)
-        if evaluating and isinstance(output, Tensor):
-            output = output.float()
-        return task.loss(output, target)
+        if evaluating:
+            if isinstance(output, Tensor):
+                output = output.float()
+            return task.loss(output, target), False
+        stand_in = _grad_leaves(output)
+        with torch.enable_grad():  # the loss (not the model) on an output with gradients
+            return task.loss(output if stand_in is None else stand_in, target), \
+                stand_in is not None
 
 
 def _check_scalar(loss: Any, model_label: str, data_label: str) -> None:
@@ -344,6 +384,23 @@ def _check_scalar(loss: Any, model_label: str, data_label: str) -> None:
             "tensor: the loss must return one number per batch (e.g. a mean); pass a "
             "loss that reduces, e.g. torch.nn.CrossEntropyLoss()"
         )
+
+
+def _grad_leaves(output: Any) -> Any | None:
+    """``output`` (a tensor, or tuples, lists and dicts of them) with each floating tensor
+    a detached copy that requires a gradient, as the model's output would in a step;
+    None when something else is in it (a dataclass, a model-output object): the loss's
+    gradient is then not checked, rather than blamed for what the copy could not carry."""
+    from torch.utils import _pytree
+
+    leaves, spec = _pytree.tree_flatten(output)
+    if not leaves or not all(isinstance(leaf, Tensor) for leaf in leaves):
+        return None
+    if not any(leaf.is_floating_point() for leaf in leaves):
+        return None
+    return _pytree.tree_unflatten(
+        [leaf.detach().requires_grad_() if leaf.is_floating_point() else leaf
+         for leaf in leaves], spec)
 
 
 def _shapes(batch: tuple[Any, Any], task: Task) -> str:
