@@ -31,6 +31,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", f"device: takes the run_device fixture ({TEST_DEVICE_ENV} picks the device)"
     )
+    # pytest-xdist registers it too; without xdist (-p no:xdist) --strict-markers would
+    # refuse tests.procs.HEAVY
+    config.addinivalue_line("markers", "xdist_group(name): run on one xdist worker")
 
 
 @pytest.fixture
