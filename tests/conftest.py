@@ -1,5 +1,6 @@
 """Shared test set-up: the gpu marker skips without CUDA; tests run single-threaded
-so two xdist workers share the 2-core CI machine fairly; the ``run_device`` fixture."""
+so two xdist workers share the 2-core CI machine fairly, and ``xdist_group`` marks hold
+under ``--dist loadgroup``; the ``run_device`` fixture."""
 
 from __future__ import annotations
 
@@ -31,6 +32,34 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", f"device: takes the run_device fixture ({TEST_DEVICE_ENV} picks the device)"
     )
+    # pytest-xdist registers it too; without xdist (-p no:xdist) --strict-markers would
+    # refuse tests.procs.HEAVY
+    config.addinivalue_line("markers", "xdist_group(name): run on one xdist worker")
+    config.pluginmanager.register(_XdistGroups(), "torchgpu-xdist-groups")
+
+
+class _XdistGroups:
+    """``--dist loadgroup`` learns a test's ``xdist_group`` from a ``@name`` suffix that
+    pytest-xdist's worker adds to its node id by setting ``item._nodeid``, which pytest
+    9.2 no longer reads (its node ids are structured): every group was silently ignored
+    and its tests spread over both workers (pytest-xdist issue 1386). Add the suffix
+    through the structured id where xdist's did not take."""
+
+    @pytest.hookimpl(trylast=True)  # after xdist's own attempt
+    def pytest_collection_modifyitems(self, config: pytest.Config,
+                                      items: list[pytest.Item]) -> None:
+        if not getattr(config.option, "loadgroup", False):  # set on loadgroup workers only
+            return
+        try:
+            from _pytest.nodeid import NodeId
+        except ImportError:  # an older pytest: xdist's suffix takes
+            return
+        for item in items:
+            names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name",
+                                                                              "default"))
+                            for mark in item.iter_markers("xdist_group")})
+            if names and "@" not in item.nodeid.rsplit("]", 1)[-1]:
+                item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(names)}")  # type: ignore[attr-defined]
 
 
 @pytest.fixture

@@ -11,8 +11,24 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 SRC = REPO / "src"
+
+#: A bound on waiting for a ``torchgpu`` run (or a torchrun group) to get going or to
+#: end -- a hang guard, not a claim about speed: starting the launcher and each worker
+#: (Python, torch, the run's assembly) takes ~10 s on a quiet machine and was seen at
+#: 86 s on a loaded 2-core one running the suite with ``-n 2``. Tests that bound how
+#: fast something happens measure an interval inside the run instead (from a file's
+#: time or a line the run prints), with a bound far from what they guard against.
+START_S = 240.0
+
+#: The heaviest multi-process tests (several runs in a row, restarts): ``make test``
+#: (``-n 2 --dist loadgroup``) gives them all to one xdist worker, one after another, so
+#: that two of them never share the 2-core machine at once. Each also carries a
+#: ``pytest.mark.timeout`` sized for its runs on a loaded machine.
+HEAVY = pytest.mark.xdist_group("heavy-multiprocess")
 
 
 def test_env(**extra: str) -> dict[str, str]:
@@ -39,7 +55,7 @@ def free_port() -> int:
 
 
 def run_cli(
-    args: Sequence[str], timeout: float = 120, cwd: Path | None = None, **env: str
+    args: Sequence[str], timeout: float = START_S, cwd: Path | None = None, **env: str
 ) -> subprocess.CompletedProcess[str]:
     """Run ``python -m torchgpu ARGS`` in a child process, bounded by ``timeout`` seconds."""
     return subprocess.run(
@@ -71,7 +87,7 @@ def run_torchrun(
     script: Path | str,
     nproc: int,
     args: Sequence[str] = (),
-    timeout: float = 120,
+    timeout: float = START_S,
     **env: str,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``script`` under torchrun (``torch.distributed.run``) with ``nproc`` gloo

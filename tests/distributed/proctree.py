@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from tests.procs import test_env
+from tests.procs import START_S, test_env
 
 
 def _stat(pid: int) -> tuple[str, int, int] | None:
@@ -111,7 +111,7 @@ class Session:
         self.seen.update(found)
         return found
 
-    def worker(self, rank: int, timeout_s: float = 60) -> int:
+    def worker(self, rank: int, timeout_s: float = START_S) -> int:
         """The pid of the process below the command whose environment has RANK=rank."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and self.proc.poll() is None:
@@ -122,7 +122,7 @@ class Session:
         raise AssertionError(f"no worker with RANK={rank} below pid {self.pid}: "
                              f"{self.stderr()[-2000:]}")
 
-    def wait_for(self, path: Path, timeout_s: float = 60) -> None:
+    def wait_for(self, path: Path, timeout_s: float = START_S) -> None:
         deadline = time.monotonic() + timeout_s
         while not path.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:

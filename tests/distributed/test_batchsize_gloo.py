@@ -16,7 +16,7 @@ WORKER = Path(__file__).with_name("batchsize_worker.py")
 def test_two_ranks_agree_on_the_smaller_limit() -> None:
     bytes_per_sample = 1000
     limits = [100_000, 37_000]  # rank 0 fits 100 samples, rank 1 fits 37
-    proc = run_torchrun(WORKER, 2, [",".join(map(str, limits)), str(bytes_per_sample)], timeout=90)
+    proc = run_torchrun(WORKER, 2, [",".join(map(str, limits)), str(bytes_per_sample)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert sorted(r["rank"] for r in rows) == [0, 1]

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from tests.distributed.proctree import Session, running
+from tests.procs import START_S
 
 pytestmark = pytest.mark.slow
 
 
-def _workers_started(run: Session, timeout_s: float = 60) -> list[int]:
+def _workers_started(run: Session, timeout_s: float = START_S) -> list[int]:
     """Wait until the DDP suite's worker processes (children of the fork server, so
     grandchildren of the bench) exist; return every process below the bench."""
     deadline = time.monotonic() + timeout_s
@@ -44,16 +45,15 @@ def _start(tmp_path: Path) -> Session:
 def test_sigterm_to_bench_ends_its_workers_and_fork_server(tmp_path: Path) -> None:
     with _start(tmp_path) as run:
         below = _workers_started(run)
-        sent = time.monotonic()
         run.proc.send_signal(signal.SIGTERM)  # the bench process alone
-        code = run.wait(30)
-        took_s = time.monotonic() - sent
+        # a few seconds on a quiet machine; the suite it stops would run for minutes, and
+        # "bench stopped by SIGTERM" says it was the signal that ended it
+        code = run.wait(90)
         deadline = time.monotonic() + 10
         while any(running(p) for p in below) and time.monotonic() < deadline:
             time.sleep(0.05)
     assert not run.leftovers, f"processes left running: {run.leftovers}"
     assert code == 128 + signal.SIGTERM, run.stderr()[-3000:]
-    assert took_s < 30
     assert "bench stopped by SIGTERM" in run.stderr()
     assert "Traceback" not in run.stderr()
 
@@ -63,9 +63,10 @@ def test_workers_of_a_killed_bench_exit_by_themselves(tmp_path: Path) -> None:
         below = _workers_started(run)
         run.proc.send_signal(signal.SIGKILL)
         run.wait(10)
-        deadline = time.monotonic() + 15
+        # they notice within seconds; unnoticed, they would wait for work forever
+        deadline = time.monotonic() + 60
         while any(running(p) for p in below) and time.monotonic() < deadline:
             time.sleep(0.05)
         left = [p for p in below if running(p)]
-    assert not left, f"still running 15 s after the bench was killed: {left}"
+    assert not left, f"still running 60 s after the bench was killed: {left}"
     assert not run.leftovers

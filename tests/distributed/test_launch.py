@@ -30,7 +30,7 @@ def _script(tmp_path: Path) -> Path:
 
 @pytest.mark.slow
 def test_launch_two_processes_on_one_node(tmp_path: Path) -> None:
-    done = run_cli(["launch", "--nproc", "2", str(_script(tmp_path))], timeout=90)
+    done = run_cli(["launch", "--nproc", "2", str(_script(tmp_path))])
     assert done.returncode == 0, done.stderr[-2000:]
     assert "rank 0 of 2: sum 3" in done.stdout and "rank 1 of 2: sum 3" in done.stdout
 
@@ -50,7 +50,7 @@ def test_two_node_agents_rendezvous_on_loopback(tmp_path: Path) -> None:
     outputs = []
     try:
         for agent in agents:
-            out, err = agent.communicate(timeout=90)
+            out, err = agent.communicate(timeout=procs.START_S)
             outputs.append(out)
             assert agent.returncode == 0, err[-2000:]
     finally:
@@ -89,6 +89,6 @@ def test_launch_without_script_names_only_script(
 def test_failed_worker_exit_code_is_reported(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("import os, sys\nsys.exit(3 if os.environ['RANK'] == '1' else 0)\n")
-    done = run_cli(["launch", "--nproc", "2", str(bad)], timeout=90)
+    done = run_cli(["launch", "--nproc", "2", str(bad)])
     assert done.returncode == 3
     assert "worker rank 1" in done.stderr

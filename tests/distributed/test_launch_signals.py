@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.distributed.proctree import Session
+from tests.procs import START_S
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +48,7 @@ def _start(tmp_path: Path, *flags: str, **env: str) -> Session:
 
 def _ready(run: Session, tmp_path: Path) -> None:
     for rank in (0, 1):
-        run.wait_for(tmp_path / f"ready-{rank}", timeout_s=60)
+        run.wait_for(tmp_path / f"ready-{rank}")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -57,7 +58,7 @@ def test_a_signal_to_the_group_reaches_every_worker_and_exits_0(
     with _start(tmp_path) as run:
         _ready(run, tmp_path)
         os.killpg(run.pid, sig)
-        code = run.wait(30)
+        code = run.wait(60)
     assert not run.leftovers, f"processes left running: {run.leftovers}"
     assert code == 0, run.stderr()[-3000:]
     assert "Traceback" not in run.stderr()
@@ -70,12 +71,14 @@ def test_workers_ignoring_sigterm_are_killed_after_the_stop_timeout(tmp_path: Pa
         _ready(run, tmp_path)
         sent = time.monotonic()
         run.proc.send_signal(signal.SIGTERM)
-        code = run.wait(30)
+        # ~3 s on a quiet machine; the default --stop-timeout (60 s) would outlast the wait
+        code = run.wait(50)
         took_s = time.monotonic() - sent
     err = run.stderr()
     assert not run.leftovers, f"processes left running: {run.leftovers}"
     assert code == 128 + signal.SIGTERM, err[-3000:]
-    assert 2 <= took_s < 20
+    assert took_s >= 2
+    # the kill came from the 2 s timer (the launcher's own words), not from elsewhere
     assert "still running 2 s after SIGTERM were killed" in err
     assert "worker rank 0 of" in err and "(signal 9)" in err
     assert "Traceback" not in err
@@ -83,7 +86,7 @@ def test_workers_ignoring_sigterm_are_killed_after_the_stop_timeout(tmp_path: Pa
 
 def test_stop_timeout_must_be_positive(tmp_path: Path) -> None:
     with _start(tmp_path, "--stop-timeout", "0") as run:
-        code = run.wait(30)
+        code = run.wait(START_S)
     assert code == 2
     assert "--stop-timeout 0.0 is out of range" in run.stderr()
 

@@ -30,7 +30,7 @@ from torch import nn
 
 from tests.distributed.proctree import Session
 from tests.distributed.test_hang import MARGIN_S, TIMEOUT_S, _until_exit
-from tests.procs import run_cli
+from tests.procs import HEAVY, run_cli
 from tests.stage_models import dropout_bn
 from torchgpu.checkpoint import verify_checkpoint
 
@@ -65,6 +65,8 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
+@HEAVY
+@pytest.mark.timeout(900)  # three runs (the fixture's too)
 def test_a_crashed_run_resumes_bitwise(tmp_path: Path, uninterrupted: Path) -> None:
     """Rank 1 is killed after step 7 (the last save: step 6, mid-epoch); `--resume`
     continues from step 6 and ends bitwise equal to the uninterrupted run: both ranks'
@@ -95,19 +97,22 @@ def test_a_crashed_run_resumes_bitwise(tmp_path: Path, uninterrupted: Path) -> N
 
 
 @pytest.mark.slow
+@HEAVY
+@pytest.mark.timeout(900)  # three runs
 def test_a_sigterm_stops_both_stages_saved_and_resume_is_bitwise(tmp_path: Path) -> None:
     """SIGTERM to the launcher reaches both ranks; they agree on one step boundary (the
     step's all-reduce), save there and exit 0; `--resume` then ends as the uninterrupted
-    run (housing: 10 steps per epoch, 80 epochs)."""
+    run (housing: 10 steps per epoch, 30 epochs; the stop lands a few steps after the
+    first save, at step 20)."""
     flags = ["train", "--example", "housing", "--data-size", "100", "--batch-size", "8",
-             "--epochs", "80", *STAGES]
+             "--epochs", "30", *STAGES]
     whole = tmp_path / "whole"
     done = run_cli([*flags, "--out", str(whole)], timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     out = tmp_path / "run"
     saves = ["--save-every", "20", "--keep-last", "2"]
     with Session([*flags, *saves, "--out", str(out)], tmp_path) as run:
-        run.wait_for(out / "checkpoints" / "latest", timeout_s=120)
+        run.wait_for(out / "checkpoints" / "latest")
         run.look()
         os.kill(run.pid, signal.SIGTERM)
         code = run.wait(60)
@@ -116,7 +121,7 @@ def test_a_sigterm_stops_both_stages_saved_and_resume_is_bitwise(tmp_path: Path)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stopped_early"] and "SIGTERM" in summary["stop_reason"]
     step = summary["stopped_at_step"]
-    assert 0 < step < 800
+    assert 20 <= step < 300
     latest = (out / "checkpoints" / "latest").read_text().strip()
     assert latest == f"step-{step:08d}"
     verify_checkpoint(out / "checkpoints" / latest)
@@ -164,6 +169,7 @@ def test_fp16_is_refused_with_the_reason() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # a start (START_S at most), then the hang's bounded end
 @pytest.mark.parametrize(("rank", "other"), [(1, 0), (0, 1)])
 def test_a_stage_that_never_arrives_is_named_with_its_step(tmp_path: Path, rank: int,
                                                            other: int) -> None:
@@ -225,14 +231,13 @@ def test_profile_tensorboard_and_memory_estimate(tmp_path: Path) -> None:
 def test_a_model_it_cannot_cut_is_refused_before_workers_start(
         tmp_path: Path, spec: list[str], needle: str) -> None:
     out = tmp_path / "run"
-    started = time.monotonic()
     done = run_cli(["train", *spec, *STAGES, "--epochs", "1", "--batch-size", "8",
-                    "--out", str(out)], timeout=120)
+                    "--out", str(out)])
     assert done.returncode == 2, done.stderr[-3000:]
-    assert done.stderr.count(needle) == 1, done.stderr  # once: the launcher's
+    # once: the launcher's; no worker started (each would have said it too)
+    assert done.stderr.count(needle) == 1, done.stderr
     assert "worker" not in done.stderr and "Traceback" not in done.stderr
     assert not out.exists()
-    assert time.monotonic() - started < 60
 
 
 @pytest.fixture

@@ -19,14 +19,18 @@ from pathlib import Path
 import pytest
 
 from tests.distributed.proctree import Session, environ
+from tests.procs import START_S
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # a start (START_S at most), its end
 
 # 100 samples, batch 8: 5 steps per epoch per rank; many epochs, so a run that is not
 # stopped would go on far longer than the bounds below.
 COMMON = ["--example", "housing", "--data-size", "100", "--batch-size", "8",
           "--progress", "off", "--device", "cpu", "--nproc", "2", "--strategy", "ddp"]
-STOP_BOUND_S = 30.0  # signal -> launcher gone: a rank's import of torch, then the stop
+# signal -> launcher gone: a rank's import of torch, then the stop (~5 s on a quiet
+# machine; a start takes up to START_S on a loaded one). A stop turned into a failure
+# (torchrun's SIGKILL after its 30 s grace, a restart) is told by its words, not its time.
+STOP_BOUND_S = 120.0
 
 
 def _check_clean_stop(run: Session, code: int, out: Path, sent: float, who: str) -> str:
@@ -44,7 +48,7 @@ def _check_clean_stop(run: Session, code: int, out: Path, sent: float, who: str)
 
 def _first_sight(run: Session, rank: int) -> int:
     """The worker of ``rank``, as soon as it exists (it is still starting Python)."""
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + START_S
     while time.monotonic() < deadline and run.proc.poll() is None:
         for pid in run.look():
             if f"RANK={rank}".encode() in environ(pid):
@@ -86,8 +90,9 @@ def test_a_rank_stopped_while_its_peer_waits_for_it_ends_in_seconds(tmp_path: Pa
         os.kill(rank1, signal.SIGCONT)
         sent = time.monotonic()
         code = run.wait(STOP_BOUND_S + 30)
+    # rank 0 did not wait for torchrun's 30 s grace and its SIGKILL: that would be exit 1,
+    # "failed (signal 9)"
     _check_clean_stop(run, code, out, sent, "SIGTERM on rank 1")
-    assert time.monotonic() - sent < 20  # far from torchrun's 30 s grace and its SIGKILL
 
 
 @pytest.mark.parametrize(("sig", "where"), [(signal.SIGTERM, "launcher"),
@@ -119,7 +124,7 @@ def test_sigterm_to_a_rank_of_a_finished_run_changes_nothing(tmp_path: Path) -> 
         rank1 = run.worker(1)
         beats = Path(next(v.split(b"=", 1)[1].decode() for v in environ(rank1)
                           if v.startswith(b"TORCHGPU_HEARTBEAT_DIR=")))
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + START_S
         while time.monotonic() < deadline and run.proc.poll() is None:
             try:
                 if json.loads((beats / "rank1.json").read_text()).get("phase") == "done":
@@ -155,7 +160,7 @@ def test_sigterm_while_the_launcher_hands_the_csv_over_leaves_no_file(tmp_path: 
             "ddp", "--device", "cpu", "--epochs", "1", "--progress", "off", "--out",
             str(tmp_path / "run")]
     with Session(args, tmp_path, TMPDIR=str(temp)) as run:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + START_S
         while not list(temp.glob("torchgpu-data-*")):
             assert run.proc.poll() is None and time.monotonic() < deadline, run.stderr()
             time.sleep(0.001)

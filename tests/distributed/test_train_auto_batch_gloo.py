@@ -20,7 +20,7 @@ def test_ranks_with_different_limits_both_pick_the_minimum(tmp_path: Path) -> No
                     "--device", "cpu", "--nproc", "2", "--strategy", "ddp",
                     "--batch-size", "auto", "--effective-batch-size", "44",
                     "--progress", "plain", "--out", str(out)],
-                   timeout=120, **{SIMULATE_ENV: "40,11"})
+                   **{SIMULATE_ENV: "40,11"})
     assert done.returncode == 0, done.stderr[-3000:]
     # rank 1 fits 11, rank 0 fits 40: both use 11; 44 = 11 x 2 accumulation x 2 processes
     assert "largest micro-batch that fits: 11 [" in done.stderr

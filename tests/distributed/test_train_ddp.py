@@ -32,7 +32,7 @@ def test_ddp_two_processes_match_one_process_with_the_global_batch(
     ddp_out, one_out = tmp_path / "ddp", tmp_path / "one"
     common = [*COMMON, "--data-size", size, *extra]
     ddp = run_cli(["train", *common, "--nproc", "2", "--strategy", "ddp", "--batch-size", "8",
-                   "--out", str(ddp_out)], timeout=120)
+                   "--out", str(ddp_out)])
     assert ddp.returncode == 0, ddp.stderr[-2000:]
     from torchgpu.cli.train import config_from_argv
     from torchgpu.train.runner import train

@@ -17,7 +17,7 @@ WORKER = Path(__file__).with_name("train_oom_worker.py")
 
 @pytest.fixture(scope="module")
 def reports() -> list[dict[str, Any]]:
-    proc = run_torchrun(WORKER, 2, timeout=120)
+    proc = run_torchrun(WORKER, 2)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert sorted(r["rank"] for r in rows) == [0, 1]

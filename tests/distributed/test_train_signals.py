@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 
 from tests.distributed.proctree import Session
-from tests.procs import run_cli
+from tests.procs import HEAVY, run_cli
 from torchgpu.checkpoint import verify_checkpoint
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # a start (START_S at most), its end
 
 # 100 samples -> 80 train rows -> 5 micro-batches of 8 per rank per epoch (10 ms or so):
 # many epochs per agreement period, and far more epochs than a test waits for.
@@ -31,8 +31,12 @@ COMMON = ["--example", "housing", "--data-size", "100", "--batch-size", "8",
           "--epochs", "100000", "--progress", "off", "--device", "cpu"]
 SAVES = ["--save-every", "20", "--keep-last", "2"]
 DDP = ["--nproc", "2", "--strategy", "ddp"]
-STOP_BOUND_S = 5.0  # signal -> the stop's checkpoint on disk
-EXIT_BOUND_S = 30.0  # signal -> the launcher has exited (startup of nothing, teardown)
+# signal -> the stop's checkpoint on disk (its manifest's time, written by the run): the
+# next agreement (~0.5 s) and the save, ~1 s on a quiet machine; far below the launcher's
+# 60 s --stop-timeout, after which it kills the workers unsaved
+STOP_BOUND_S = 20.0
+# signal -> the launcher has exited (a hang guard: the save, then the teardown)
+EXIT_BOUND_S = 90.0
 
 
 def _stop(tmp_path: Path, extra: list[str], sig: signal.Signals, where: str,
@@ -56,12 +60,10 @@ def _stop(tmp_path: Path, extra: list[str], sig: signal.Signals, where: str,
         else:
             os.kill(target, sig)
         code = run.wait(EXIT_BOUND_S)
-        took_s = time.time() - sent
     err = run.stderr()
     assert not run.leftovers, f"processes left running: {run.leftovers}"
     assert code == 0, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
-    assert took_s < EXIT_BOUND_S
     summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
     step = summary["stopped_at_step"]
     assert summary["stopped_early"] and sig.name in summary["stop_reason"]
@@ -83,6 +85,8 @@ def _stop(tmp_path: Path, extra: list[str], sig: signal.Signals, where: str,
     return summary
 
 
+@HEAVY
+@pytest.mark.timeout(900)  # two runs
 def test_sigterm_to_the_launcher_stops_both_ranks_saved_and_resumable(tmp_path: Path) -> None:
     summary = _stop(tmp_path, DDP, signal.SIGTERM, "launcher")
     assert summary["stop_reason"] == "SIGTERM"
@@ -90,7 +94,7 @@ def test_sigterm_to_the_launcher_stops_both_ranks_saved_and_resumable(tmp_path: 
     epochs = summary["position"]["epoch"] + 2
     out = tmp_path / "run"
     done = run_cli(["train", *COMMON, *DDP, *SAVES, "--out", str(out), "--resume",
-                    "--epochs", str(epochs)], timeout=120)
+                    "--epochs", str(epochs)])
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"resuming from {summary['checkpoint']}" in done.stderr
     resumed = json.loads((out / "summary.json").read_text())

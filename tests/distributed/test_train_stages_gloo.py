@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.procs import run_cli
+from tests.procs import HEAVY, run_cli
 from torchgpu.models import HousingNet
 
 # 123 rows: 98 training rows in batches of 13 (last one 7, prime), 25 test rows (odd);
@@ -45,7 +45,7 @@ def test_two_stage_processes_match_one_process(tmp_path: Path, single: Path) -> 
     # rows as 3 x 2 (1F1B) then 1 x 1 (GPipe); the 25 test rows forward in one piece.
     out = tmp_path / "stages"
     done = run_cli(["train", *COMMON, "--strategy", "pipeline", "--nproc", "2",
-                    "--schedule", "1f1b", "--chunks", "4", "--out", str(out)], timeout=120)
+                    "--schedule", "1f1b", "--chunks", "4", "--out", str(out)])
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("trained housing (pipeline, 2 process(es)") == 1  # rank 0 only
     assert done.stderr.count("pipeline over 2 processes (1f1b") == 1
@@ -91,16 +91,17 @@ NAN_RUN = ["--model", "tests.user_models:seq_factory", "--data", "tests.user_mod
 
 
 @pytest.mark.slow
+@HEAVY
+@pytest.mark.timeout(600)  # two runs
 def test_stage_pipeline_runs_the_engine_loop_on_a_nonfinite_loss(tmp_path: Path) -> None:
     """The stage pipeline trains in run_epoch: --on-nonfinite skip drops the NaN batch's
     step on every rank (one per epoch), stop raises the loop's error on every rank."""
     out = tmp_path / "skip"
-    done = run_cli(["train", *NAN_RUN, "--on-nonfinite", "skip", "--out", str(out)],
-                   timeout=120)
+    done = run_cli(["train", *NAN_RUN, "--on-nonfinite", "skip", "--out", str(out)])
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["skipped_steps"] == 2 and summary["steps"] == 8  # 5 batches, 2 epochs
     assert all(x == x for x in _steps(out))  # no NaN reached a step's loss
-    stopped = run_cli(["train", *NAN_RUN, "--out", str(tmp_path / "stop")], timeout=120)
+    stopped = run_cli(["train", *NAN_RUN, "--out", str(tmp_path / "stop")])
     assert stopped.returncode == 1
     assert "loss nan on rank 1" in stopped.stderr and "--on-nonfinite skip" in stopped.stderr

@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from tests.procs import run_cli, test_env
+from tests.procs import START_S, run_cli, test_env
 from torchgpu.checkpoint import atomic, verify_checkpoint
 from torchgpu.cli.main import main
 from torchgpu.errors import (
@@ -389,7 +389,7 @@ def _start(out: Path, *extra: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=test_env())
 
 
-def _wait_for(path: Path, proc: subprocess.Popen[str], timeout_s: float = 60) -> None:
+def _wait_for(path: Path, proc: subprocess.Popen[str], timeout_s: float = START_S) -> None:
     deadline = time.monotonic() + timeout_s
     while not path.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -420,7 +420,7 @@ def test_sigterm_saves_exits_0_and_a_new_process_resumes_identically(
     last = out / "checkpoints" / f"step-{stopped_at:08d}"
     assert (out / "checkpoints" / "latest").read_text().strip() == last.name
     verify_checkpoint(last)
-    done = run_cli(["train", *LONG, "--out", str(out), "--resume"], timeout=120)
+    done = run_cli(["train", *LONG, "--out", str(out), "--resume"])
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"resuming from {last}" in done.stderr
     assert _same_weights(load_file(out / "model.safetensors"), long_reference)
