@@ -60,6 +60,15 @@ def record_stop(reason: str, rank: int | None, path: str | None = None) -> None:
             os.unlink(temporary)
 
 
+def clear_stop(path: str | None = None) -> None:
+    """Remove the run's stop record (``path``, default :func:`stop_file`), if any: the
+    launcher's, before it restarts workers whose record was not a stop."""
+    path = path or stop_file()
+    if path:
+        with suppress(OSError):
+            os.unlink(path)
+
+
 def recorded_stop(path: str | None = None) -> str | None:
     """The run's stop as words (``"SIGTERM on rank 1"``, ``"SIGTERM to the launcher"``),
     or None when nobody recorded one (``path``: default :func:`stop_file`)."""
