@@ -59,3 +59,24 @@ def test_a_crash_is_restarted_every_time(tmp_path: Path) -> None:
         assert code == 0, f"attempt {attempt}: {err[-3000:]}"
         assert (where / "crashed").exists() and "torchrun restart 1: resuming from" in err
         assert "stopped by" not in err
+
+
+def test_a_slow_start_up_is_a_named_failure_and_restarted(tmp_path: Path) -> None:
+    """Rank 0 takes 15 s to build its model (first round only), rank 1 waits for it at most
+    --startup-timeout 4 s (--collective-timeout 3 s is for the collectives after it): the
+    start-up fails, named (which rank waited, in which phase, which rank did not join,
+    the flag to raise), is no stop, and --max-restarts 1 restarts it; the run finishes."""
+    args = ["train", *SPECS, "--epochs", "2", "--batch-size", "4", "--progress", "off",
+            "--device", "cpu", "--nproc", "2", "--max-restarts", "1", "--startup-timeout",
+            "4", "--collective-timeout", "3", "--out", str(tmp_path / "run")]
+    code, err = _launch(tmp_path, args, 150, FAULTY_BUILD="0:15")
+    assert code == 0, err[-3000:]
+    assert "stopped by" not in err, err[-3000:]
+    paragraph = next(line for line in err.splitlines() if "start-up timed out" in line)
+    assert ("rank(s) 1 waited for 4 s in forming the process group (start-up), which "
+            "rank(s) 0 did not join") in paragraph, paragraph
+    assert "rank 0: in its start-up (building the model" in paragraph, paragraph
+    assert "faulty.py" in paragraph  # where rank 0 was: in the model's factory
+    assert "raise --startup-timeout" in paragraph and "torchrun restarted" in paragraph
+    assert [m.split(" pid")[0] for m in marks(tmp_path / "marks")] == ["build 0"]
+    assert (tmp_path / "run" / "summary.json").exists()

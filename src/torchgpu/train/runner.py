@@ -51,6 +51,7 @@ from torchgpu.train.report import (
 )
 from torchgpu.train.run_steps import StepContext
 from torchgpu.train.state import StopFlag
+from torchgpu.train.stop_deadline import StopDeadline
 from torchgpu.train.strategies import Strategy
 from torchgpu.train.task import Task, spreads_inputs
 
@@ -252,7 +253,8 @@ def _run(
     started = time.perf_counter()
     progress.start(config.epochs, batches_per_epoch, state.epoch)
     try:
-        with stop.installed():
+        deadline = StopDeadline(stop, config.stop_timeout, ckpt.saving, lambda: ckpt.last_saved)
+        with stop.installed(), deadline.watching():
             for epoch in range(state.epoch, config.epochs):
                 if state.batch_in_epoch == 0 or state.epoch != epoch:
                     state.begin_epoch(epoch)
@@ -269,6 +271,8 @@ def _run(
                 # A stop agreed after the run's last step stops nothing: it finishes.
                 finished = (epoch == config.epochs - 1
                             and state.batch_in_epoch >= batches_per_epoch)
+                if totals.stopped:  # at a step boundary: the stop's save is not cut short
+                    deadline.reached()
                 if totals.stopped and not finished:
                     stopped_at = state.step
                     if agree and steps.stop.steps_by_rank is None:
