@@ -221,6 +221,8 @@ def test_a_bad_value_from_the_file_is_named_as_the_files_line(
     ("epoch = 2\n", "unknown setting"),
     ('strategy = "zero3"\n', "zero3"),
     ('model = "fit:Net"\n[run]\ncli = false\n', "torchgpu.fit"),
+    ("batch_size = 4\nbatch-size = 12\n", "line 1 (batch_size = ...) and line 2"),
+    ("\ufeffepochs = 0\n", "epochs = 0 is out of range"),  # a BOM is no error itself
 ])
 def test_bad_config_exits_2_without_writing(tmp_path: Path, text: str, needle: str,
                                             capsys: pytest.CaptureFixture[str]) -> None:

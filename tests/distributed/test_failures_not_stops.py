@@ -80,3 +80,21 @@ def test_a_slow_start_up_is_a_named_failure_and_restarted(tmp_path: Path) -> Non
     assert "raise --startup-timeout" in paragraph and "torchrun restarted" in paragraph
     assert [m.split(" pid")[0] for m in marks(tmp_path / "marks")] == ["build 0"]
     assert (tmp_path / "run" / "summary.json").exists()
+
+
+def test_a_rank_slow_in_data_loading_is_a_named_hang_not_a_stop(tmp_path: Path) -> None:
+    """Rank 0's tenth item (its eighth in training, in step 2) takes 30 s to load, longer
+    than --collective-timeout 3: rank 1 times out in the gradient all-reduce. The run fails (exit 1, not 143) with the hang's
+    paragraph naming rank 0's data loading as where it was."""
+    args = ["train", *SPECS, "--epochs", "20", "--batch-size", "4", "--progress", "off",
+            "--device", "cpu", "--nproc", "2", "--strategy", "ddp", "--collective-timeout",
+            "3", "--out", str(tmp_path / "run")]
+    code, err = _launch(tmp_path, args, 120, FAULTY_ITEM="0:10:sleep=30")
+    assert code == 1, err[-3000:]
+    assert "stopped by" not in err, err[-3000:]
+    paragraph = next(line for line in err.splitlines() if "the run hung" in line)
+    assert ("rank(s) 1 waited for 3 s in the gradient all-reduce of step 2, which rank(s) 0 "
+            "did not reach: rank(s) 0 hung in data loading") in paragraph, paragraph
+    assert "rank 0: loading the data of step 2 (waiting for its next batch)" in paragraph
+    assert "faulty.py" in paragraph and "in __getitem__" in paragraph, paragraph
+    assert err.strip().splitlines()[-1] == paragraph  # the run's last word

@@ -176,3 +176,30 @@ def test_fit_takes_the_new_settings_and_writes_config_toml(tmp_path: Path) -> No
     assert result.summary["profile"]["steps"] == 1
     assert result.summary["memory_estimate"]["source"] == "estimate_memory"
     assert (tmp_path / "tensorboard").is_dir()
+
+
+@pytest.mark.parametrize(("text", "lines"), [
+    ("batch_size = 4\nepochs = 1\nbatch-size = 12\n", (1, 3)),  # two spellings
+    ("epochs = 1\n\nbatch-size = 4\n'batch_size' = 12\n[run]\ncli = true\n", (3, 4)),
+    ("lr = 0.1\nlr = 0.2\n", (1, 2)),  # TOML itself rejects the exact repeat
+])
+def test_a_setting_given_twice_names_both_lines(tmp_path: Path, text: str,
+                                                lines: tuple[int, int]) -> None:
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError) as raised:
+        read_settings(path)
+    message = str(raised.value)
+    assert path in message and "\n" not in message and "twice" in message
+    assert f"line {lines[0]} " in message and f"line {lines[1]} " in message
+
+
+def test_a_key_like_line_inside_a_multiline_string_is_no_repeat(tmp_path: Path) -> None:
+    path = _write(tmp_path, 'batch_size = 4\ndata = """\nbatch_size = 5\n"""\n')
+    assert read_settings(path)["batch_size"] == 4
+
+
+def test_a_utf8_byte_order_mark_is_accepted(tmp_path: Path) -> None:
+    """Editors on Windows write one; TOML forbids it, and it carries no setting."""
+    path = tmp_path / "c.toml"
+    path.write_bytes(b"\xef\xbb\xbfepochs = 2\nbatch-size = 8\n")
+    assert read_settings(str(path)) == {"epochs": 2, "batch_size": 8}

@@ -72,6 +72,7 @@ def _load_toml(text: str, path: str) -> dict[str, Any]:
     try:
         return dict(tomllib.loads(text))
     except tomllib.TOMLDecodeError as error:
+        _refuse_repeats(text, path, {})  # a key given twice: name both of its lines
         raise ConfigError(
             f"--config {path} is not valid TOML ({error}): fix the file, e.g. "
             'batch_size = 32 and strategy = "ddp", one setting per line.'
@@ -89,7 +90,11 @@ def read_settings(path: str, keys: dict[str, str] | None = None) -> dict[str, An
     """
     text = read_text(path, what="--config", fix=f"Pass the path of a TOML file with "
                      f"settings, e.g. a previous run's OUT/{CONFIG_FILE}.")
+    # Editors on Windows often start a UTF-8 file with a byte-order mark, which TOML
+    # does not allow: it carries no setting, so it is dropped rather than refused.
+    text = text.removeprefix("\ufeff")
     raw = _load_toml(text, path)
+    _refuse_repeats(text, path, raw)
     meta = raw.pop(RUN_TABLE, {})
     if isinstance(meta, Mapping) and meta.get("cli") is False:
         raise UsageError(
@@ -125,6 +130,39 @@ def read_settings(path: str, keys: dict[str, str] | None = None) -> dict[str, An
         if keys is not None:
             keys[name] = key
     return settings
+
+
+# A top-level ``key = value`` line: the key bare or quoted (the value is not read here).
+_KEY_LINE = re.compile(r"""\s*(?:([A-Za-z0-9_-]+)|"([^"\\]*)"|'([^']*)')\s*=""")
+
+
+def _refuse_repeats(text: str, path: str, raw: Mapping[str, Any]) -> None:
+    """Refuse one setting given twice at the top level of the file, under one spelling
+    (``batch_size`` twice, which TOML itself rejects) or two (``batch_size`` and
+    ``batch-size``, which it takes as two keys), naming both lines. ``raw``: the parsed
+    file ({} when it did not parse); a repeat under two spellings counts only when both
+    keys are in it, so text inside a multi-line string is never mistaken for a line."""
+    seen: dict[str, tuple[int, str]] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.lstrip().startswith("["):
+            return  # a table begins: the settings are above it
+        match = _KEY_LINE.match(line)
+        if match is None:
+            continue
+        key = next(group for group in match.groups() if group is not None)
+        name = key.replace("-", "_")
+        if name in seen:
+            first, spelled = seen[name]
+            if spelled == key and raw:
+                continue  # parsed as one key: this line is inside a multi-line value
+            if spelled != key and not (spelled in raw and key in raw):
+                continue
+            raise ConfigError(
+                f"--config {path} sets {name} twice: line {first} ({spelled} = ...) and "
+                f"line {number} ({key} = ...); `_` and `-` spell the same setting, so the "
+                "file does not say which value it means. Delete one of the two lines."
+            )
+        seen[name] = (number, key)
 
 
 def _shown(value: Any) -> str:
