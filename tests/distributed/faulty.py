@@ -9,10 +9,11 @@ or a launcher, which plants nothing by default); faults happen in torchrun's fir
 round only (``TORCHELASTIC_RESTART_COUNT`` 0), so a restarted round runs clean.
 
 - ``FAULTY_BUILD=WHO:SECONDS``: building the model takes SECONDS longer (a slow start-up).
-- ``FAULTY_ITEM=WHO:N:ACTION[,WHO:N:ACTION...]``: loading the N-th item this process (or DataLoader worker)
-  loads, and every later one, does ACTION: ``kill`` (SIGKILL this process: a crash),
-  ``sleep=S`` (S seconds, once) or ``forever`` (a __getitem__ that never returns).
-- ``FAULTY_MARK=PATH``: each fault first appends a line to PATH (``kill rank 0``...).
+- ``FAULTY_ITEM=WHO:N:ACTION[,WHO:N:ACTION...]``: loading the N-th item this process
+  (or DataLoader worker) loads, and every later one, does ACTION: ``kill`` (SIGKILL
+  this process: a crash), ``sleep=S`` (S seconds, once) or ``forever`` (a
+  ``__getitem__`` that never returns).
+- ``FAULTY_MARK=PATH``: each fault first appends a line to PATH (``kill 0 pid 123``...).
 """
 
 from __future__ import annotations

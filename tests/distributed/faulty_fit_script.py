@@ -9,9 +9,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: tests.*
 
-from tests.distributed.faulty import data, model
 from torch import nn
 
+from tests.distributed.faulty import data, model
 from torchgpu import fit
 
 if __name__ == "__main__":

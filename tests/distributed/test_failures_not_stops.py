@@ -84,8 +84,9 @@ def test_a_slow_start_up_is_a_named_failure_and_restarted(tmp_path: Path) -> Non
 
 def test_a_rank_slow_in_data_loading_is_a_named_hang_not_a_stop(tmp_path: Path) -> None:
     """Rank 0's tenth item (its eighth in training, in step 2) takes 30 s to load, longer
-    than --collective-timeout 3: rank 1 times out in the gradient all-reduce. The run fails (exit 1, not 143) with the hang's
-    paragraph naming rank 0's data loading as where it was."""
+    than --collective-timeout 3: rank 1 times out in the gradient all-reduce. The run
+    fails (exit 1, not 143) with the hang's paragraph naming rank 0's data loading as
+    where it was."""
     args = ["train", *SPECS, "--epochs", "20", "--batch-size", "4", "--progress", "off",
             "--device", "cpu", "--nproc", "2", "--strategy", "ddp", "--collective-timeout",
             "3", "--out", str(tmp_path / "run")]

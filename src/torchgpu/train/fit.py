@@ -168,8 +168,9 @@ def fit(
       dp, ddp, fsdp, model, pipeline), ``devices``, ``chunks``, ``accumulate``,
       ``precision``, ``activation_checkpointing``, ``clip_norm``, ``lr``, ``out``,
       ``save_every``, ``keep_last``, ``resume``, ``seed``, ``device``, ``progress``,
-      ``on_nonfinite``, ``collective_timeout`` (seconds), ``profile`` (N steps under
-      torch.profiler), ``log`` (``"tensorboard"``), ``memory_snapshot``, ``estimate_memory``, ...
+      ``on_nonfinite``, ``collective_timeout``, ``startup_timeout``, ``stop_timeout``
+      (seconds), ``profile`` (N steps under torch.profiler), ``log``
+      (``"tensorboard"``), ``memory_snapshot``, ``estimate_memory``, ...
 
     Like every run, a fit run writes its settings as ``OUT/config.toml``; its model and
     data are objects, so the file says it cannot be re-run with ``torchgpu train
