@@ -12,6 +12,7 @@ group is created and the helpers are the identity.
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 import threading
@@ -38,6 +39,17 @@ _STOP_POLL_S = 0.05
 #: After a stop is seen, how long a group that is forming may still take to form: the
 #: peers may have formed it already, and then every rank must take part in the stop.
 _STOP_GRACE_S = 0.5
+
+
+class _Kept:
+    """The group :func:`init_distributed` formed with ``keep=True``: it lives until the
+    process exits (destroyed then, by an ``atexit`` hook registered once)."""
+
+    group: Any = None
+    hooked = False
+
+
+_kept = _Kept()
 
 
 class GroupStopped(Exception):
@@ -148,6 +160,7 @@ class DistSession(DistEnv):
 
     backend: str | None = field(default=None, compare=False)
     owns_group: bool = field(default=False, compare=False)
+    kept: bool = field(default=False, compare=False)  # the process keeps the group (keep=True)
 
     @property
     def env(self) -> DistEnv:
@@ -161,6 +174,10 @@ class DistSession(DistEnv):
         a rank tears its group down while DDP buffers or a peer's last collective are
         still in flight. After an error the barrier is skipped, since the peers may be
         gone and waiting for them would hang until the group's timeout.
+
+        A group kept for the process's life (``keep=True``) is only waited on at the
+        barrier after a clean exit, and stays for the next session; after an error it is
+        destroyed (a peer may be gone: it cannot be used again).
         """
         if not (self.owns_group and dist.is_available() and dist.is_initialized()):
             return
@@ -169,6 +186,10 @@ class DistSession(DistEnv):
 
             gc.collect()
             dist.barrier()
+        if self.kept and clean:
+            return
+        if self.kept:
+            _kept.group = None
         dist.destroy_process_group()
 
     def __enter__(self) -> DistSession:
@@ -203,6 +224,8 @@ def init_distributed(
     timeout: timedelta = DEFAULT_TIMEOUT,
     device: torch.device | str | None = None,
     stop: Callable[[], bool] | None = None,
+    startup_timeout: timedelta | None = None,
+    keep: bool = False,
 ) -> DistSession:
     """Form the process group from torchrun's variables and bind this process to its GPU.
 
@@ -213,6 +236,15 @@ def init_distributed(
     - With NCCL, ``torch.cuda.set_device(LOCAL_RANK)`` runs *before* the group is formed
       and before anything else touches CUDA, so rank k uses GPU k (not all on GPU 0).
     - A group that already exists is reused (and not destroyed by ``close``).
+    - ``timeout``: how long a collective may wait for the other ranks. ``startup_timeout``
+      (default ``timeout``): how long forming the group may wait for them (a peer still
+      building its model); the group then waits ``timeout`` in its collectives.
+    - ``keep``: the group is the process's, not the session's: ``close`` leaves it
+      (after a clean exit) for the next ``keep`` session, which reuses it with its own
+      ``timeout``; it is destroyed when the process exits. Forming a group a second
+      time in one process is unreliable under torchrun (the new group meets the old
+      one's keys in the agent's store), so a script that trains several times forms
+      it once.
 
     - ``stop``: asked every few tens of milliseconds while this process waits for its
       peers (a peer still starting, or stopped before it got here): when it answers
@@ -238,20 +270,29 @@ def init_distributed(
     if chosen == "nccl":
         _bind_cuda_device(env)
     if dist.is_initialized():
-        return DistSession(
-            env.rank, env.local_rank, env.world_size, env.local_world_size,
-            backend=str(dist.get_backend()), owns_group=False,
-        )
+        group = dist.distributed_c10d._get_default_group()
+        if keep and group is _kept.group and str(dist.get_backend()) == chosen:
+            _set_timeout(timeout)  # this session's collectives wait its own timeout
+            return DistSession(env.rank, env.local_rank, env.world_size, env.local_world_size,
+                               backend=chosen, owns_group=True, kept=True)
+        if group is not _kept.group:
+            return DistSession(
+                env.rank, env.local_rank, env.world_size, env.local_world_size,
+                backend=str(dist.get_backend()), owns_group=False,
+            )
+        _kept.group = None  # kept for another backend: formed again for this one
+        dist.destroy_process_group()
+    joining = startup_timeout if startup_timeout is not None else timeout
 
     def form() -> None:
         if chosen == "nccl":
             torch.cuda.set_device(env.local_rank)  # the current device is per thread
             # Binding the group to the device lets NCCL connect eagerly and stops barrier()
             # from guessing a device.
-            dist.init_process_group(backend=chosen, timeout=timeout,
+            dist.init_process_group(backend=chosen, timeout=joining,
                                     device_id=torch.device("cuda", env.local_rank))
         else:
-            dist.init_process_group(backend=chosen, timeout=timeout)
+            dist.init_process_group(backend=chosen, timeout=joining)
 
     try:
         _form_watching(form, stop)
@@ -264,10 +305,33 @@ def init_distributed(
             f"MASTER_PORT={os.environ.get('MASTER_PORT')!r}): {exc}. Check that every rank "
             "was started by the same torchrun and can reach MASTER_ADDR:MASTER_PORT."
         ) from exc
+    if joining != timeout:
+        _set_timeout(timeout)
+    if keep:
+        _kept.group = dist.distributed_c10d._get_default_group()
+        if not _kept.hooked:
+            _kept.hooked = True
+            atexit.register(_destroy_kept)
     return DistSession(
         env.rank, env.local_rank, env.world_size, env.local_world_size,
-        backend=chosen, owns_group=True,
+        backend=chosen, owns_group=True, kept=keep,
     )
+
+
+def _set_timeout(timeout: timedelta) -> None:
+    """The default group's collectives wait ``timeout`` from now on (torch's
+    ``_set_pg_timeout``; a torch without it keeps the timeout the group was formed with)."""
+    setter = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
+    if setter is not None:
+        setter(timeout)
+
+
+def _destroy_kept() -> None:
+    """At exit: destroy the group kept for the process's life, if it is still there."""
+    if _kept.group is not None and dist.is_available() and dist.is_initialized() \
+            and dist.distributed_c10d._get_default_group() is _kept.group:
+        _kept.group = None
+        dist.destroy_process_group()
 
 
 def _form_watching(form: Callable[[], None], stop: Callable[[], bool] | None) -> None:

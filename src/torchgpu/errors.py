@@ -149,6 +149,11 @@ class CollectiveTimeoutError(DistributedError):
     (another rank never reached it); the launcher names the rank(s) that did not arrive."""
 
 
+class StartupTimeoutError(DistributedError):
+    """This rank waited ``--startup-timeout`` for the others to form the process group
+    (one still building its model or loading its data); a failure, restartable."""
+
+
 def exit_code_for(error: BaseException) -> int:
     """The CLI exit code for ``error``: its ``exit_code`` if ours, else 1."""
     if isinstance(error, TorchGpuError):

@@ -8,9 +8,15 @@
   with SIGTERM/SIGINT blocked when they are torchgpu's own entry point, which installs
   its handlers first thing and unblocks them (:mod:`torchgpu.cli.signals`): a signal
   sent before that is held instead of killing the worker; and (2) never restarts a
-  group after a deliberate stop (``--max-restarts`` is for failures): one of the
-  workers recorded a stop signal, the launcher got one, or a worker ended by SIGTERM
-  or SIGINT (or exited 130/143, their exit codes).
+  group after a deliberate stop (``--max-restarts`` is for failures), as
+  :class:`StopJudge` tells it.
+- :class:`StopJudge`: what a stop is. Only a signal from outside the launcher: one the
+  launcher got, one a worker recorded, or a worker ended by SIGTERM/SIGINT (or exited
+  130/143, their exit codes) -- each counted only when it came before torchrun's agent
+  began tearing the round down. After one worker failed (a crash, a start-up timeout)
+  the agent sends SIGTERM to the others itself; what they record or how they end then
+  is the teardown's doing, never a stop, so the round is restarted (``--max-restarts``)
+  and reported as the failure it is.
 - :func:`child_pids`: the processes to signal.
 """
 
@@ -22,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import FrameType
@@ -30,7 +36,7 @@ from typing import Any
 
 from torchgpu.stop_signals import STOP_SIGNALS as STOP_SIGNALS
 from torchgpu.stop_signals import routed_to
-from torchgpu.train.state import record_stop
+from torchgpu.train.state import clear_stop, record_stop, recorded_stop
 
 #: Worker exit codes that mean a stop signal ended it: killed by one (negative, as
 #: torchrun reports them), or exited with the shell's 128 + its number.
@@ -192,14 +198,92 @@ def stopped_by_signal(failures: dict[int, Any]) -> signal.Signals | None:
     return None
 
 
+def signal_in(words: str | None) -> signal.Signals | None:
+    """The stop signal a stop record names (``"SIGTERM on rank 1"``), if any."""
+    name = (words or "").split(" ", 1)[0]
+    return signal.Signals[name] if name in signal.Signals.__members__ else None
+
+
+def _still_running(pid: int) -> bool:
+    """Whether this process's child ``pid`` has not exited yet (an exited one is left
+    for its owner to reap: ``WNOWAIT``). Unknown (no ``waitid``): True."""
+    if not hasattr(os, "waitid"):
+        return True
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+    except ChildProcessError:
+        return False
+    except OSError:
+        return True
+
+
+class StopJudge:
+    """Whether a round of workers ended by a deliberate stop or by a failure.
+
+    A stop is a signal from outside the launcher: :attr:`forwarder`'s (the launcher
+    got it), a worker's stop record (:func:`~torchgpu.train.state.recorded_stop`), or a
+    worker ended by SIGTERM/SIGINT (:func:`stopped_by_signal`). torchrun's agent, once
+    a worker failed, ends the others with a SIGTERM of its own (its teardown), which
+    they record and die of like any SIGTERM; :meth:`teardown` is called just before
+    that (:func:`stop_aware_agent` hooks it) and freezes the evidence: the record as it
+    was then, and the workers still running then, whose exits are the teardown's.
+    :meth:`new_round` (torchrun restarts the group) removes a record the teardown
+    caused, so the restarted workers do not take it for a stop.
+    """
+
+    def __init__(self, forwarder: StopForwarder) -> None:
+        self.forwarder = forwarder
+        self._torn_down = False
+        self._record: str | None = None  # the stop record when the teardown began
+        self._signalled: frozenset[int] = frozenset()  # pids the teardown signalled
+
+    def teardown(self, pids: Iterable[int]) -> None:
+        """torchrun's agent is about to signal ``pids`` (those still running) to end the
+        round; only the first call of a round counts."""
+        if self._torn_down:
+            return
+        self._record = recorded_stop()
+        self._signalled = frozenset(pid for pid in pids if _still_running(pid))
+        self._torn_down = True
+
+    def new_round(self) -> None:
+        """torchrun starts a group of workers (the first, or a restart)."""
+        if self._torn_down and self._record is None:
+            clear_stop()  # what the teardown's SIGTERM made the workers record
+            if self.forwarder.received is not None:  # a stop that came meanwhile stays
+                record_stop(self.forwarder.received.name, None)
+        self._torn_down, self._record, self._signalled = False, None, frozenset()
+
+    def recorded(self) -> str | None:
+        """The stop record in words (None: no stop), the teardown's left out."""
+        return self._record if self._torn_down else recorded_stop()
+
+    def signal(self, failures: dict[int, Any]) -> signal.Signals | None:
+        """The stop signal that ended the round (``failures``: torchrun's rank ->
+        ProcessFailure), or None when it failed (or has not ended)."""
+        ours = {rank: failure for rank, failure in failures.items()
+                if getattr(failure, "pid", None) not in self._signalled}
+        return (self.forwarder.received or stopped_by_signal(ours)
+                or signal_in(self.recorded()))
+
+    def stopped(self, result: Any) -> bool:
+        """Whether torchrun's ``result`` of a round is a stop (never restarted)."""
+        if self.forwarder.received is not None:
+            return True
+        return (self.recorded() is not None
+                or self.signal(getattr(result, "failures", None) or {}) is not None)
+
+
 @contextmanager
-def stop_aware_agent(hold_signals: bool, stopped: Callable[[Any], bool]) -> Iterator[None]:
+def stop_aware_agent(hold_signals: bool, judge: StopJudge) -> Iterator[None]:
     """While the block runs, torchrun's agent (made by torch's ``launch_agent``) is a
     subclass of its own that starts the workers with SIGTERM/SIGINT blocked when
     ``hold_signals`` (their mask is inherited; only workers that unblock them, i.e.
-    torchgpu's entry point, may be started so), and that gives up its remaining
-    restarts when a round failed and ``stopped(result)`` says a stop caused it. A torch
-    without these hooks runs unchanged (the workers then honour the stop record)."""
+    torchgpu's entry point, may be started so), that tells ``judge`` when a round
+    starts and when it tears a round down (before it signals the workers), and that
+    gives up its remaining restarts when a round failed and ``judge`` says a stop
+    caused it. A torch without these hooks runs unchanged (the workers then honour the
+    stop record)."""
     try:
         from torch.distributed.launcher import api
     except ImportError:
@@ -213,18 +297,22 @@ def stop_aware_agent(hold_signals: bool, stopped: Callable[[Any], bool]) -> Iter
 
     class Agent(base):  # type: ignore[misc,valid-type]
         def _start_workers(self, worker_group: Any) -> Any:
+            judge.new_round()
             if not hold_signals or not hasattr(signal, "pthread_sigmask"):
-                return super()._start_workers(worker_group)
-            previous = signal.pthread_sigmask(signal.SIG_BLOCK, set(STOP_SIGNALS))
-            try:
-                return super()._start_workers(worker_group)
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+                started = super()._start_workers(worker_group)
+            else:
+                previous = signal.pthread_sigmask(signal.SIG_BLOCK, set(STOP_SIGNALS))
+                try:
+                    started = super()._start_workers(worker_group)
+                finally:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+            _announce_teardown(getattr(self, "_pcontext", None), judge)
+            return started
 
         def _monitor_workers(self, worker_group: Any) -> Any:
             result = super()._monitor_workers(worker_group)
             state = getattr(getattr(result, "state", None), "name", "")
-            if state in ("FAILED", "UNHEALTHY") and stopped(result):
+            if state in ("FAILED", "UNHEALTHY") and judge.stopped(result):
                 self._remaining_restarts = 0  # a deliberate stop is not retried
             return result
 
@@ -233,3 +321,20 @@ def stop_aware_agent(hold_signals: bool, stopped: Callable[[Any], bool]) -> Iter
         yield
     finally:
         setattr(api, "LocalElasticAgent", base)  # noqa: B010
+
+
+def _announce_teardown(context: Any, judge: StopJudge) -> None:
+    """Make ``context`` (torchrun's processes of one round) call ``judge.teardown`` with
+    its workers' pids before its ``close`` signals them: the one place every teardown
+    of torchrun's goes through (a failed worker seen, a restart, the agent's exit)."""
+    close = getattr(context, "close", None)
+    pids = getattr(context, "pids", None)
+    if not callable(close) or not callable(pids):
+        return
+
+    def closing(*args: Any, **kwargs: Any) -> Any:
+        with suppress(Exception):  # best-effort: the teardown itself must go on
+            judge.teardown(pids().values())
+        return close(*args, **kwargs)
+
+    context.close = closing

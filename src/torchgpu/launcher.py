@@ -16,7 +16,9 @@ process group. Every exit of :func:`run` (a return, an exception) ends the worke
 stop signal -- to the launcher or to any worker, at any time -- is recorded in the run's
 stop record (:data:`torchgpu.train.state.STOP_FILE_ENV`), and a round that a stop ended
 is never restarted (``--max-restarts`` is for failures); a worker a stop signal ended is
-reported as stopped, not failed, with exit code 128 + the signal's number.
+reported as stopped, not failed, with exit code 128 + the signal's number. The SIGTERM
+torchrun's agent sends the other workers after one failed is no stop
+(:class:`~torchgpu.launch_stop.StopJudge`): the round failed, and is restarted.
 
 Hangs: the workers keep heartbeats (:mod:`torchgpu.train.heartbeat`); when a rank's
 collective times out (``--collective-timeout``), :class:`HangWatch` ends every worker
@@ -44,13 +46,14 @@ from torchgpu.errors import UsageError
 from torchgpu.launch_stop import (
     STOP_SIGNALS,
     StopForwarder,
+    StopJudge,
     agent_signals,
     child_pids,
+    signal_in,
     stop_aware_agent,
-    stopped_by_signal,
 )
 from torchgpu.train.hang_watch import HangWatch, kill_children
-from torchgpu.train.state import STOP_FILE_ENV, recorded_stop
+from torchgpu.train.state import STOP_FILE_ENV
 
 __all__ = ["STOP_SIGNALS", "LaunchSpec", "StopForwarder", "agent_signals", "check_endpoint",
            "check_process_count", "check_spec", "child_pids", "run", "torchrun_args"]
@@ -245,16 +248,12 @@ def run(spec: LaunchSpec, target: str, target_args: Sequence[str]) -> int:
     quiet = _QuietAfterHang(watch)
     torchrun_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
     torchrun_log.addFilter(quiet)
+    judge = StopJudge(forwarder)  # a stop, or a failure (torchrun's teardown is none)
     stop_words: list[str | None] = [None]  # the run's stop record, read before it goes
-
-    def stopped(result: Any) -> bool:
-        return (forwarder.received is not None or recorded_stop() is not None
-                or stopped_by_signal(getattr(result, "failures", {})) is not None)
-
     previous_record = os.environ.get(STOP_FILE_ENV)
     try:
         with forwarder.installed(), watch.installed(), \
-                stop_aware_agent(spec.torchgpu_workers, stopped):
+                stop_aware_agent(spec.torchgpu_workers, judge):
             assert watch.directory is not None
             os.environ[STOP_FILE_ENV] = str(watch.directory / "stop.json")
             if getattr(args, "log_dir", None) is None:
@@ -268,7 +267,7 @@ def run(spec: LaunchSpec, target: str, target_args: Sequence[str]) -> int:
                     watch.report = watch.after_failure(_aborted_ranks(error))
                 raise
             finally:
-                stop_words[0] = recorded_stop()
+                stop_words[0] = judge.recorded()
                 _restore(STOP_FILE_ENV, previous_record)
     except ChildFailedError as error:
         hang = watch.last_word({f.pid for f in error.failures.values()})
@@ -280,8 +279,7 @@ def run(spec: LaunchSpec, target: str, target_args: Sequence[str]) -> int:
         # Name every failed rank: when one rank dies (killed, crashed) its peers fail in
         # the next collective a moment later, and which of them torchrun noticed first is
         # a race; the user needs the whole picture to find the cause.
-        sig = (forwarder.received or stopped_by_signal(error.failures)
-               or _signal_in(stop_words[0]))
+        sig = judge.signal(error.failures) or signal_in(stop_words[0])
         verb = "ended" if sig is not None else "failed"
         failed = "; ".join(
             f"worker rank {rank} of {target} {verb} ({_how(failure.exitcode)})"
@@ -322,12 +320,6 @@ def _restore(name: str, value: str | None) -> None:
         os.environ.pop(name, None)
     else:
         os.environ[name] = value
-
-
-def _signal_in(words: str | None) -> signal.Signals | None:
-    """The stop signal a stop record names (``"SIGTERM on rank 1"``), if any."""
-    name = (words or "").split(" ", 1)[0]
-    return signal.Signals[name] if name in signal.Signals.__members__ else None
 
 
 def _aborted_ranks(error: Any) -> frozenset[int]:

@@ -243,6 +243,9 @@ def test_an_output_write_that_fails_is_one_paragraph_and_commits_nothing(
     (["select", "--min-free", "-1GiB"], "is negative"),
     (["train", "--profile", "-1"], "--profile -1 is out of range"),
     (["train", "--collective-timeout", "-.5"], "--collective-timeout -0.5"),
+    (["train", "--startup-timeout", "-1"], "--startup-timeout -1 is out of range"),
+    (["train", "--stop-timeout", "0"], "--stop-timeout 0 is out of range"),
+    (["train", "--stop-timeout", "nan"], "--stop-timeout nan is out of range"),
 ])
 def test_a_value_that_looks_negative_reaches_its_flags_check(
         argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:

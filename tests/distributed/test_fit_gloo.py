@@ -65,3 +65,23 @@ def test_fsdp_on_the_tied_lm_equals_one_process(tmp_path: Path) -> None:
         torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6, msg=key)
     summary = json.loads((tmp_path / "two" / "summary.json").read_text())
     assert summary["strategy"] == "fsdp" and summary["global_batch"] == 8
+
+
+@pytest.mark.slow
+def test_ten_fits_in_one_launched_script(tmp_path: Path) -> None:
+    """A script that calls fit ten times under `torchgpu launch --nproc 2`: every run trains
+    on both processes, none hangs (the process group formed by the first fit is kept for
+    the process's life; forming it again met the old group's keys in torchrun's store)."""
+    from tests.distributed.proctree import Session
+
+    script = REPO / "tests" / "distributed" / "faulty_fit_script.py"
+    args = ["launch", "--nproc", "2", str(script), str(tmp_path / "runs"), "runs=10",
+            "epochs=1", "collective_timeout=60"]
+    with Session(args, tmp_path, FAULTY_ROWS="16") as run:
+        code = run.wait(240)
+    assert not run.leftovers, f"processes left running: {run.leftovers}"
+    assert code == 0, run.stderr()[-3000:]
+    for i in range(10):
+        assert run.stdout().count(f"fit {i} done: world 2") == 2, run.stdout()[-3000:]
+        assert json.loads((tmp_path / "runs" / f"run-{i}" / "summary.json").read_text())[
+            "world_size"] == 2

@@ -114,6 +114,43 @@ def test_the_paragraph_names_who_waited_where_and_who_did_not_arrive() -> None:
     assert hw.diagnose({0: _record(0, 1, "training")}) is None  # no timeout: no hang
 
 
+def test_a_start_up_timeout_and_a_rank_loading_data_are_named_as_such() -> None:
+    joined = {"kind": "timeout", "phase": "joining", "step": 0, "at": 104.0,
+              "error": "wait timeout after 4000ms", "timeout_s": 4.0}
+    beats = {0: _record(0, 0, "startup", None, "", ["net.py:9 in build"]),
+             1: _record(1, 0, "joining", joined), 2: _record(2, 0, "joining", joined)}
+    text = hw.diagnose(beats, now=105.0)
+    assert text is not None and "the run hung" not in text
+    assert ("the start-up timed out: rank(s) 1, 2 waited for 4 s in forming the process "
+            "group (start-up), which rank(s) 0 did not join") in text
+    assert "rank 0: in its start-up (building the model, loading the data)" in text
+    assert "at net.py:9 in build" in text and "raise --startup-timeout" in text
+    waited = {"kind": "timeout", "phase": "training", "step": 6, "at": 104.0,
+              "error": "Timed out waiting 3000ms", "timeout_s": 3.0}
+    beats = {0: _record(0, 6, "training", waited), 1: _record(1, 6, "data"),
+             2: _record(2, 6, "training", waited)}
+    text = hw.diagnose(beats, now=105.0)
+    assert text is not None
+    assert ("which rank(s) 1 did not reach: rank(s) 1 hung in data loading (a slow or stuck "
+            "data loader)") in text
+    assert "rank 1: loading the data of step 7 (waiting for its next batch)" in text
+
+
+def test_loading_marks_the_wait_for_each_batch(tmp_path: Path) -> None:
+    beat = _beat(tmp_path)
+    beat.phase = "training"
+    seen: list[str] = []
+
+    def batches() -> object:
+        for i in range(2):
+            seen.append(beat.phase)  # while the loader works on batch i
+            yield i
+
+    assert [(i, beat.phase) for i in beat.loading(batches())] == [(0, "training"),
+                                                                   (1, "training")]
+    assert seen == ["data", "data"] and beat.phase == "training"
+
+
 def test_a_rank_nccl_aborted_counts_as_waiting_and_dumps_are_named(tmp_path: Path) -> None:
     beats = {0: _record(0, 9, "training"), 1: _record(1, 8, "training"),
              2: _record(2, 9, "training")}

@@ -118,6 +118,14 @@ def _parser() -> ArgumentParser:
                      help="with several processes: a rank that waits this long in a "
                      "collective stops the run, and the launcher names the rank that did not "
                      "arrive, its step and the collective (default 300)")
+    run.add_argument("--startup-timeout", type=float, default=600.0, metavar="SECONDS",
+                     help="with several processes: how long a rank waits for the others to "
+                     "form the process group (building their model, loading data) before the "
+                     "start-up fails, a failure --max-restarts retries (default 600)")
+    run.add_argument("--stop-timeout", type=float, default=30.0, metavar="SECONDS",
+                     help="after SIGTERM/SIGINT, how long the run may take to reach a step "
+                     "boundary (where it saves) before it is ended without one, exit 128+N; "
+                     "a second signal shortens it to 5 s (default 30)")
     run.add_argument("--on-nonfinite", default="stop", help=f"{'|'.join(ON_NONFINITE)}: a NaN/inf "
                      "loss stops the run, or its step is dropped (default stop)")
     out = p.add_argument_group("output and checkpoints")
@@ -245,11 +253,14 @@ def _check_gpus(config: TrainConfig) -> None:
 
 
 def _relaunch(config: TrainConfig, nproc: int, on_cuda: bool) -> int:
-    from torchgpu.launcher import LaunchSpec, run
+    from torchgpu.launcher import DEFAULT_STOP_TIMEOUT_S, LaunchSpec, run
 
     spec = LaunchSpec(
         nproc=nproc, nnodes=config.nnodes, node_rank=config.node_rank,
         rdzv_endpoint=config.rdzv_endpoint, max_restarts=config.max_restarts, module=True,
+        # the workers end a stop themselves within --stop-timeout, then save: the
+        # launcher kills only what is still running well after that
+        stop_timeout_s=max(DEFAULT_STOP_TIMEOUT_S, config.stop_timeout + 30.0),
         dump_dir=os.path.join(config.out, "flight_recorder") if config.out else None,
         flight_recorder=on_cuda, torchgpu_workers=True,
     )

@@ -92,6 +92,7 @@ import dataclasses
 import json
 import math
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -212,6 +213,9 @@ class RunCheckpoints:
         self.last_saved: Path | None = None
         self.last_saved_step: int | None = None
         self.resumed_from: Path | None = None
+        # Held while a checkpoint is written: a stop's deadline lets the write finish
+        # before it ends the process (torchgpu.train.stop_deadline).
+        self.saving = threading.Lock()
         self.fingerprint: dict[str, Any] = {
             "run_name": config.run_name, "example": config.example, "data": config.data,
             "target": config.target, "data_size": config.data_size, "seed": config.seed,
@@ -374,10 +378,11 @@ class RunCheckpoints:
 
     def save(self, state: TrainState) -> Path:
         """Write the checkpoint of ``state`` (collective under DDP; rank 0 writes)."""
-        if self.heartbeat is None:
-            return self._save(state)
-        with self.heartbeat.during("checkpoint"):
-            return self._save(state)
+        with self.saving:
+            if self.heartbeat is None:
+                return self._save(state)
+            with self.heartbeat.during("checkpoint"):
+                return self._save(state)
 
     def _save(self, state: TrainState) -> Path:
         if self.before_save is not None:

@@ -122,6 +122,12 @@ class TrainConfig:
     # Seconds a rank waits in a collective (gradient all-reduce, agreement, checkpoint
     # barrier) before the run is stopped and the rank that did not arrive is named.
     collective_timeout: float = 300.0
+    # Seconds a rank waits for the others to form the process group (a peer still
+    # building its model or loading its data) before the start-up fails.
+    startup_timeout: float = 600.0
+    # Seconds a stop (SIGTERM/SIGINT) may take to reach a step boundary before the run is
+    # ended without it (a stuck data loader); a second signal shortens it.
+    stop_timeout: float = 30.0
     progress: str = "auto"
     json: bool = False
     profile: int | None = None  # steps traced by torch.profiler after warm-up (--profile [N])
@@ -371,6 +377,14 @@ def validate(config: TrainConfig) -> None:
             f"{MAX_COLLECTIVE_TIMEOUT_S / 86400:.1f} days: torch's store waits on its sockets "
             "with a 32-bit count of milliseconds), e.g. --collective-timeout 300 (the default)."
         )
+    for name, value, default in (("startup_timeout", config.startup_timeout, 600),
+                                 ("stop_timeout", config.stop_timeout, 30)):
+        if not 0 < value <= MAX_COLLECTIVE_TIMEOUT_S:  # nan fails too
+            raise ConfigError(
+                f"--{name.replace('_', '-')} {value:g} is out of range: it must be a number "
+                f"of seconds more than 0 and at most {MAX_COLLECTIVE_TIMEOUT_S}, e.g. "
+                f"--{name.replace('_', '-')} {default} (the default)."
+            )
     if config.keep_last is not None and config.save_every is None:
         raise UsageError(
             f"--keep-last {config.keep_last} only applies with --save-every N: "

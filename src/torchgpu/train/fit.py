@@ -177,8 +177,9 @@ def fit(
       ``save_every``, ``keep_last``, ``resume`` (``force_resume=True``: although a file
       the run was built from changed since), ``overwrite`` (an ``out`` holding a run's
       files is refused without ``resume`` or it), ``seed``, ``device``, ``progress``,
-      ``on_nonfinite``, ``collective_timeout`` (seconds), ``profile`` (N steps under
-      torch.profiler), ``log`` (``"tensorboard"``), ``memory_snapshot``, ``estimate_memory``, ...
+      ``on_nonfinite``, ``collective_timeout``, ``startup_timeout``, ``stop_timeout``
+      (seconds), ``profile`` (N steps under torch.profiler), ``log``
+      (``"tensorboard"``), ``memory_snapshot``, ``estimate_memory``, ...
 
     Like every run, a fit run writes its settings as ``OUT/config.toml``; its model and
     data are objects, so the file says it cannot be re-run with ``torchgpu train

@@ -33,6 +33,7 @@ from torchgpu.train.heartbeat import (
     HEARTBEAT_ENV,
     PHASES,
     STALE_S,
+    STARTUP_PHASES,
     STEP_PHASES,
     TICK_S,
     clip,
@@ -61,6 +62,10 @@ def _position(beat: dict[str, Any]) -> str:
         return f"in step {step + 1} (forward/backward, before or in its gradient all-reduce)"
     if phase == "stages":
         return f"in step {step + 1} (its stages' forward/backward, sends and receives)"
+    if phase == "data":
+        return f"loading the data of step {step + 1} (waiting for its next batch)"
+    if phase in STARTUP_PHASES:
+        return f"in {PHASES[phase]}"
     if phase == "done":
         return f"finished after step {step}"
     return f"in {PHASES.get(phase, phase)} after step {step}"
@@ -117,15 +122,25 @@ def diagnose(beats: dict[int, dict[str, Any]], dumps: list[Path] | None = None,
     failure = first["failure"]
     phase, step = str(failure.get("phase", "training")), int(failure.get("step", 0))
     collective = PHASES.get(phase, phase)
-    where = f"{collective} of step {step + 1}" if phase in STEP_PHASES else \
-        f"{collective} after step {step}"
+    startup = phase in STARTUP_PHASES
+    where = collective if startup else f"{collective} of step {step + 1}" \
+        if phase in STEP_PHASES else f"{collective} after step {step}"
     world = int(first.get("world_size", len(beats)))
     missing = [r for r in range(world) if r not in waiting]
     timeout_s = failure.get("timeout_s")
     waited = f" for {float(timeout_s):g} s" if timeout_s else ""
     by = ", ".join(map(str, sorted(waiting)))
-    head = (f"torchgpu: the run hung: rank(s) {by} waited{waited} in {where}, which rank(s) "
-            f"{', '.join(map(str, missing)) or '(none recorded)'} did not reach")
+    absent = ", ".join(map(str, missing)) or "(none recorded)"
+    if startup:  # a failure of the start-up, not a hang of the training
+        head = (f"torchgpu: the start-up timed out: rank(s) {by} waited{waited} in {where}, "
+                f"which rank(s) {absent} did not join")
+    else:
+        head = (f"torchgpu: the run hung: rank(s) {by} waited{waited} in {where}, which "
+                f"rank(s) {absent} did not reach")
+        loading = [str(r) for r in missing if (beats.get(r) or {}).get("phase") == "data"]
+        if loading:
+            head += (f": rank(s) {', '.join(loading)} hung in data loading (a slow or stuck "
+                     "data loader)")
     places = []
     for rank in range(world):
         beat = beats.get(rank)
@@ -144,10 +159,13 @@ def diagnose(beats: dict[int, dict[str, Any]], dumps: list[Path] | None = None,
         tail = (f" NCCL flight-recorder dumps: {', '.join(str(d) for d in dumps)} (read them "
                 f"with: python -m torch.distributed.flight_recorder.fr_trace "
                 f"{dumps[0].parent} --prefix {FLIGHT_RECORDER_PREFIX}).")
+    advice = ("If building the model or loading the data legitimately takes that long, "
+              "raise --startup-timeout." if startup else
+              "Look at what the missing rank(s) do at that point (a stuck data loader, a "
+              "rank-dependent branch that skips a collective, a deadlock); if a step "
+              "legitimately takes longer, raise --collective-timeout.")
     return (f"{head}. Where each rank was: {'; '.join(places)}. Every worker was "
-            f"stopped.{tail} Look at what the missing rank(s) do at that point (a stuck "
-            "data loader, a rank-dependent branch that skips a collective, a deadlock); if "
-            "a step legitimately takes longer, raise --collective-timeout.")
+            f"stopped.{tail} {advice}")
 
 
 def _alive(pid: Any) -> bool:

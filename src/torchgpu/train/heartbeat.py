@@ -6,7 +6,9 @@ there (``rank<R>.json``, replaced atomically), written by a background thread ab
 four times a second from values the training loop already keeps (``state.step``), so
 the loop itself does no extra work per step. A file holds:
 
-- ``step`` (optimizer steps done), ``epoch``, ``phase`` (``setup``, ``training`` =
+- ``step`` (optimizer steps done), ``epoch``, ``phase`` (``startup`` = building the
+  model and loading the data, ``joining`` = forming the process group, ``setup``,
+  ``data`` = waiting for the next batch from the data loader, ``training`` =
   forward/backward and the gradient all-reduce of step ``step + 1``, ``stages`` = the
   same for the multi-process stage pipeline, whose step waits on the stages' sends and
   receives, ``agreement`` =
@@ -33,10 +35,12 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
+
+T = TypeVar("T")
 
 HEARTBEAT_ENV = "TORCHGPU_HEARTBEAT_DIR"
 TICK_S = 0.25  # how often a rank's file is rewritten (seconds)
@@ -50,7 +54,10 @@ STALE_S = 8 * TICK_S
 AWAIT_KILL_S = 10.0
 #: What each phase is waiting on when a collective in it does not complete.
 PHASES = {
+    "startup": "its start-up (building the model, loading the data)",
+    "joining": "forming the process group (start-up)",
     "setup": "the process group's setup (DDP's parameter broadcast)",
+    "data": "data loading (the next batch, before its forward/backward)",
     "training": "the gradient all-reduce",
     "stages": "the stages' sends and receives",  # the multi-process stage pipeline's step
     "agreement": "the stop/loss agreement (an all-reduce)",
@@ -59,7 +66,9 @@ PHASES = {
     "finishing": "the final results gather / closing barrier",
 }
 #: Phases of a step in progress: a collective failing there is "of step N + 1".
-STEP_PHASES = ("training", "stages")
+STEP_PHASES = ("training", "stages", "data")
+#: Phases before the process group exists: a timeout there is the start-up's.
+STARTUP_PHASES = ("startup", "joining")
 #: Flight-recorder settings for NCCL runs: (current name, older name, value); set only
 #: where the user set neither (torch >= 2.9 reads the TORCH_FR_* names and warns on the
 #: older ones).
@@ -171,6 +180,20 @@ class Heartbeat:
         self.write()
         yield  # an error leaves the phase where it happened, for failed()
         self.phase = before
+
+    def loading(self, batches: Iterable[T]) -> Iterator[T]:
+        """``batches``, with the phase ``data`` while the next one is awaited (a slow or
+        stuck data loader is then named as such), and the phase before it meanwhile."""
+        iterator = iter(batches)
+        while True:
+            before, self.phase = self.phase, "data"
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            finally:
+                self.phase = before
+            yield item
 
     def failed(self, kind: str, error: BaseException) -> None:
         """Record that a collective failed here (``kind``: timeout | peer).

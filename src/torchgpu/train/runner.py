@@ -22,11 +22,12 @@ import torch
 from torch import nn
 
 from torchgpu.data.batches import install_call_convention
-from torchgpu.distributed import gather_objects, init_distributed
+from torchgpu.distributed import DistSession, gather_objects, init_distributed
 from torchgpu.errors import (
     CollectiveTimeoutError,
     DistributedError,
     EvaluationError,
+    StartupTimeoutError,
     TorchGpuError,
     first_line,
 )
@@ -53,6 +54,7 @@ from torchgpu.train.report import (
 )
 from torchgpu.train.run_steps import StepContext
 from torchgpu.train.state import StopFlag, TrainState
+from torchgpu.train.stop_deadline import StopDeadline
 from torchgpu.train.strategies import Strategy
 from torchgpu.train.task import Task, spreads_inputs
 
@@ -65,8 +67,9 @@ def train(config: TrainConfig | None = None, *, stop: StopFlag | None = None,
     ``stop_at_step``: stop (and checkpoint) after that optimizer step, as if the stop
     flag were set then. Checkpointing and resume: :mod:`torchgpu.train.checkpointing`.
 
-    Under torchrun (WORLD_SIZE set) this forms the process group, trains with the
-    resolved strategy and destroys the group. Raises torchgpu errors for bad input
+    Under torchrun (WORLD_SIZE set) this forms the process group (:func:`process_group`:
+    kept for the process's life, reused by the next ``train`` in it) and trains with the
+    resolved strategy. Raises torchgpu errors for bad input
     before anything is written. A ``stop`` requested while the group forms (on this
     rank, or recorded by another: :meth:`StopFlag.requested`) raises
     :class:`torchgpu.distributed.GroupStopped` before anything is written.
@@ -77,25 +80,60 @@ def train(config: TrainConfig | None = None, *, stop: StopFlag | None = None,
     settled and assembled here. Either way validation, resolution, the decisions, the
     data and the model happen once, before ``--out`` is created.
     """
-    if run is None:
-        assert config is not None, "train() needs a config or an assembled run"
-        run = assemble(settle(config), task=task)
-    run = with_stop_at(run, stop_at_step)
-    assert run.model is not None, "a launcher's assembly starts workers; it does not train"
-    model = run.model
     beat = Heartbeat.from_env()  # a launcher's multi-process run: where this rank is
-    with beat.running() if beat is not None else nullcontext(), named_hangs(run, beat), \
-            init_distributed(device=run.device, timeout=collective_timeout(run.config),
-                             stop=stop.requested if stop is not None else None) as session:
+    with beat.running() if beat is not None else nullcontext():
         if beat is not None:
-            beat.timeout_s = run.config.collective_timeout
-        # dict or tuple inputs: model(**batch) / model(*inputs), for this run only
-        convention = install_call_convention(model) if spreads_inputs(run.task) else None
-        try:
-            return _assembled(run, session.is_distributed, model, stop or StopFlag(), beat)
-        finally:
-            if convention is not None:
-                convention.remove()
+            beat.phase = "startup"
+        if run is None:
+            assert config is not None, "train() needs a config or an assembled run"
+            run = assemble(settle(config), task=task)
+        run = with_stop_at(run, stop_at_step)
+        assert run.model is not None, "a launcher's assembly starts workers; it does not train"
+        model = run.model
+        with named_hangs(run, beat), process_group(run, beat, stop) as session:
+            # dict or tuple inputs: model(**batch) / model(*inputs), for this run only
+            convention = install_call_convention(model) if spreads_inputs(run.task) else None
+            try:
+                return _assembled(run, session.is_distributed, model, stop or StopFlag(), beat)
+            finally:
+                if convention is not None:
+                    convention.remove()
+
+
+@contextmanager
+def process_group(run: Assembly, beat: Heartbeat | None,
+                  stop: StopFlag | None) -> Iterator[DistSession]:
+    """The run's process group (:func:`torchgpu.distributed.init_distributed`), kept for
+    the process's life: a script that calls ``fit`` again reuses it. Forming it waits
+    ``--startup-timeout`` for the other ranks (``--collective-timeout`` is for the
+    collectives after it); a rank that waited that long fails with
+    :class:`StartupTimeoutError`, recorded in its heartbeat (the launcher names the
+    ranks that did not join and where they were)."""
+    config = run.config
+    if beat is not None:
+        beat.phase, beat.timeout_s = "joining", config.startup_timeout
+    try:
+        session = init_distributed(device=run.device, timeout=collective_timeout(config),
+                                   startup_timeout=timedelta(seconds=config.startup_timeout),
+                                   stop=stop.requested if stop is not None else None,
+                                   keep=True)
+    except DistributedError as error:
+        cause = error.__cause__
+        if cause is None or collective_failure(cause) != "timeout":
+            raise
+        if beat is not None:
+            beat.failed("timeout", cause)
+        raise StartupTimeoutError(
+            f"rank {run.env.rank} waited {config.startup_timeout:g} s for the other ranks to "
+            f"form the process group at start-up and they did not all join "
+            f"({first_line(cause)}); the launcher names the rank(s) that did not join and "
+            "where each was. If building the model or loading the data legitimately takes "
+            "longer, raise --startup-timeout."
+        ) from error
+    if beat is not None:
+        beat.phase, beat.timeout_s = "setup", config.collective_timeout
+    with session:
+        yield session
 
 
 def collective_timeout(config: TrainConfig) -> timedelta:
@@ -229,7 +267,8 @@ def _run(
     started = time.perf_counter()
     progress.start(config.epochs, batches_per_epoch, state.epoch)
     try:
-        with stop.installed():
+        deadline = StopDeadline(stop, config.stop_timeout, ckpt.saving, lambda: ckpt.last_saved)
+        with stop.installed(), deadline.watching():
             for epoch in range(state.epoch, config.epochs):
                 if state.batch_in_epoch == 0 or state.epoch != epoch:
                     state.begin_epoch(epoch)
@@ -237,6 +276,8 @@ def _run(
                                            state.batch_in_epoch)
                 if device.type == "cuda":  # copies overlap compute on a side stream
                     batches = iter(Prefetcher(batches, device))
+                if beat is not None:  # a rank waiting for its data is named as such
+                    batches = beat.loading(batches)
                 totals = run_epoch(parts, batches, state, batches_per_epoch=batches_per_epoch,
                                    stop=steps.stop, on_step=on_step, progress=progress,
                                    records=buffer.steps)
@@ -244,6 +285,8 @@ def _run(
                 # A stop agreed after the run's last step stops nothing: it finishes.
                 finished = (epoch == config.epochs - 1
                             and state.batch_in_epoch >= batches_per_epoch)
+                if totals.stopped:  # at a step boundary: the stop's save is not cut short
+                    deadline.reached()
                 if totals.stopped and not finished:
                     stopped_at = state.step
                     if agree and steps.stop.steps_by_rank is None:

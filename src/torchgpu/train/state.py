@@ -60,6 +60,15 @@ def record_stop(reason: str, rank: int | None, path: str | None = None) -> None:
             os.unlink(temporary)
 
 
+def clear_stop(path: str | None = None) -> None:
+    """Remove the run's stop record (``path``, default :func:`stop_file`), if any: the
+    launcher's, before it restarts workers whose record was not a stop."""
+    path = path or stop_file()
+    if path:
+        with suppress(OSError):
+            os.unlink(path)
+
+
 def recorded_stop(path: str | None = None) -> str | None:
     """The run's stop as words (``"SIGTERM on rank 1"``, ``"SIGTERM to the launcher"``),
     or None when nobody recorded one (``path``: default :func:`stop_file`)."""
@@ -205,7 +214,8 @@ class StopFlag:
     The handler only sets the flag: the loop saves (when checkpointing) and returns at
     the next optimizer-step boundary. A second SIGINT while the flag is already set
     raises KeyboardInterrupt as usual, so a stuck run can still be interrupted; a
-    second SIGTERM changes nothing (a launcher or scheduler may repeat it).
+    second SIGTERM only shortens the stop's bound (``signals`` counts them;
+    :mod:`torchgpu.train.stop_deadline`).
 
     ``signal_name``: why the run stops (``"SIGTERM"``, ``"step limit"``; under DDP
     ``"SIGTERM on rank 1"`` on the ranks that got no signal). ``steps_by_rank``: set
@@ -221,12 +231,14 @@ class StopFlag:
         self.is_set: Callable[[], bool] = self._event.is_set
         self.signal_name: str | None = None
         self.steps_by_rank: list[int] | None = None
+        self.signals = 0  # stop signals received (a second one shortens the stop's bound)
 
     def set(self, reason: str = "request") -> None:
         self.signal_name = self.signal_name or reason
         self._event.set()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.signals += 1
         if signum == signal.SIGINT and self.is_set():
             raise KeyboardInterrupt
         name = signal.Signals(signum).name
