@@ -51,6 +51,9 @@ def _parser() -> ArgumentParser:
                       "or with --model a spec returning a Dataset or a (train, eval) pair")
     data.add_argument("--loss", metavar="NAME|SPEC", help="with --model: mse|cross_entropy|"
                       "module:function (default: the model's own output.loss, dict batches)")
+    data.add_argument("--collate-fn", metavar="SPEC", help="with --model/--data: module:attr "
+                      "or file.py:attr, the function making a batch of items (e.g. padding "
+                      "token sequences), or a zero-argument factory returning it")
     data.add_argument("--target", metavar="COL", help="the CSV column to predict")
     data.add_argument("--data-size", type=int, metavar="N",
                       help="shrink a built-in example to N samples (quick runs)")

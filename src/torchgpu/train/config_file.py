@@ -237,6 +237,7 @@ def settings_to_write(config: TrainConfig, *, world_size: int = 1, local_world_s
     values["model"] = _absolute_spec(config.model)
     values["loss"] = _absolute_name(config.loss)
     values["optimizer"] = _absolute_name(config.optimizer)
+    values["collate_fn"] = _absolute_spec(config.collate_fn)
     if config.model is not None and config.target is None:
         values["data"] = _absolute_spec(config.data)  # a data spec
     elif config.data is not None:
