@@ -1,7 +1,8 @@
 """``torchgpu plan``: memory per strategy on real or hypothetical devices, and the plan that fits.
 
     torchgpu plan [--example housing|lenet|resnet50
-                   | --model SPEC (--input-shape 2,3,128,128[:DTYPE] | --data SPEC)]
+                   | --model SPEC (--input-shape 2,3,128,128[:DTYPE]
+                                  | --data SPEC [--collate-fn SPEC])]
                   [--batch-size B]
                    [--devices auto|4x80GiB|2x24GiB,1x16GiB|cuda:0,cuda:1]
                   [--optimizer adam] [--precision fp32] [--json]
@@ -13,8 +14,9 @@ then the chosen plan, why, and the exact ``torchgpu train`` command that runs it
 calls). The sample batch of ``--model`` comes from ``--input-shape`` (batch first; a
 ``:DTYPE`` suffix such as ``2,128:int64`` makes token ids) or from ``--data SPEC``
 (``module.path:attr`` or ``path/to/file.py:attr`` naming a Dataset, a (train, eval) pair
-or a function returning one: ``--batch-size`` items, default_collate-d; dict items are
-passed as ``model(**batch)``). A spec that does not resolve, a factory that fails, or a
+or a function returning one: ``--batch-size`` items, default_collate-d or batched by
+``--collate-fn SPEC`` as ``torchgpu train`` does; dict items are passed as
+``model(**batch)``). A spec that does not resolve, a factory that fails, or a
 forward that does not take the sample is a usage error (exit 2, one paragraph).
 ``--json`` prints the document of :mod:`torchgpu.planning.report` instead. Exit codes:
 0 a plan was found, 1 nothing fits (the table still prints, the numbers go to stderr),
@@ -74,6 +76,11 @@ def build_parser() -> ArgumentParser:
         metavar="SPEC",
         help="with --model: take the sample batch from your dataset (module.path:attr)",
     )
+    parser.add_argument(
+        "--collate-fn",
+        metavar="SPEC",
+        help="with --data: the function batching its items (e.g. padding token sequences)",
+    )
     parser.add_argument("--batch-size", type=int, metavar="B", help="samples per optimizer step")
     parser.add_argument(
         "--devices", default="auto", metavar="SPEC", help=f"default auto; {ACCEPTED}"
@@ -91,6 +98,11 @@ def main(argv: list[str]) -> int:
     if args.model is None and (args.input_shape is not None or args.data is not None):
         flag = "--input-shape" if args.input_shape is not None else "--data"
         raise UsageError(f"{flag} goes with --model (built-in examples know their shape)")
+    if args.collate_fn is not None and args.data is None:
+        raise UsageError(
+            f"--collate-fn {args.collate_fn} goes with --model and --data SPEC: it batches "
+            "the dataset's items"
+        )
     if args.model is not None and args.input_shape is not None and args.data is not None:
         raise UsageError(
             "--input-shape and --data both describe the sample batch: give one of them"
@@ -127,7 +139,7 @@ def main(argv: list[str]) -> int:
         if args.data is not None:
             batch = args.batch_size or DATA_BATCH_SIZE
             model = build_custom_model(args.model)  # UsageError (exit 2) if the factory fails
-            sample, _ = sample_from_data(args.data, batch)
+            sample, _ = sample_from_data(args.data, batch, args.collate_fn)
         else:
             shape, dtype = parse_input_shape(args.input_shape)
             model = build_custom_model(args.model)

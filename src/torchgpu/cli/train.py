@@ -176,11 +176,13 @@ def _parse(argv: list[str]) -> tuple[TrainConfig, FileSettings | None]:
     parser = _parser()
     ns = vars(parser.parse_args(argv))
     from_file = None
+    file_batch: object = None
     if ns.get("config") is not None:
         from torchgpu.train.config_file import read_settings
 
         keys: dict[str, str] = {}
         settings = read_settings(ns["config"], keys)
+        file_batch = settings.get("batch_size")
         probe = _parser()  # which settings the command line gives: they win
         probe.set_defaults(**{a.dest: _UNSET for a in probe._actions if a.dest != "help"})
         given = {k for k, v in vars(probe.parse_args(argv)).items() if v is not _UNSET}
@@ -189,7 +191,9 @@ def _parse(argv: list[str]) -> tuple[TrainConfig, FileSettings | None]:
         from_file = FileSettings(ns["config"], {name: (keys[name], value) for name, value
                                                 in settings.items() if name not in given})
     if ns.get("batch_size") == "auto":  # --batch-size auto: searched once the model exists
-        ns["batch_size"], ns["auto_batch_size"] = None, True
+        # --config's batch_size (a number) stays the effective batch the search keeps
+        ns["batch_size"] = file_batch if isinstance(file_batch, int) else None
+        ns["auto_batch_size"] = True
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     return TrainConfig(**{k: v for k, v in ns.items() if k in fields}), from_file
 
