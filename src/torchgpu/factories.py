@@ -47,6 +47,8 @@ WANTS = {
     "data": "a Dataset, a (train, eval) pair of Datasets, or a function returning either",
     "loss": "a function loss(output, target) -> Tensor",
     "optimizer": "a function optimizer(params) -> torch.optim.Optimizer, or an Optimizer class",
+    "collate-fn": "a collate function fn(items) -> batch, or a zero-argument factory "
+                  "returning one",
 }
 
 

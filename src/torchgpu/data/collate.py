@@ -143,7 +143,7 @@ class Collate:
                 raise
             except Exception as error:
                 raise UsageError(
-                    f"{self.label} failed on {len(items)} items of the training data "
+                    f"{self.label} failed on a batch of {len(items)} items "
                     f"({first_line(error)}): the collate function must turn a list of "
                     "dataset items into one batch (a dict of tensors, or an (inputs, "
                     "target) pair); fix it, or check that it fits the dataset's items."
