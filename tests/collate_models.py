@@ -116,3 +116,9 @@ def wrong_keys(items: list[Any]) -> dict[str, Tensor]:
 
     ids = pad_sequence([torch.tensor(i["input_ids"]) for i in items], batch_first=True)
     return {"tokens": ids, "labels": torch.tensor([i["labels"] for i in items])}
+
+
+def uneven_sentences() -> tuple[Sentences, Sentences]:
+    """41 training rows: over 2 ranks in batches of 4 the last global batch holds one
+    sample, so one rank's last batch is empty (collated from no items)."""
+    return Sentences(41, seed=2), Sentences(12, seed=3)
