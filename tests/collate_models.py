@@ -18,7 +18,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
-WORDS = "the a cat dog bird sat ran flew on under big small red mat tree".split()
+WORDS = ["the", "a", "cat", "dog", "bird", "sat", "ran", "flew", "on", "under", "big",
+         "small", "red", "mat", "tree"]
 
 
 @functools.cache
