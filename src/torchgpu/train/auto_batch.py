@@ -12,9 +12,10 @@ which would hang when one rank fails); weights are not stepped, and buffers (Bat
 statistics), gradients and the RNG are restored afterwards.
 
 The search is capped at ``max_size`` = the samples one rank sees per epoch (a larger
-batch is never used), the per-rank effective batch when one is given, and
-:data:`MAX_AUTO_BATCH`. On a CPU a small model never runs out of memory below the cap, so
-the cap is what it finds.
+batch is never used), the per-rank effective batch, and :data:`MAX_AUTO_BATCH`. On a CPU
+a small model never runs out of memory below the cap, so the cap is what it finds: the
+effective batch in one micro-batch. The samples are batched as the run batches them
+(the task's collate function, e.g. padding token sequences to the longest).
 
 The search never changes how many samples an optimizer step takes (the effective batch),
 only how they are cut into micro-batches: the micro-batch is at most what fits and
