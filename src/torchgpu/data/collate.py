@@ -156,14 +156,14 @@ class Collate:
             differ = differing_shapes(items)
             if differ is None:
                 raise DataError(
-                    f"{len(items)} items of the training data do not form a batch "
+                    f"{len(items)} items of the data do not form a batch "
                     f"({first_line(error)}): items must be (inputs, target) pairs or dicts "
                     "of tensors that torch's default collate can stack; for anything else "
                     f"pass a collate function: {FIX}."
                 ) from None
             raise DataError(
-                f"the training data's items do not stack into a batch: {differ}. Items of "
-                "different lengths (token sequences a tokenizer returned without "
+                f"{len(items)} items of the data do not stack into one batch: {differ}. "
+                "Items of different lengths (token sequences a tokenizer returned without "
                 "padding='max_length') need a collate function that pads them, e.g. "
                 f"transformers' DataCollatorWithPadding(tokenizer): pass {FIX}, or pad "
                 "every item to one length in the dataset."
