@@ -167,6 +167,7 @@ def test_plan_takes_a_collate_fn(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["plan", "--model", f"{SPECS}:classifier", "--data", f"{SPECS}:tensor_sentences",
             "--batch-size", "8", "--devices", "1x1GiB", "--json"]
     assert main(args) == 2
-    assert "item 0 has input_ids of shape" in capsys.readouterr().err
+    assert "--data tests.collate_models:tensor_sentences: 8 items of the data do not stack" in (
+        capsys.readouterr().err)
     assert main([*args, "--collate-fn", f"{SPECS}:padding"]) == 0
     assert json.loads(capsys.readouterr().out)["workload"]["batch_size"] == 8

@@ -143,6 +143,8 @@ def sample_from_data(spec: str, batch: int, collate_spec: str | None = None
                 raise DataError(f"--data {spec}: the training data is empty; check the data")
             items = [items[i % len(items)] for i in range(batch)]
         collated = collate(items)
+    except DataError as error:  # items that do not stack: which shapes, and the fix
+        raise DataError(f"--data {spec}: {error}") from None
     except TorchGpuError:
         raise
     except Exception as error:
