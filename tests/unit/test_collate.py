@@ -171,3 +171,16 @@ def test_plan_takes_a_collate_fn(capsys: pytest.CaptureFixture[str]) -> None:
         capsys.readouterr().err)
     assert main([*args, "--collate-fn", f"{SPECS}:padding"]) == 0
     assert json.loads(capsys.readouterr().out)["workload"]["batch_size"] == 8
+
+
+def test_a_dataloader_is_refused_pointing_to_its_dataset_and_collate_fn(
+        tmp_path: Path) -> None:
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(Sentences(8), batch_size=4, collate_fn=padding())
+    with pytest.raises(DataError, match=r"pass its dataset \(loader.dataset\) instead, its "
+                       "collate function as collate_fn="):
+        fit(classifier, loader, progress="off", out=tmp_path / "r")
+    result = fit(classifier, loader.dataset, collate_fn=loader.collate_fn, batch_size=4,
+                 epochs=1, progress="off", out=tmp_path / "r")
+    assert result.summary["steps"] == 2

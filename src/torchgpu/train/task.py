@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from torchgpu.data.base import ExampleData
 from torchgpu.data.batches import DictPairs, check_dict_item, output_loss
@@ -209,6 +209,13 @@ def check_dataset(dataset: Any, what: str) -> Dataset[Any]:
         raise DataError(
             f"{what} is a model ({type(dataset).__name__}), not a Dataset: the data spec "
             "must return a Dataset or a (train, eval) pair; the model goes to --model."
+        )
+    if isinstance(dataset, DataLoader):  # the engine makes the loaders (shards, resume)
+        raise DataError(
+            f"{what} is a DataLoader: torchgpu builds the loaders itself (DDP shards, exact "
+            "resume, the batch-size search); pass its dataset (loader.dataset) instead, "
+            "its collate function as collate_fn= (fit) or --collate-fn SPEC (torchgpu "
+            "train), and its batch size as batch_size= / --batch-size."
         )
     if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
         raise DataError(
