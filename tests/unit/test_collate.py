@@ -17,6 +17,7 @@ from tests.collate_models import (
     Classifier,
     Sentences,
     TensorSentences,
+    broken,
     classifier,
     padding,
     tokenizer,
@@ -184,3 +185,17 @@ def test_a_dataloader_is_refused_pointing_to_its_dataset_and_collate_fn(
     result = fit(classifier, loader.dataset, collate_fn=loader.collate_fn, batch_size=4,
                  epochs=1, progress="off", out=tmp_path / "r")
     assert result.summary["steps"] == 2
+
+
+@pytest.mark.parametrize(("fn", "kind"), [(None, DataError), (broken, UsageError)])
+def test_a_failure_in_a_dataloader_worker_is_still_one_paragraph(fn: Any, kind: type) -> None:
+    """torch rebuilds a worker's exception from its traceback text: the paragraph stays."""
+    from torchgpu.data import make_loader
+
+    loader = make_loader(TensorSentences(8), 4, num_workers=1, collate_fn=fn)
+    with pytest.raises(kind) as raised:
+        next(iter(loader))
+    assert "Traceback" not in str(raised.value) and "\n" not in str(raised.value)
+    assert ("items of the data do not stack" if fn is None else
+            "the collate function broken failed on a batch of 4"
+            ) in str(raised.value)

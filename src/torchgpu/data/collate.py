@@ -29,6 +29,31 @@ CollateFn = Callable[[list[Any]], Any]
 FIX = "--collate-fn SPEC (torchgpu train) or collate_fn= (fit)"
 
 
+def _own_paragraph(message: str, kind: type) -> str:
+    """``message`` as raised: a DataLoader worker's failure comes back as
+    ``kind("Caught ... Original Traceback ... module.Kind: paragraph")``; keep the
+    paragraph (the run's error is one paragraph, not the worker's traceback)."""
+    marker = f"{kind.__module__}.{kind.__qualname__}: "
+    if "Original Traceback" in message and marker in message:
+        return message.rsplit(marker, 1)[1].strip()
+    return message
+
+
+class ItemsDoNotStack(DataError):
+    """Items that torch's default collate cannot batch (one paragraph, from a
+    DataLoader worker too)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(_own_paragraph(message, ItemsDoNotStack))
+
+
+class CollateFailed(UsageError):
+    """The user's collate function failed (one paragraph, from a DataLoader worker too)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(_own_paragraph(message, CollateFailed))
+
+
 def _required_args(fn: object) -> int | None:
     """Positional parameters ``fn`` needs (None when its signature cannot be read)."""
     try:
@@ -133,7 +158,8 @@ class Collate:
 
     def __init__(self, fn: CollateFn | None = None, label: str = "") -> None:
         self.fn = fn
-        self.label = label
+        self.label = label or ("the collate function "
+                               + getattr(fn, "__name__", type(fn).__name__))
 
     def __call__(self, items: list[Any]) -> Any:
         if self.fn is not None:
@@ -142,7 +168,7 @@ class Collate:
             except TorchGpuError:
                 raise
             except Exception as error:
-                raise UsageError(
+                raise CollateFailed(
                     f"{self.label} failed on a batch of {len(items)} items "
                     f"({first_line(error)}): the collate function must turn a list of "
                     "dataset items into one batch (a dict of tensors, or an (inputs, "
@@ -155,13 +181,13 @@ class Collate:
         except Exception as error:
             differ = differing_shapes(items)
             if differ is None:
-                raise DataError(
+                raise ItemsDoNotStack(
                     f"{len(items)} items of the data do not form a batch "
                     f"({first_line(error)}): items must be (inputs, target) pairs or dicts "
                     "of tensors that torch's default collate can stack; for anything else "
                     f"pass a collate function: {FIX}."
                 ) from None
-            raise DataError(
+            raise ItemsDoNotStack(
                 f"{len(items)} items of the data do not stack into one batch: {differ}. "
                 "Items of different lengths (token sequences a tokenizer returned without "
                 "padding='max_length') need a collate function that pads them, e.g. "
