@@ -235,11 +235,13 @@ STEPS: tuple[Step, ...] = (
               "memory and the back-off halves the micro-batch until it fits"),
     Step("devices", "train", 20, torchgpu("devices", "--json"), expect_s=8, priority=1,
          check="devices", json_stdout=True),
-    # --batch-size auto over 9000 images (6000 to train; 1.8 GB made ~3 s): the search
-    # doubles then bisects real fwd+bwd steps up to the memory limit (~2.5k samples on an
-    # H100, ~4.5k on an H200: ~10-15 tries of ~0.2-1.5 s), then one epoch: ~30-50 s.
-    Step("train-auto-batch", "train", 90, train("--batch-size", "auto", "--data-size",
-         "9000"), expect_s=45, outputs="train", check="auto_batch", needs="cuda"),
+    # --batch-size auto over 9000 images (6000 to train; 1.8 GB made ~3 s), one step of
+    # all 6000 (auto keeps the effective batch, so it is asked for): the search doubles
+    # then bisects real fwd+bwd steps up to the memory limit (~2.5k samples on an H100,
+    # ~4.5k on an H200: ~10-15 tries of ~0.2-1.5 s), then one epoch: ~30-50 s.
+    Step("train-auto-batch", "train", 90, train("--batch-size", "auto", "--effective-batch-size",
+         "6000", "--data-size", "9000"), expect_s=45, outputs="train", check="auto_batch",
+         needs="cuda"),
     # A user's model through the same engine: the test suite's causal LM (dict batches,
     # .loss, tied embeddings) from file specs, bf16, the batch size searched on the GPU
     # (capped by the 64 samples). 6 s of CPU time here; + CUDA start-up: ~15-25 s.

@@ -59,6 +59,8 @@ WANTS = {
     "loss": "a function loss(output, target) -> Tensor",
     "optimizer": "a function optimizer(params) -> torch.optim.Optimizer, or an Optimizer class",
     "scheduler": "a function scheduler(optimizer) -> torch.optim.lr_scheduler.LRScheduler",
+    "collate-fn": "a collate function fn(items) -> batch, or a zero-argument factory "
+                  "returning one",
 }
 
 

@@ -71,8 +71,37 @@ def test_batch_size_auto_with_a_simulated_limit(tmp_path: Path,
     assert main(["train", *QUICK, "--device", "cpu", "--batch-size", "auto",
                  "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["batch_size"] == 13 and summary["accumulate"] == 1
-    assert "largest micro-batch that fits: 13 [probes: 16 OOM" in capsys.readouterr().err
+    # 13 fit; the step keeps housing's default batch of 16 as 8 x 2 accumulation
+    assert (summary["batch_size"], summary["accumulate"], summary["global_batch"]) == (8, 2, 16)
+    err = capsys.readouterr().err
+    assert "largest micro-batch that fits: 13 [probes: 16 OOM" in err
+    assert "micro-batch 8 x 2 accumulation x 1 process(es) = 16 samples" in err
+
+
+def test_batch_size_auto_keeps_the_default_batch_where_everything_fits(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """On a CPU nothing runs out of memory: auto must not grow the step to the whole
+    dataset (it trained full-batch), only --effective-batch-size grows it."""
+    out = tmp_path / "run"
+    assert main(["train", *QUICK, "--device", "cpu", "--batch-size", "auto",
+                 "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["batch_size"], summary["accumulate"], summary["global_batch"]) == (16, 1, 16)
+    assert "16 samples per optimizer step (batch 16 x 1 accumulation" in capsys.readouterr().err
+    grown = tmp_path / "grown"
+    assert main(["train", *QUICK, "--device", "cpu", "--batch-size", "auto",
+                 "--effective-batch-size", "48", "--out", str(grown)]) == 0
+    assert json.loads((grown / "summary.json").read_text())["global_batch"] == 48
+
+
+def test_batch_size_auto_keeps_the_config_files_batch(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text("batch_size = 24\n")
+    out = tmp_path / "run"
+    assert main(["train", *QUICK, "--device", "cpu", "--config", str(config),
+                 "--batch-size", "auto", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["batch_size"], summary["global_batch"]) == (24, 24)
 
 
 def test_model_split_on_cpu_pair_saves_plain_keys(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """``torchgpu plan``: memory per strategy on real or hypothetical devices, and the plan that fits.
 
     torchgpu plan [--example housing|lenet|resnet50
-                   | --model SPEC (--input-shape 2,3,128,128[:DTYPE] | --data SPEC)]
+                   | --model SPEC (--input-shape 2,3,128,128[:DTYPE]
+                                  | --data SPEC [--collate-fn SPEC])]
                   [--batch-size B]
                    [--devices auto|4x80GiB|2x24GiB,1x16GiB|cuda:0,cuda:1]
                   [--loss NAME|SPEC] [--optimizer adam] [--precision fp32] [--json]
@@ -10,13 +11,14 @@ Prints a table of every strategy (single, + accumulation, + activation checkpoin
 ddp, fsdp, model split, pipeline) with its memory on each device and whether it fits,
 then the chosen plan, why, and the exact ``torchgpu train`` command that runs it as
 printed: with ``--model --data`` it carries ``--loss`` (which data of ``(inputs,
-target)`` pairs needs) and, when ``--optimizer`` was given, that optimizer; where no
-command would run (``--model --input-shape``, which ``torchgpu train`` cannot load;
-pairs without ``--loss``), the same settings as torchgpu Python calls. The sample batch
-of ``--model`` comes from ``--input-shape`` (batch first; a ``:DTYPE`` suffix such as
-``2,128:int64`` makes token ids) or from ``--data SPEC`` (``module.path:attr`` or
-``path/to/file.py:attr`` naming a Dataset, a (train, eval) pair or a function returning
-one: ``--batch-size`` items, default_collate-d; dict items are passed as
+target)`` pairs needs), ``--collate-fn`` when given and, when ``--optimizer`` was given,
+that optimizer; where no command would run (``--model --input-shape``, which ``torchgpu
+train`` cannot load; pairs without ``--loss``), the same settings as torchgpu Python
+calls. The sample batch of ``--model`` comes from ``--input-shape`` (batch first; a
+``:DTYPE`` suffix such as ``2,128:int64`` makes token ids) or from ``--data SPEC``
+(``module.path:attr`` or ``path/to/file.py:attr`` naming a Dataset, a (train, eval) pair
+or a function returning one: ``--batch-size`` items, default_collate-d or batched by
+``--collate-fn SPEC`` as ``torchgpu train`` does; dict items are passed as
 ``model(**batch)``). A spec that does not resolve, a factory that fails, or a forward
 that does not take the sample is a usage error (exit 2, one paragraph). ``--json``
 prints the document of :mod:`torchgpu.planning.report` instead. Exit codes: 0 a plan was
@@ -82,6 +84,11 @@ def build_parser() -> ArgumentParser:
         help="with --model --data: the loss the run: line passes to torchgpu train "
         "(mse|cross_entropy|module:function; data of (inputs, target) pairs needs one)",
     )
+    parser.add_argument(
+        "--collate-fn",
+        metavar="SPEC",
+        help="with --data: the function batching its items (e.g. padding token sequences)",
+    )
     parser.add_argument("--batch-size", type=int, metavar="B", help="samples per optimizer step")
     parser.add_argument(
         "--devices", default="auto", metavar="SPEC", help=f"default auto; {ACCEPTED}"
@@ -104,6 +111,11 @@ def main(argv: list[str]) -> int:
         raise UsageError(
             f"--loss {args.loss} goes with --model and --data: the loss is for the run: line's "
             "torchgpu train of your model on your data (built-in examples bring their own)"
+        )
+    if args.collate_fn is not None and args.data is None:
+        raise UsageError(
+            f"--collate-fn {args.collate_fn} goes with --model and --data SPEC: it batches "
+            "the dataset's items"
         )
     optimizer = args.optimizer or "adam"
     if args.model is not None and args.input_shape is not None and args.data is not None:
@@ -143,7 +155,7 @@ def main(argv: list[str]) -> int:
         if args.data is not None:
             batch = args.batch_size or DATA_BATCH_SIZE
             model = build_custom_model(args.model)  # UsageError (exit 2) if the factory fails
-            sample, dicts = sample_from_data(args.data, batch)
+            sample, dicts = sample_from_data(args.data, batch, args.collate_fn)
             pairs = not dicts
             _check_loss(args.loss, args.data, dicts)
         else:
@@ -170,6 +182,7 @@ def main(argv: list[str]) -> int:
         batch, example=example, model=args.model, precision=args.precision,
         optimizer=optimizer, data=getattr(args, "data", None) if args.model else None,
         loss=args.loss, pairs=pairs, optimizer_given=args.optimizer is not None,
+        collate_fn=args.collate_fn,
     )
     try:
         plan: Plan | None = plan_from_footprint(footprint, targets, workload)

@@ -52,6 +52,9 @@ def _parser() -> ArgumentParser:
                       "or with --model a spec returning a Dataset or a (train, eval) pair")
     data.add_argument("--loss", metavar="NAME|SPEC", help="with --model: mse|cross_entropy|"
                       "module:function (default: the model's own output.loss, dict batches)")
+    data.add_argument("--collate-fn", metavar="SPEC", help="with --model/--data: module:attr "
+                      "or file.py:attr, the function making a batch of items (e.g. padding "
+                      "token sequences), or a zero-argument factory returning it")
     data.add_argument("--target", metavar="COL", help="the CSV column to predict")
     data.add_argument("--data-size", type=int, metavar="N",
                       help="shrink a built-in example to N samples (quick runs)")
@@ -200,12 +203,14 @@ def _parse(argv: list[str]) -> tuple[TrainConfig, FileSettings | None]:
     parser = _parser()
     ns = vars(parser.parse_args(argv))
     from_file = None
+    file_batch: object = None
     if ns.get("config") is not None:
         from torchgpu.train.config_file import read_settings
 
         keys: dict[str, str] = {}
         recorded: dict[str, str] = {}
         settings = read_settings(ns["config"], keys, recorded)
+        file_batch = settings.get("batch_size")
         probe = _parser()  # which settings the command line gives: they win
         probe.set_defaults(**{a.dest: _UNSET for a in probe._actions if a.dest != "help"})
         given = {k for k, v in vars(probe.parse_args(argv)).items() if v is not _UNSET}
@@ -215,7 +220,9 @@ def _parse(argv: list[str]) -> tuple[TrainConfig, FileSettings | None]:
                                                 in settings.items() if name not in given},
                                  recorded)
     if ns.get("batch_size") == "auto":  # --batch-size auto: searched once the model exists
-        ns["batch_size"], ns["auto_batch_size"] = None, True
+        # --config's batch_size (a number) stays the effective batch the search keeps
+        ns["batch_size"] = file_batch if isinstance(file_batch, int) else None
+        ns["auto_batch_size"] = True
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     return TrainConfig(**{k: v for k, v in ns.items() if k in fields}), from_file
 

@@ -87,7 +87,9 @@ def check_dict_item(item: object, what: str) -> None:
             f"{length} tensors), which no model takes as {key}. Return tensors from "
             f"__getitem__ (torch.tensor(item[{key!r}]); a tokenizer called with "
             "return_tensors='pt' gives them), every item padded to the same length (a "
-            "tokenizer's padding='max_length')."
+            "tokenizer's padding='max_length'), or pass a collate function that pads the "
+            "items (e.g. transformers' DataCollatorWithPadding(tokenizer)): --collate-fn "
+            "SPEC (torchgpu train) or collate_fn= (fit)."
         )
 
 

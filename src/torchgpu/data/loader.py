@@ -9,7 +9,7 @@ epoch repeats the first epoch's order.
 from __future__ import annotations
 
 import os
-from collections.abc import Sized
+from collections.abc import Callable, Sized
 from typing import Any, TypeGuard
 
 import torch
@@ -24,6 +24,7 @@ from torch.utils.data import (
 from torch.utils.data.distributed import DistributedSampler
 
 from torchgpu.data.batches import DictPairs
+from torchgpu.data.collate import Collate
 from torchgpu.distributed import RankInfo
 from torchgpu.errors import DataError
 
@@ -40,6 +41,7 @@ def make_loader(
     drop_last: bool = False,
     pad: bool = True,
     dict_pairs: bool = False,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
 ) -> DataLoader[Any]:
     """A DataLoader over ``dataset`` with ``batch_size`` samples per batch (per rank).
 
@@ -62,6 +64,11 @@ def make_loader(
     - ``dict_pairs``: the dataset yields dicts; each collated dict ``batch`` comes out as
       ``(batch, batch)`` (:class:`torchgpu.data.batches.DictPairs`), the engine's
       ``(inputs, target)`` shape.
+    - ``collate_fn``: turns a list of items into a batch (default: torch's
+      ``default_collate``, whose failure on items of different shapes is one
+      paragraph naming them: :class:`torchgpu.data.collate.Collate`); e.g. a padding
+      collator for token sequences of different lengths. Every batch, an empty DDP
+      share included (the collated first item with zero rows), goes through it.
     - a plain ``TensorDataset`` is read a batch at a time (``dataset[indices]``, one
       indexing per tensor) instead of row by row and collated: the same batches in the
       same order, bitwise, without a Python call per row (~10x less loading time for
@@ -81,6 +88,8 @@ def make_loader(
     if n == 0:
         raise DataError("the dataset is empty: there is nothing to load; check the data source")
     pin = device is not None and torch.device(device).type == "cuda"
+    # default_collate, or the given function, with failures in one paragraph
+    collate = collate_fn if isinstance(collate_fn, Collate) else Collate(collate_fn)
     distributed = dist is not None and dist.is_distributed
     per_rank = n
     if distributed:
@@ -99,13 +108,13 @@ def make_loader(
 
         shards = ShardBatches(n, batch_size, rank=dist.rank, world_size=dist.world_size,
                               shuffle=shuffle, seed=seed)
-        if _whole_batches(dataset, dict_pairs):  # dataset[[]] gives zero rows itself
+        if collate_fn is None and _whole_batches(dataset, dict_pairs):  # zero rows itself
             return DataLoader(dataset, sampler=shards, batch_size=None,
                               collate_fn=_contiguous, num_workers=num_workers, pin_memory=pin)
         return DataLoader(
             dataset,
             batch_sampler=shards,
-            collate_fn=_pairs(EmptyBatchCollate(dataset), dict_pairs),
+            collate_fn=_pairs(EmptyBatchCollate(dataset, collate), dict_pairs),
             num_workers=num_workers,
             pin_memory=pin,
         )
@@ -123,13 +132,13 @@ def make_loader(
             dataset,
             batch_size=batch_size,
             sampler=sampler,
-            collate_fn=_pairs(None, dict_pairs),
+            collate_fn=_pairs(collate, dict_pairs),
             num_workers=num_workers,
             pin_memory=pin,
             drop_last=drop_last,
         )
     generator = torch.Generator().manual_seed(seed) if shuffle else None
-    if _whole_batches(dataset, dict_pairs):
+    if collate_fn is None and _whole_batches(dataset, dict_pairs):
         # The sampler DataLoader would build, batched; ``generator`` stays the loader's
         # (the training loop reseeds it per epoch).
         order = (RandomSampler(dataset, generator=generator) if shuffle
@@ -142,7 +151,7 @@ def make_loader(
         batch_size=batch_size,
         shuffle=shuffle,
         generator=generator,
-        collate_fn=_pairs(None, dict_pairs),
+        collate_fn=_pairs(collate, dict_pairs),
         num_workers=num_workers,
         pin_memory=pin,
         drop_last=drop_last,
@@ -207,10 +216,8 @@ def batch_sampler_of(loader: DataLoader[Any]) -> object:
     return loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
 
 
-def _pairs(inner: Any, dict_pairs: bool) -> Any:
-    if not dict_pairs:
-        return inner
-    return DictPairs(inner)
+def _pairs(inner: Callable[[list[Any]], Any], dict_pairs: bool) -> Any:
+    return DictPairs(inner) if dict_pairs else inner
 
 
 def set_epoch(loader: DataLoader[Any], epoch: int) -> None:

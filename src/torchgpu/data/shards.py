@@ -18,7 +18,7 @@ and over all ranks, so the training loop can weight each rank's loss by its shar
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,17 +122,19 @@ class ShardBatches(Sampler[list[int]]):
 
 
 class EmptyBatchCollate:
-    """``default_collate``, and for an empty batch the same structure with zero rows
-    (shaped like one collated sample of ``dataset``), so an empty batch flows through
-    a model like any other."""
+    """``collate`` (default ``default_collate``), and for an empty batch the same
+    structure with zero rows (shaped like one collated sample of ``dataset``), so an
+    empty batch flows through a model like any other."""
 
-    def __init__(self, dataset: Dataset[Any]) -> None:
+    def __init__(self, dataset: Dataset[Any],
+                 collate: Callable[[list[Any]], Any] | None = None) -> None:
         self.dataset = dataset
+        self.collate = collate or default_collate
 
     def __call__(self, batch: list[Any]) -> object:
         if batch:
-            return default_collate(batch)
-        return _zero_rows(default_collate([self.dataset[0]]))
+            return self.collate(batch)
+        return _zero_rows(self.collate([self.dataset[0]]))
 
 
 def _zero_rows(value: object) -> object:

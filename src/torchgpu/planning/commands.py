@@ -142,7 +142,8 @@ def train_command(
     candidate: Candidate, workload: Workload, targets: Sequence[DeviceTarget]
 ) -> str | None:
     """The exact ``torchgpu train`` line for ``candidate``, which runs as printed:
-    ``--example NAME``, or ``--model SPEC --data SPEC`` (with ``--loss``) for a custom
+    ``--example NAME``, or ``--model SPEC --data SPEC`` (with ``--loss`` and
+    ``--collate-fn``) for a custom
     model planned with its data, then the plan's settings, ``--optimizer`` when one was
     asked for, ``--precision``. None where no such line would run (see
     :func:`python_snippet`): a custom model planned from an input shape, data of pairs
@@ -155,6 +156,8 @@ def train_command(
         args = ["torchgpu", "train", "--model", workload.model, "--data", workload.data]
         if workload.loss is not None:
             args += ["--loss", workload.loss]
+        if workload.collate_fn is not None:
+            args += ["--collate-fn", workload.collate_fn]
     else:
         return None
     args += train_settings(candidate, targets).argv()

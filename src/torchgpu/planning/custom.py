@@ -109,18 +109,25 @@ def shape_sample(shape: tuple[int, ...], dtype: torch.dtype, batch: int) -> torc
     return torch.empty(batch, *shape[1:], dtype=dtype, device="meta")
 
 
-def sample_from_data(spec: str, batch: int) -> tuple[object, bool]:
+def sample_from_data(spec: str, batch: int, collate_spec: str | None = None
+                     ) -> tuple[object, bool]:
     """The model's inputs for ``batch`` items of the training data ``spec`` names
     (:func:`torchgpu.factories.resolve_data`), and whether they are a dict batch.
 
     The first ``batch`` items (cycling over a smaller dataset) are collated with
     ``default_collate``: dict items give one dict (``model(**batch)``, its loss from
-    ``output.loss``), ``(inputs, target)`` items give ``inputs``. Raises DataError
-    (exit 2) for items that are neither or do not collate, UsageError for a bad spec.
+    ``output.loss``), ``(inputs, target)`` items give ``inputs``. ``collate_spec``
+    (``--collate-fn``) names the function that batches them instead
+    (:func:`torchgpu.data.collate.resolve_collate`), e.g. one that pads token sequences
+    of different lengths. Raises DataError (exit 2) for items that are neither or do not
+    collate (naming the shapes that differ), UsageError for a bad spec or a collate
+    function that fails.
     """
-    from torch.utils.data import default_collate
-
+    from torchgpu.data.collate import Collate, resolve_collate
     from torchgpu.factories import resolve_data
+
+    collate = Collate(resolve_collate(collate_spec) if collate_spec else None,
+                      f"--collate-fn {collate_spec}")
 
     train, _ = resolve_data(spec)
     try:
@@ -135,7 +142,9 @@ def sample_from_data(spec: str, batch: int) -> tuple[object, bool]:
             if not items:
                 raise DataError(f"--data {spec}: the training data is empty; check the data")
             items = [items[i % len(items)] for i in range(batch)]
-        collated = default_collate(items)
+        collated = collate(items)
+    except DataError as error:  # items that do not stack: which shapes, and the fix
+        raise DataError(f"--data {spec}: {error}") from None
     except TorchGpuError:
         raise
     except Exception as error:

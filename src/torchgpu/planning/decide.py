@@ -46,7 +46,8 @@ class Workload:
     """What is being planned, for the command line: a built-in ``example`` or a custom
     ``model`` spec (``module:factory``) with its ``data`` spec when one was given, the
     requested ``batch_size`` (samples per optimizer step), ``precision``, ``optimizer``;
-    ``loss``, ``pairs`` and ``optimizer_given`` for the ``torchgpu train`` line."""
+    ``loss``, ``pairs``, ``optimizer_given`` and ``collate_fn`` for the ``torchgpu
+    train`` line."""
 
     batch_size: int
     example: str | None = None
@@ -60,6 +61,7 @@ class Workload:
     loss: str | None = None
     pairs: bool = False
     optimizer_given: bool = False
+    collate_fn: str | None = None  # the --collate-fn spec batching the data's items
 
 
 @dataclass(frozen=True)

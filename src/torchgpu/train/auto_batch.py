@@ -12,14 +12,17 @@ which would hang when one rank fails); weights are not stepped, and buffers (Bat
 statistics), gradients and the RNG are restored afterwards.
 
 The search is capped at ``max_size`` = the samples one rank sees per epoch (a larger
-batch is never used), the per-rank effective batch when one is given, and
-:data:`MAX_AUTO_BATCH`. On a CPU a small model never runs out of memory below the cap, so
-the cap is what it finds.
+batch is never used), the per-rank effective batch, and :data:`MAX_AUTO_BATCH`. On a CPU
+a small model never runs out of memory below the cap, so the cap is what it finds: the
+effective batch in one micro-batch. The samples are batched as the run batches them
+(the task's collate function, e.g. padding token sequences to the longest).
 
-``--effective-batch-size E`` keeps ``E`` samples per optimizer step over all processes:
-the micro-batch is at most what fits and accumulation makes up the rest
-(:func:`torchgpu.memory.batch_size_search.keep_effective`); without it the accumulation is
-``--accumulate``.
+The search never changes how many samples an optimizer step takes (the effective batch),
+only how they are cut into micro-batches: the micro-batch is at most what fits and
+accumulation makes up the rest (:func:`torchgpu.memory.batch_size_search.keep_effective`).
+The effective batch is ``--effective-batch-size E`` (over all processes) when given, else
+what the run would take with a fixed batch: ``--batch-size``'s default (or the
+``batch_size`` of ``--config``) x ``--accumulate`` x processes. Growing it takes the flag.
 
 Testing without a GPU: ``limit_samples`` makes every probe above that many samples raise
 ``torch.OutOfMemoryError`` (before any work), as a device of that size would. The CLI
@@ -204,6 +207,10 @@ def apply_auto_batch(
     ``--batch-size auto``) and the note to log. ``model`` is the wrapped training model."""
     if not config.auto_batch_size:
         return config, ""
+    assert config.batch_size is not None  # resolved: the default, or --config's value
+    effective = config.effective_batch_size
+    if effective is None:  # keep the fixed-batch run's step: auto only cuts it to fit
+        effective = config.batch_size * config.accumulate * world_size
     from torchgpu.parallel.data import unwrap
     from torchgpu.precision import Precision
     from torchgpu.train.split_strategies import output_device
@@ -213,10 +220,13 @@ def apply_auto_batch(
     precision = Precision(config.precision, device)
     found = search_batch_size(
         probe_model, data.loss, data, device, world_size=world_size,
-        start=config.batch_size or 16, effective_batch=config.effective_batch_size,
+        start=config.batch_size, effective_batch=effective,
         accumulate=config.accumulate, target_device=target,
         autocast=precision.autocast if precision.dtype is not None else None,
         limit_samples=limit_samples,
     )
+    why = ("--effective-batch-size" if config.effective_batch_size is not None else
+           f"batch {config.batch_size} x {config.accumulate} accumulation x {world_size} "
+           "process(es), as without auto; --effective-batch-size E sets another")
     return dataclasses.replace(config, batch_size=found.micro_batch,
-                               accumulate=found.accumulate), found.note
+                               accumulate=found.accumulate), f"{found.note} ({why})"

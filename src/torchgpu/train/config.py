@@ -75,6 +75,7 @@ class TrainConfig:
     # adam | adamw | sgd (at lr) | a module:function spec (params -> Optimizer); None: the
     # task's default (Adam for the built-in examples, AdamW for a user's model)
     optimizer: str | None = None
+    collate_fn: str | None = None  # with model: a spec naming the batches' collate function
     target: str | None = None
     data_size: int | None = None
     device: str = "auto"
@@ -268,6 +269,12 @@ def _check_gpus(gpus: str) -> None:
 def _check_model_flags(config: TrainConfig) -> None:
     """``--model SPEC`` needs ``--data SPEC`` (or a CSV with ``--target``) and excludes
     ``--example``; ``--loss`` applies to ``--model`` only."""
+    if config.collate_fn is not None and (config.model is None or config.target is not None):
+        raise UsageError(
+            f"--collate-fn {config.collate_fn} applies to your own --model SPEC with --data "
+            "SPEC (a Dataset whose items it batches); built-in examples and CSV tables batch "
+            "their own rows: drop --collate-fn, or train your model on your dataset."
+        )
     if config.model is None:
         if config.loss is not None:
             raise UsageError(
@@ -290,6 +297,9 @@ def _check_model_flags(config: TrainConfig) -> None:
     if config.target is None:  # else --data is a CSV file
         specs.append(("--data", config.data, "a Dataset, a (train, eval) pair, or a "
                       "function returning one"))
+    if config.collate_fn is not None:
+        specs.append(("--collate-fn", config.collate_fn, "a collate function fn(items) -> "
+                      "batch, or a zero-argument factory returning one"))
     for flag, spec, what in specs:
         if ":" not in spec.strip(":"):
             raise UsageError(

@@ -296,6 +296,7 @@ def settings_to_write(config: TrainConfig, *, world_size: int = 1, local_world_s
     values["loss"] = _absolute_name(config.loss)
     values["optimizer"] = _absolute_name(config.optimizer)
     values["scheduler"] = _absolute_name(config.scheduler)
+    values["collate_fn"] = _absolute_spec(config.collate_fn)
     if config.model is not None and config.target is None:
         values["data"] = _absolute_spec(config.data)  # a data spec
     elif config.data is not None:

@@ -31,6 +31,7 @@ from torchgpu.train.task import as_factory, seeded, user_task
 _NOT_SETTINGS = frozenset({
     "example", "data", "target", "data_size", "model", "loss", "nproc", "nnodes",
     "node_rank", "rdzv_endpoint", "max_restarts", "gpus", "json", "auto_batch_size",
+    "collate_fn",  # fit's keyword argument takes the function itself
 })
 SETTINGS: tuple[str, ...] = tuple(
     f.name for f in dataclasses.fields(TrainConfig) if f.name not in _NOT_SETTINGS)
@@ -144,6 +145,7 @@ def fit(
     metrics: Mapping[str, Any] | None = None,
     optimizer: str | Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None,
     scheduler: str | Callable[[torch.optim.Optimizer], Any] | None = None,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
     **settings: Any,
 ) -> TrainResult:
     """Train ``model`` on ``train_data``; return the :class:`TrainResult` (the trained,
@@ -170,6 +172,12 @@ def fit(
       built-in schedules by setting: ``lr_schedule`` (``"constant"``, ``"linear"``,
       ``"cosine"``, ``"step"``), ``warmup_steps``, ``lr_step_size`` (epochs),
       ``lr_gamma`` (:mod:`torchgpu.train.schedule`).
+    - ``collate_fn``: ``fn(items) -> batch`` for both datasets (default torch's
+      ``default_collate``, which needs items of equal shapes), e.g. transformers'
+      ``DataCollatorWithPadding(tokenizer)`` for token sequences of different lengths.
+      It must return a dict of tensors (``model(**batch)``) or an ``(inputs, target)``
+      pair. Under DataLoader workers (``num_workers``) it must pickle when the start
+      method is spawn; a lambda works with ``num_workers=0`` or fork.
     - ``settings``: the ``torchgpu train`` flags by name: ``epochs``, ``batch_size``
       (int or ``"auto"``), ``effective_batch_size``, ``strategy`` (``"auto"``, single,
       dp, ddp, fsdp, model, pipeline), ``devices``, ``chunks``, ``accumulate``,
@@ -196,10 +204,16 @@ def fit(
     if isinstance(scheduler, str):  # a spec: a setting, as --scheduler
         settings = {**settings, "scheduler": scheduler}
     config = config_from_settings(settings, name, type(train_data).__name__)
+    collate_label = "collate_fn="
+    if collate_fn is not None:  # recorded in config.toml as a label, like the model
+        collate_name = getattr(collate_fn, "__name__", type(collate_fn).__name__)
+        config = dataclasses.replace(config, collate_fn=f"fit:{collate_name}")
+        collate_label = f"collate_fn={collate_name}"
     factory = as_factory(model)
     if not isinstance(model, nn.Module):
         factory = seeded(factory, config.seed)
-    task = user_task(factory, train_data, eval_data, loss=loss, metrics=metrics, name=name)
+    task = user_task(factory, train_data, eval_data, loss=loss, metrics=metrics, name=name,
+                     collate_fn=collate_fn, collate_label=collate_label)
     if optimizer is not None and not isinstance(optimizer, str):
         task = dataclasses.replace(task, optimizer=optimizer)
     if scheduler is not None and not isinstance(scheduler, str):

@@ -73,8 +73,14 @@ def _user_plugin(config: TrainConfig, model_spec: str) -> Task:
                                    loss=loss or base.loss, optimizer="adamw", trusted=False)
     assert config.data is not None
     train, test = resolve_data(config.data)
+    collate = None
+    if config.collate_fn is not None:
+        from torchgpu.data.collate import resolve_collate
+
+        collate = resolve_collate(config.collate_fn)
     task = user_task(seeded(build_user_model, config.seed), train, test, loss=loss,
-                     name=config.run_name)
+                     name=config.run_name, collate_fn=collate,
+                     collate_label=f"--collate-fn {config.collate_fn}")
     if task.dict_batches and config.loss in LOSS_NAMES:
         raise UsageError(
             f"--loss {config.loss} takes (output, target) but --data {config.data} yields "

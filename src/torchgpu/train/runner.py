@@ -212,9 +212,10 @@ def _run(
     train_loader = make_loader(data.train, config.batch_size, shuffle=True, seed=config.seed,
                                dist=strategy.shard(rank, world), device=device,
                                num_workers=config.num_workers, pad=False,
-                               dict_pairs=data.dict_batches)
+                               dict_pairs=data.dict_batches, collate_fn=data.collate_items)
     test_loader: Any = (make_loader(data.test, data.eval_batch(config.batch_size),
-                                    shuffle=False, device=device, dict_pairs=data.dict_batches)
+                                    shuffle=False, device=device, dict_pairs=data.dict_batches,
+                                    collate_fn=data.collate_items)
                         if data.test is not None else [])
     start = start or RunStart()
     steps = strategy.steps(StepContext(

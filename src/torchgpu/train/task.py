@@ -23,10 +23,11 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from torchgpu.data.base import ExampleData
 from torchgpu.data.batches import DictPairs, check_dict_item, output_loss
+from torchgpu.data.collate import Collate, CollateFn
 from torchgpu.errors import DataError, UsageError
 from torchgpu.train import optimizers
 from torchgpu.train.metrics import MetricLike, check_metrics
@@ -56,7 +57,10 @@ class Task:
     its data and loss (the built-in examples do), so the two-sample :func:`probe` before
     ``--out`` exists is skipped (for ResNet-50 it costs a forward). ``kind``: a label for
     summary.json's ``task`` (``regression``, ``classification``, ``custom``); nothing in
-    the engine depends on it.
+    the engine depends on it. ``collate_fn``: the user's function turning a list of
+    items into a batch (None: torch's ``default_collate``), used wherever batches are
+    made (loaders, probe, batch-size search, planner); ``collate_label`` names it in
+    messages (``--collate-fn SPEC`` or ``collate_fn=``).
     """
 
     name: str
@@ -73,6 +77,8 @@ class Task:
     trusted: bool = False
     kind: str = "custom"
     description: str = ""
+    collate_fn: Callable[[list[Any]], Any] | None = None
+    collate_label: str = "collate_fn="
 
     def make_optimizer(self, model: nn.Module, lr: float) -> torch.optim.Optimizer:
         """The run's optimizer (:attr:`optimizer`) over ``model``'s trainable parameters,
@@ -94,27 +100,39 @@ class Task:
         return max(batch_size, self.eval_batch_size or 0)
 
     @property
-    def collate(self) -> Callable[[list[Any]], Any] | None:
-        """The DataLoader's collate function (None: torch's default)."""
-        return DictPairs() if self.dict_batches else None
+    def collate_items(self) -> Collate | None:
+        """The function that makes a batch of items for the loaders: the user's
+        ``collate_fn`` with its failures in one paragraph (None without one: the loader's
+        default)."""
+        return Collate(self.collate_fn, self.collate_label) if self.collate_fn else None
+
+    @property
+    def collate(self) -> Callable[[list[Any]], Any]:
+        """The DataLoader's collate function: :attr:`collate_items` (default
+        ``default_collate``), whose failures are one paragraph; dict batches as
+        ``(batch, batch)`` (:class:`DictPairs`)."""
+        inner = Collate(self.collate_fn, self.collate_label)
+        return DictPairs(inner) if self.dict_batches else inner
 
     def sample(self, rows: int, split: str = "train") -> tuple[Any, Any]:
         """The first ``rows`` samples of ``split`` (``train``, or ``test``: the held-out
         split, which must exist) as one ``(inputs, target)`` batch (cycling when the
-        dataset is smaller): probes, measurements, the planner."""
-        from torch.utils.data import TensorDataset, default_collate
+        dataset is smaller), collated as the loaders do: probes, measurements, the
+        planner. DataError (default collate: the shapes that differ) or UsageError
+        (``collate_fn``) when the items do not form a batch."""
+        from torch.utils.data import TensorDataset
 
         dataset = self.train if split == "train" else self.test
         assert isinstance(dataset, Sized)  # a map-style Dataset (check_dataset)
         n = len(dataset)
-        if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
+        if (self.collate_fn is None and isinstance(dataset, TensorDataset)
+                and len(dataset.tensors) == 2):
             index = torch.arange(max(1, rows)) % n
             return dataset.tensors[0][index], dataset.tensors[1][index]
-        items = [dataset[i % n] for i in range(max(1, rows))]
-        if self.dict_batches:
-            batch = default_collate(items)
-            return batch, batch
-        inputs, target = default_collate(items)
+        batch = self.collate([dataset[i % n] for i in range(max(1, rows))])
+        if not self.dict_batches:
+            check_pair(batch, self.collate_label if self.collate_fn else "")
+        inputs, target = batch
         return inputs, target
 
 
@@ -132,14 +150,30 @@ def loss_by_name(name: str) -> LossFn:
     )
 
 
-def _is_dict_dataset(dataset: Dataset[Any], what: str) -> bool:
+def _first_item(dataset: Dataset[Any], what: str) -> Any:
     try:
-        item = dataset[0]
+        return dataset[0]
     except Exception as error:
         raise DataError(
             f"{what}: reading its first item failed ({type(error).__name__}: {error}); a "
             "map-style Dataset must return a sample for index 0"
         ) from None
+
+
+def _is_dict_dataset(dataset: Dataset[Any], what: str,
+                     collate: CollateFn | None = None, label: str = "") -> bool:
+    """Whether ``dataset``'s batches are dicts (else ``(inputs, target)`` pairs). With a
+    collate function, what it makes of the first two items decides (tokenizer-style items
+    of Python lists are its to pad); without one, the first item."""
+    item = _first_item(dataset, what)
+    if collate is not None:
+        assert isinstance(dataset, Sized)
+        items = [item, dataset[1]] if len(dataset) > 1 else [item]
+        batch = Collate(collate, label)(items)
+        if isinstance(batch, Mapping):
+            return True
+        check_pair(batch, label)
+        return False
     if isinstance(item, Mapping):
         check_dict_item(item, what)  # tokenizer-style Python lists: refused with the fix
         return True
@@ -147,7 +181,22 @@ def _is_dict_dataset(dataset: Dataset[Any], what: str) -> bool:
         return False
     raise DataError(
         f"{what} returns items of type {type(item).__name__}: the engine takes "
-        "(inputs, target) pairs or dicts of tensors; return one of those from __getitem__"
+        "(inputs, target) pairs or dicts of tensors; return one of those from __getitem__, "
+        "or pass a collate function that makes a batch of such from the items"
+    )
+
+
+def check_pair(batch: object, label: str) -> None:
+    """UsageError naming the collate function ``label`` when ``batch`` is neither a
+    dict nor an ``(inputs, target)`` pair (the two shapes the engine trains on)."""
+    if isinstance(batch, tuple | list) and len(batch) == 2 and not hasattr(batch, "_fields"):
+        return
+    raise UsageError(
+        f"{label or 'the collate function'} returned a {type(batch).__name__}"
+        f"{f' of {len(batch)} elements' if isinstance(batch, tuple | list) else ''}, which "
+        "the model cannot take: a collate function must return a dict of tensors "
+        "(model(**batch), e.g. input_ids, attention_mask, labels) or an (inputs, target) "
+        "pair; fix what it returns."
     )
 
 
@@ -170,6 +219,13 @@ def check_dataset(dataset: Any, what: str, *, shuffled: bool = False) -> Dataset
         raise DataError(
             f"{what} is a model ({type(dataset).__name__}), not a Dataset: the data spec "
             "must return a Dataset or a (train, eval) pair; the model goes to --model."
+        )
+    if isinstance(dataset, DataLoader):  # the engine makes the loaders (shards, resume)
+        raise DataError(
+            f"{what} is a DataLoader: torchgpu builds the loaders itself (DDP shards, exact "
+            "resume, the batch-size search); pass its dataset (loader.dataset) instead, "
+            "its collate function as collate_fn= (fit) or --collate-fn SPEC (torchgpu "
+            "train), and its batch size as batch_size= / --batch-size."
         )
     if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
         raise DataError(
@@ -196,9 +252,11 @@ def check_dataset(dataset: Any, what: str, *, shuffled: bool = False) -> Dataset
 
 def user_task(build_model: Callable[[], nn.Module], train: Any, test: Any = None,
               loss: LossFn | None = None, metrics: Mapping[str, Any] | None = None,
-              name: str = "model") -> Task:
+              name: str = "model", collate_fn: CollateFn | None = None,
+              collate_label: str = "collate_fn=") -> Task:
     """A Task for a user's model and datasets (``fit`` and ``--model/--data``): AdamW
-    by default, evaluation in training-sized batches.
+    by default, evaluation in training-sized batches. ``collate_fn`` makes the batches
+    of both datasets (``collate_label`` names it in messages).
 
     Raises DataError for data the engine cannot take (not a map-style Dataset, items that
     are neither pairs nor dicts, train and eval of different shapes), UsageError for pairs
@@ -206,10 +264,15 @@ def user_task(build_model: Callable[[], nn.Module], train: Any, test: Any = None
     """
     checked = check_metrics(metrics)
     train = check_dataset(train, "the training data", shuffled=True)
-    dict_batches = _is_dict_dataset(train, "the training data")
+    if collate_fn is not None and not callable(collate_fn):
+        raise UsageError(
+            f"{collate_label} is a {type(collate_fn).__name__}, not a function: pass a "
+            "collate function fn(items) -> batch (e.g. DataCollatorWithPadding(tokenizer))")
+    dict_batches = _is_dict_dataset(train, "the training data", collate_fn, collate_label)
     if test is not None:
         test = check_dataset(test, "the evaluation data")
-        if _is_dict_dataset(test, "the evaluation data") != dict_batches:
+        if _is_dict_dataset(test, "the evaluation data", collate_fn,
+                            collate_label) != dict_batches:
             raise DataError(
                 "the training data yields "
                 f"{'dicts' if dict_batches else 'pairs'} but the evaluation data does not: "
@@ -225,7 +288,8 @@ def user_task(build_model: Callable[[], nn.Module], train: Any, test: Any = None
             )
         loss = output_loss
     return Task(name=name, build_model=build_model, train=train, test=test, loss=loss,
-                metrics=checked, dict_batches=dict_batches)
+                metrics=checked, dict_batches=dict_batches, collate_fn=collate_fn,
+                collate_label=collate_label)
 
 
 def as_factory(model: nn.Module | Callable[[], nn.Module], what: str = "model"
@@ -303,20 +367,23 @@ def probe(task: Task, model: nn.Module, *, model_label: str = "the model",
         loss_label = ("the model's own loss (output.loss)" if task.loss is output_loss
                       else "the loss")
     sample = task.sample(2)
+    made_by = f" (batched by {task.collate_label})" if task.collate_fn is not None else ""
     was_training = model.training
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     try:
         try:
             loss, checked = _forward_loss(task, model, sample, evaluating=False)
         except TorchGpuError as error:  # e.g. output_loss: no loss in the output
-            raise UsageError(f"{model_label} on two samples of {data_label}: {error}"
-                             ) from None
+            raise UsageError(f"{model_label} on two samples of {data_label}{made_by}: "
+                             f"{error}") from None
         except Exception as error:
             raise UsageError(
-                f"{model_label} on two samples of {data_label} failed ({first_line(error)}): "
-                "the data's batches must be what the model's forward takes (pairs: "
-                "model(inputs), dicts: model(**batch)) and the loss must take the model's "
-                "output; check the model and data specs, or pass the loss that fits."
+                f"{model_label} on two samples of {data_label}{made_by} failed "
+                f"({first_line(error)}): the data's batches must be what the model's forward "
+                "takes (pairs: model(inputs), dicts: model(**batch)) and the loss must take "
+                "the model's output; check the model and data specs"
+                f"{f' and what {task.collate_label} returns' if task.collate_fn else ''}, "
+                "or pass the loss that fits."
             ) from None
         _check_scalar(loss, model_label, data_label)
         if checked and not loss.requires_grad:
