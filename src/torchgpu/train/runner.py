@@ -24,7 +24,7 @@ from torch import nn
 from torchgpu.data.batches import install_call_convention
 from torchgpu.distributed import gather_objects, init_distributed
 from torchgpu.errors import CollectiveTimeoutError, DistributedError, TorchGpuError, first_line
-from torchgpu.train import build, outputs, schedule
+from torchgpu.train import build, outputs, schedule, stream_run
 from torchgpu.train.agreement import share_stop
 from torchgpu.train.assemble import Assembly, assemble, settle, with_stop_at
 from torchgpu.train.auto_batch import apply_auto_batch
@@ -163,10 +163,13 @@ def _run(
 
     assert config.batch_size is not None and config.epochs is not None and config.lr is not None
     precision = Precision(config.precision, device)
-    train_loader = make_loader(data.train, config.batch_size, shuffle=True, seed=config.seed,
-                               dist=strategy.shard(rank, world), device=device,
-                               num_workers=config.num_workers, pad=False,
-                               dict_pairs=data.dict_batches)
+    shard = strategy.shard(rank, world)
+    train_loader = stream_run.train_loader(data, config, shard.rank, shard.world_size, device)
+    if train_loader is None:
+        train_loader = make_loader(data.train, config.batch_size, shuffle=True,
+                                   seed=config.seed, dist=shard, device=device,
+                                   num_workers=config.num_workers, pad=False,
+                                   dict_pairs=data.dict_batches)
     test_loader: Any = (make_loader(data.test, data.eval_batch(config.batch_size),
                                     shuffle=False, device=device, dict_pairs=data.dict_batches)
                         if data.test is not None else [])
@@ -175,7 +178,8 @@ def _run(
         config=config, rank=rank, world=world, agree=agree, device=device, task=data,
         model=model, precision=precision, stop=stop, out_dir=out_dir, heartbeat=beat,
         hang=start.hang, position=lambda: (state.step, state.epoch),
-        layout=getattr(batch_sampler_of(train_loader), "layout", None),
+        layout=getattr(batch_sampler_of(train_loader), "layout", None)
+        or getattr(train_loader.dataset, "layout", None),
         resume_from=start.plan.source))
     config, parts, mode = steps.config, steps.parts, strategy.name
     assert config.epochs is not None
@@ -190,6 +194,7 @@ def _run(
         for note in (*notes, *steps.lines()):
             print(note, file=sys.stderr)
     buffer = MetricsBuffer()
+    streamed = stream_run.StreamReport(data, is_main=out_dir is not None)
     batches_per_epoch = len(train_loader)
     records: list[EpochRecord] = []
     ckpt = RunCheckpoints(config, model=steps.model, optimizer=steps.optimizer,
@@ -226,6 +231,9 @@ def _run(
                                    stop=steps.stop, on_step=on_step, progress=progress,
                                    records=buffer.steps)
                 train_seconds += totals.seconds
+                if not totals.stopped:
+                    streamed.epoch_end(epoch, state.batch_in_epoch, batches_per_epoch,
+                                       config.accumulate)
                 # A stop agreed after the run's last step stops nothing: it finishes.
                 finished = (epoch == config.epochs - 1
                             and state.batch_in_epoch >= batches_per_epoch)
@@ -259,6 +267,7 @@ def _run(
     summary = summary_of(config, data, mode, world, state, records, peaks, train_seconds,
                        time.perf_counter() - started, steps.stop, precision.mode, stopped_at)
     summary.update(ckpt.summary())
+    summary.update(streamed.summary())
     steps.summarize(summary, state, train_seconds)
     if out_dir is not None:
         watch.report(summary, config, planned, data, mode, world)

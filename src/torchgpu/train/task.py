@@ -17,6 +17,7 @@ object with ``reset``/``update``/``compute`` (torchmetrics-style) for aggregated
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping, Sized
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,7 +84,13 @@ class Task:
 
     @property
     def train_rows(self) -> int:
-        """Samples in the training split (a map-style Dataset has ``len()``)."""
+        """Samples in the training split (a map-style Dataset has ``len()``; a stream
+        without one counts as unbounded, ``sys.maxsize``)."""
+        from torchgpu.data.stream import stream_length
+
+        if isinstance(self.train, IterableDataset):
+            length = stream_length(self.train)
+            return sys.maxsize if length is None else length
         assert isinstance(self.train, Sized)  # a map-style Dataset (check_dataset)
         return len(self.train)
 
@@ -99,13 +106,23 @@ class Task:
     def sample(self, rows: int) -> tuple[Any, Any]:
         """The first ``rows`` training samples as one ``(inputs, target)`` batch
         (cycling when the dataset is smaller): probes, measurements, the planner."""
-        from torch.utils.data import TensorDataset, default_collate
+        from torch.utils.data import TensorDataset
 
+        if isinstance(self.train, IterableDataset):  # a fresh pass: training's untouched
+            from torchgpu.data.stream import first_items
+
+            head = first_items(self.train, max(1, rows))
+            items = [head[i % len(head)] for i in range(max(1, rows))]
+            return self._collated(items)
         n = self.train_rows
         if isinstance(self.train, TensorDataset) and len(self.train.tensors) == 2:
             index = torch.arange(max(1, rows)) % n
             return self.train.tensors[0][index], self.train.tensors[1][index]
-        items = [self.train[i % n] for i in range(max(1, rows))]
+        return self._collated([self.train[i % n] for i in range(max(1, rows))])
+
+    def _collated(self, items: list[Any]) -> tuple[Any, Any]:
+        from torch.utils.data import default_collate
+
         if self.dict_batches:
             batch = default_collate(items)
             return batch, batch
@@ -128,6 +145,14 @@ def loss_by_name(name: str) -> LossFn:
 
 
 def _is_dict_dataset(dataset: Dataset[Any], what: str) -> bool:
+    if isinstance(dataset, IterableDataset):
+        from torchgpu.data.stream import first_items
+
+        head = first_items(dataset, 1)
+        if not head:
+            raise DataError(f"{what} is a stream that yields no items: there is nothing "
+                            "to train on; check the data source")
+        return _is_dict_item(head[0], what, "__iter__")
     try:
         item = dataset[0]
     except Exception as error:
@@ -135,6 +160,10 @@ def _is_dict_dataset(dataset: Dataset[Any], what: str) -> bool:
             f"{what}: reading its first item failed ({type(error).__name__}: {error}); a "
             "map-style Dataset must return a sample for index 0"
         ) from None
+    return _is_dict_item(item, what, "__getitem__")
+
+
+def _is_dict_item(item: object, what: str, source: str) -> bool:
     if isinstance(item, Mapping):
         check_dict_item(item, what)  # tokenizer-style Python lists: refused with the fix
         return True
@@ -142,23 +171,25 @@ def _is_dict_dataset(dataset: Dataset[Any], what: str) -> bool:
         return False
     raise DataError(
         f"{what} returns items of type {type(item).__name__}: the engine takes "
-        "(inputs, target) pairs or dicts of tensors; return one of those from __getitem__"
+        f"(inputs, target) pairs or dicts of tensors; return one of those from {source}"
     )
 
 
-def check_dataset(dataset: Any, what: str) -> Dataset[Any]:
-    """``dataset`` if it is a non-empty map-style Dataset, else DataError with the fix.
-
-    An ``IterableDataset`` is refused: exact resume, DDP sharding and batch-size search
-    need ``len()`` and indexing.
+def check_dataset(dataset: Any, what: str, *, stream: bool = False) -> Dataset[Any]:
+    """``dataset`` if it is a non-empty map-style Dataset or a stream (an
+    ``IterableDataset``, where ``stream`` allows one: :mod:`torchgpu.data.stream`), else
+    DataError with the fix.
     """
     if isinstance(dataset, IterableDataset):
-        raise DataError(
-            f"{what} is an IterableDataset ({type(dataset).__name__}): torchgpu trains on "
-            "map-style datasets (len() and indexing), which exact resume, unpadded DDP "
-            "shards and the batch-size search need. Wrap your data in a map-style Dataset "
-            "(e.g. materialise it into a list or a TensorDataset)."
-        )
+        if not stream:
+            raise DataError(
+                f"{what} is an IterableDataset ({type(dataset).__name__}): evaluation "
+                "reads a map-style dataset (len() and indexing); streams are for the "
+                "training data. Materialise the held-out split into a list or a "
+                "TensorDataset."
+            )
+        checked_stream: Dataset[Any] = dataset
+        return checked_stream
     if isinstance(dataset, nn.Module):
         raise DataError(
             f"{what} is a model ({type(dataset).__name__}), not a Dataset: the data spec "
@@ -194,7 +225,7 @@ def user_task(build_model: Callable[[], nn.Module], train: Any, test: Any = None
     without a loss or a malformed metric.
     """
     checked = check_metrics(metrics)
-    train = check_dataset(train, "the training data")
+    train = check_dataset(train, "the training data", stream=True)
     dict_batches = _is_dict_dataset(train, "the training data")
     if test is not None:
         test = check_dataset(test, "the evaluation data")
