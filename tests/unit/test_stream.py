@@ -1,0 +1,184 @@
+"""Streamed training data (an IterableDataset): the sharding rule over ranks and
+workers, epochs of --steps-per-epoch, the refusals before anything is written, an
+early end, and a bitwise stop/resume."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import IterableDataset, TensorDataset
+
+from tests.user_models import PairStream, SizedPairStream, stream_model
+from torchgpu import fit
+from torchgpu.data.stream import StreamBatches
+from torchgpu.errors import DataError, UsageError
+from torchgpu.train.config import TrainConfig
+from torchgpu.train.runner import train
+from torchgpu.train.task import seeded, user_task
+
+
+class Numbers(IterableDataset[torch.Tensor]):
+    def __init__(self, n: int, sized: bool = False) -> None:
+        self.n, self.sized = n, sized
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return (torch.tensor([i]) for i in range(self.n))
+
+    def __len__(self) -> int:
+        if not self.sized:
+            raise TypeError("no length")
+        return self.n
+
+
+def _rank_batches(source: Any, batch: int, world: int, rank: int, workers: int,
+                  batches: int, length: int | None, skip: int = 0) -> list[list[int]]:
+    """Rank ``rank``'s batches in the order a DataLoader with ``workers`` workers hands
+    them out (worker ``b mod K`` makes batch ``b``)."""
+    shard = StreamBatches(source, batch, rank=rank, world_size=world, batches=batches,
+                          length=length)
+    shard.begin_epoch(0, skip)
+    per_worker = [iter(list(shard._sharded(k, workers))) for k in range(workers)]
+    out: list[list[int]] = []
+    for b in range(skip, batches):
+        got = next(per_worker[b % workers], None)
+        if got is None:
+            break
+        out.append(got.flatten().tolist())
+    return out
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("sized", [False, True])
+def test_each_item_goes_to_exactly_one_rank_and_worker(world: int, workers: int,
+                                                       sized: bool) -> None:
+    n, batch = 23, 2
+    width = world * batch
+    batches = -(-n // width) if sized else 100
+    ranks = [_rank_batches(Numbers(n), batch, world, r, workers, batches, n if sized else None)
+             for r in range(world)]
+    assert len({len(r) for r in ranks}) == 1  # every rank steps as often (DDP)
+    kept = n if sized else n // width * width  # an unannounced short end is dropped
+    for b in range(len(ranks[0])):
+        global_batch = sorted(i for r in ranks for i in r[b])
+        assert global_batch == list(range(b * width, min((b + 1) * width, kept)))
+        for r in range(world):  # rank r holds items i with i mod W == r
+            assert all(i % world == r for i in ranks[r][b])
+    assert sorted(i for r in ranks for bs in r for i in bs) == list(range(kept))
+
+
+def test_skip_resumes_the_pass_at_a_batch() -> None:
+    whole = _rank_batches(Numbers(40), 3, 2, 1, 2, 6, None)
+    assert _rank_batches(Numbers(40), 3, 2, 1, 2, 6, None, skip=4) == whole[4:]
+
+
+def _hand_loop(data: PairStream, batch: int, batches: int, epochs: int) -> nn.Module:
+    torch.manual_seed(0)
+    model = stream_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(epochs):
+        data.set_epoch(epoch)
+        items = list(data)[:batch * batches]
+        for b in range(0, len(items), batch):
+            x = torch.stack([i[0] for i in items[b:b + batch]])
+            y = torch.stack([i[1] for i in items[b:b + batch]])
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    return model
+
+
+def _sgd(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.1)
+
+
+@pytest.mark.parametrize("sized", [False, True])
+def test_a_stream_trains_as_a_hand_written_loop(tmp_path: Path, sized: bool) -> None:
+    """Epoch e reads the stream from its start after set_epoch(e); the probe and the
+    checks read their own passes, so training starts at the first item. With len()
+    the short last batch (30 = 3 x 8 + 6) is trained; without, 4 steps per epoch."""
+    data = SizedPairStream(30) if sized else PairStream(60)
+    steps = {} if sized else {"steps_per_epoch": 4}
+    result = fit(stream_model, data, loss=nn.MSELoss(), optimizer=_sgd, epochs=2,
+                 batch_size=8, out=tmp_path / "run", progress="off", device="cpu", **steps)
+    assert result.summary["steps"] == 8 and result.summary["stream_resume"] == "skip"
+    expected = _hand_loop(data, 8, 4, 2)
+    for (name, a), b in zip(expected.state_dict().items(),
+                            result.model.state_dict().values(), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7, msg=name)
+
+
+def _dropout_model() -> nn.Module:
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Dropout(0.3), nn.Linear(8, 1))
+
+
+@pytest.mark.parametrize(("accumulate", "stop_at"), [(1, 3), (1, 5), (2, 4), (2, 7)])
+def test_stop_and_resume_mid_stream_is_bitwise(tmp_path: Path, accumulate: int,
+                                               stop_at: int) -> None:
+    settings: dict[str, Any] = {"epochs": 3, "batch_size": 4, "steps_per_epoch": 5,
+                                "accumulate": accumulate, "seed": 2, "progress": "off",
+                                "device": "cpu"}
+    whole = fit(_dropout_model, PairStream(60), loss=nn.MSELoss(), out=tmp_path / "whole",
+                **settings)
+    task = user_task(seeded(_dropout_model, 2), PairStream(60), loss=nn.MSELoss(),
+                     name="_dropout_model")
+    config = TrainConfig(model="fit:_dropout_model", data="fit:PairStream", out=str(tmp_path / "cut"),
+                         **settings)
+    cut = train(config, task=task, stop_at_step=stop_at)
+    assert cut.summary["steps"] == stop_at and cut.summary["stopped_early"]
+    resumed = fit(_dropout_model, PairStream(60), loss=nn.MSELoss(), out=tmp_path / "cut",
+                  resume=True, **settings)
+    assert resumed.summary["steps"] == whole.summary["steps"] == 15
+    assert resumed.state.step_losses == whole.state.step_losses
+    for (name, a), b in zip(whole.model.state_dict().items(),
+                            resumed.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_workers_make_the_same_batches(tmp_path: Path) -> None:
+    runs = [fit(stream_model, PairStream(60), loss=nn.MSELoss(), epochs=1, batch_size=4,
+                steps_per_epoch=6, num_workers=k, out=tmp_path / str(k), progress="off",
+                device="cpu") for k in (0, 2)]
+    assert runs[0].state.step_losses == runs[1].state.step_losses
+    for a, b in zip(runs[0].model.state_dict().values(), runs[1].model.state_dict().values(),
+                    strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_stream_that_ends_early_ends_the_epoch(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    result = fit(stream_model, PairStream(30), loss=nn.MSELoss(), epochs=2, batch_size=8,
+                 steps_per_epoch=5, out=tmp_path / "run", progress="off", device="cpu")
+    assert result.summary["steps"] == 6  # 3 full batches of 8 per epoch; 6 items dropped
+    assert result.summary["stream_short_epochs"] == [1, 2]
+    err = capsys.readouterr().err
+    assert err.count("the training stream ended after 3 of the epoch's 5") == 1
+
+
+@pytest.mark.parametrize(("train_data", "settings", "error", "match"), [
+    (PairStream(60), {}, UsageError, "--steps-per-epoch N"),
+    (PairStream(5), {"steps_per_epoch": 2}, DataError,
+     "holds 5 items, fewer than one optimizer step of 8"),
+    (SizedPairStream(5), {}, DataError, "holds 5 items"),
+    (Numbers(0), {"steps_per_epoch": 2}, DataError, "yields no items"),
+    (TensorDataset(torch.zeros(8, 4), torch.zeros(8, 1)), {"steps_per_epoch": 2}, UsageError,
+     "--steps-per-epoch 2 is for streamed training data"),
+])
+def test_bad_stream_recipes_are_refused_before_anything_is_written(
+        tmp_path: Path, train_data: Any, settings: dict[str, Any], error: type[Exception],
+        match: str) -> None:
+    with pytest.raises(error, match=match):
+        fit(stream_model, train_data, loss=nn.MSELoss(), epochs=1, batch_size=8,
+            out=tmp_path / "run", progress="off", device="cpu", **settings)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_streamed_evaluation_split_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="streams are for the training data"):
+        fit(stream_model, PairStream(20), eval_data=PairStream(8), loss=nn.MSELoss(),
+            steps_per_epoch=1, out=tmp_path / "run", progress="off", device="cpu")
