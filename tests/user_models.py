@@ -257,3 +257,7 @@ class SizedPairStream(PairStream):
 
 def stream_model() -> nn.Module:
     return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+
+
+def stream_data() -> PairStream:
+    return PairStream(60)

@@ -4,6 +4,7 @@ early end, and a bitwise stop/resume."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -182,3 +183,30 @@ def test_a_streamed_evaluation_split_is_refused(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="streams are for the training data"):
         fit(stream_model, PairStream(20), eval_data=PairStream(8), loss=nn.MSELoss(),
             steps_per_epoch=1, out=tmp_path / "run", progress="off", device="cpu")
+
+
+def test_auto_batch_size_searches_on_the_stream(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHGPU_SIMULATE_MEMORY_LIMIT_SAMPLES", "6")
+    data = PairStream(200)
+    result = fit(stream_model, data, loss=nn.MSELoss(), epochs=1, batch_size="auto",
+                 effective_batch_size=16, steps_per_epoch=3, out=tmp_path / "run",
+                 progress="off", device="cpu")
+    micro, acc = result.summary["batch_size"], result.summary["accumulate"]
+    assert micro <= 6 and micro * acc == 16 and result.summary["steps"] == 3
+
+
+def test_cli_trains_a_stream_and_names_the_missing_flag(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from torchgpu.cli.main import main
+
+    base = ["train", "--model", "tests.user_models:stream_model", "--data",
+            "tests.user_models:stream_data", "--loss", "mse", "--epochs", "1",
+            "--batch-size", "4", "--device", "cpu", "--progress", "off"]
+    assert main([*base, "--out", str(tmp_path / "no")]) == 2
+    err = capsys.readouterr().err
+    assert "--steps-per-epoch N" in err and "Traceback" not in err
+    assert not (tmp_path / "no").exists()
+    assert main([*base, "--steps-per-epoch", "3", "--out", str(tmp_path / "run")]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["stream_resume"] == "skip"
