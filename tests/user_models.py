@@ -261,3 +261,30 @@ def stream_model() -> nn.Module:
 
 def stream_data() -> PairStream:
     return PairStream(60)
+
+
+class StatefulPairStream(PairStream):
+    """A :class:`PairStream` that keeps its position (``state_dict``/``load_state_dict``,
+    torchdata's Stateful protocol): a pass after ``load_state_dict`` continues where the
+    saved pass stood. ``resumed_at``: the positions passes were resumed at."""
+
+    def __init__(self, n: int = 60, seed: int = 0) -> None:
+        super().__init__(n, seed)
+        self.pos = 0
+        self._resume = 0
+        self.resumed_at: list[int] = []
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self._resume = state["epoch"], state["pos"]
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        start, self._resume = self._resume, 0
+        if start:
+            self.resumed_at.append(start)
+        order = self.order(self.epoch)
+        for self.pos in range(start + 1, len(order) + 1):
+            i = order[self.pos - 1]
+            yield self.x[i], self.y[i]

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.utils.data import IterableDataset, TensorDataset
 
-from tests.user_models import PairStream, SizedPairStream, stream_model
+from tests.user_models import PairStream, SizedPairStream, StatefulPairStream, stream_model
 from torchgpu import fit
 from torchgpu.data.stream import StreamBatches
 from torchgpu.errors import DataError, UsageError
@@ -128,8 +128,8 @@ def test_stop_and_resume_mid_stream_is_bitwise(tmp_path: Path, accumulate: int,
                 **settings)
     task = user_task(seeded(_dropout_model, 2), PairStream(60), loss=nn.MSELoss(),
                      name="_dropout_model")
-    config = TrainConfig(model="fit:_dropout_model", data="fit:PairStream", out=str(tmp_path / "cut"),
-                         **settings)
+    config = TrainConfig(model="fit:_dropout_model", data="fit:PairStream",
+                         out=str(tmp_path / "cut"), **settings)
     cut = train(config, task=task, stop_at_step=stop_at)
     assert cut.summary["steps"] == stop_at and cut.summary["stopped_early"]
     resumed = fit(_dropout_model, PairStream(60), loss=nn.MSELoss(), out=tmp_path / "cut",
@@ -210,3 +210,36 @@ def test_cli_trains_a_stream_and_names_the_missing_flag(
     assert main([*base, "--steps-per-epoch", "3", "--out", str(tmp_path / "run")]) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["stream_resume"] == "skip"
+
+
+@pytest.mark.parametrize(("torchdata", "workers"), [(True, 0), (True, 2), (False, 0)])
+def test_a_stream_with_state_resumes_from_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             torchdata: bool, workers: int) -> None:
+    """The stream's saved state, not a re-read: the resumed pass starts at item 28
+    (7 steps of 4) of epoch 2 and the run ends bitwise as the uninterrupted one."""
+    if torchdata:
+        pytest.importorskip("torchdata.stateful_dataloader")
+    else:  # the fallback without torchdata: the batches' own state, one process
+        from torchgpu.data import stream_loader
+
+        monkeypatch.setattr(stream_loader, "_stateful_loader", lambda: None)
+    settings: dict[str, Any] = {"epochs": 3, "batch_size": 4, "steps_per_epoch": 5,
+                                "seed": 2, "progress": "off", "device": "cpu",
+                                "num_workers": workers}
+    whole = fit(_dropout_model, StatefulPairStream(60), loss=nn.MSELoss(),
+                out=tmp_path / "whole", **settings)
+    task = user_task(seeded(_dropout_model, 2), StatefulPairStream(60), loss=nn.MSELoss(),
+                     name="_dropout_model")
+    config = TrainConfig(model="fit:_dropout_model", data="fit:StatefulPairStream",
+                         out=str(tmp_path / "cut"), **settings)
+    train(config, task=task, stop_at_step=7)
+    data = StatefulPairStream(60)
+    resumed = fit(_dropout_model, data, loss=nn.MSELoss(), out=tmp_path / "cut",
+                  resume=True, **settings)
+    assert resumed.summary["stream_resume"] == "state_dict"
+    if workers == 0:  # the worker processes' copies are not visible here
+        assert data.resumed_at == [8]  # epoch 2's pass resumed after 2 steps of 4 items
+    assert resumed.state.step_losses == whole.state.step_losses
+    for (name, a), b in zip(whole.model.state_dict().items(),
+                            resumed.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name

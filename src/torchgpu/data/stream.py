@@ -41,13 +41,19 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sized
 from typing import Any
 
-import torch
-from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
+from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
 from torchgpu.data.shards import ShardLayout, _zero_rows
 from torchgpu.errors import DataError, UsageError
 
 STEPS_FLAG = "--steps-per-epoch N (fit: steps_per_epoch=N)"
+
+
+def has_state(dataset: object) -> bool:
+    """Whether ``dataset`` keeps its position: callable ``state_dict()`` and
+    ``load_state_dict()`` (torchdata's ``Stateful``; a ``datasets`` stream)."""
+    return all(callable(getattr(dataset, name, None))
+               for name in ("state_dict", "load_state_dict"))
 
 
 def is_stream(dataset: object) -> bool:
@@ -141,6 +147,8 @@ class StreamBatches(IterableDataset[Any]):
         self.collate = collate or default_collate
         self.self_sharded = shards_itself(source)
         self.epoch, self.skip = 0, 0
+        self.position = 0  # the next rank-local batch index this pass reads
+        self._restored: dict[str, Any] | None = None  # load_state_dict's, for the next pass
 
     @property
     def layout(self) -> ShardLayout:
@@ -163,6 +171,18 @@ class StreamBatches(IterableDataset[Any]):
             setter(epoch)
         return 0
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where this pass stands: the epoch, the next batch index it reads and the
+        stream's own ``state_dict()`` (read after the last batch's items; streams with
+        state only, see :func:`has_state`)."""
+        return {"epoch": self.epoch, "position": self.position,
+                "source": self.source.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The next pass continues from ``state`` (the stream's state is loaded, nothing
+        is read to skip); the pass after it starts afresh."""
+        self._restored = dict(state)
+
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
@@ -170,15 +190,26 @@ class StreamBatches(IterableDataset[Any]):
             return self._own(worker, workers)
         return self._sharded(worker, workers)
 
+    def _start(self, skipped: int) -> tuple[Iterator[Any], int | None]:
+        """The pass's item iterator, and the batch index a restored state resumes at
+        (None: none restored; the caller drops ``skipped`` items itself)."""
+        restored, self._restored = self._restored, None
+        if restored is not None:
+            self.source.load_state_dict(restored["source"])
+            return iter(self.source), int(restored["position"])
+        items = iter(self.source)
+        _drop(items, skipped)
+        return items, None
+
     def _sharded(self, worker: int, workers: int) -> Iterator[Any]:
         width = self.batch_size * self.world_size
-        items = iter(self.source)
-        index = self.skip
-        _drop(items, index * width)  # every batch before the resume point was full
+        items, index = self._start(self.skip * width)  # batches before a resume were full
+        index = self.skip if index is None else index
         while index < self.batches:
             chunk = list(itertools.islice(items, width))
             if not chunk or (len(chunk) < width and self.length is None):
                 return  # the end; an unannounced short end is dropped (see above)
+            self.position = index + 1
             if index % workers == worker:
                 mine = chunk[self.rank::self.world_size]
                 yield self.collate(mine) if mine else self._empty(chunk[0])
@@ -188,14 +219,14 @@ class StreamBatches(IterableDataset[Any]):
 
     def _own(self, worker: int, workers: int) -> Iterator[Any]:
         """A self-sharding stream: its items are this rank's (and worker's) already."""
-        items = iter(self.source)
         done = max(0, -(-(self.skip - worker) // workers))  # own batches before skip
-        _drop(items, done * self.batch_size)
-        index = worker + done * workers
+        items, index = self._start(done * self.batch_size)
+        index = worker + done * workers if index is None else index
         while index < self.batches:
             chunk = list(itertools.islice(items, self.batch_size))
             if len(chunk) < self.batch_size:
                 return
+            self.position = index + workers
             yield self.collate(chunk)
             index += workers
 
@@ -211,20 +242,3 @@ class StreamBatches(IterableDataset[Any]):
 
 def _drop(items: Iterator[Any], count: int) -> None:
     deque(itertools.islice(items, count), maxlen=0)
-
-
-def _as_is(batch: Any) -> Any:
-    return batch
-
-
-def stream_loader(dataset: Any, batch_size: int, *, batches: int, rank: int = 0,
-                  world_size: int = 1, collate: Callable[[list[Any]], Any] | None = None,
-                  device: torch.device | str | None = None,
-                  num_workers: int = 0) -> DataLoader[Any]:
-    """A DataLoader over :class:`StreamBatches` of ``dataset`` (whole batches, made in
-    the workers); ``len()`` is ``batches``. Pinned memory only for CUDA."""
-    shard = StreamBatches(dataset, batch_size, rank=rank, world_size=world_size,
-                          batches=batches, length=stream_length(dataset), collate=collate)
-    pin = device is not None and torch.device(device).type == "cuda"
-    return DataLoader(shard, batch_size=None, collate_fn=_as_is, num_workers=num_workers,
-                      pin_memory=pin)

@@ -157,14 +157,14 @@ def _run(
     """The run driver, the same for every strategy; what differs comes from the
     strategy's steps (:mod:`torchgpu.train.run_steps`)."""
     from torchgpu.data import make_loader
-    from torchgpu.data.loader import batch_sampler_of
     from torchgpu.precision import Precision
     from torchgpu.transfer import Prefetcher
 
     assert config.batch_size is not None and config.epochs is not None and config.lr is not None
     precision = Precision(config.precision, device)
     shard = strategy.shard(rank, world)
-    train_loader = stream_run.train_loader(data, config, shard.rank, shard.world_size, device)
+    train_loader: Any = stream_run.train_loader(data, config, shard.rank, shard.world_size,
+                                                device)
     if train_loader is None:
         train_loader = make_loader(data.train, config.batch_size, shuffle=True,
                                    seed=config.seed, dist=shard, device=device,
@@ -178,8 +178,7 @@ def _run(
         config=config, rank=rank, world=world, agree=agree, device=device, task=data,
         model=model, precision=precision, stop=stop, out_dir=out_dir, heartbeat=beat,
         hang=start.hang, position=lambda: (state.step, state.epoch),
-        layout=getattr(batch_sampler_of(train_loader), "layout", None)
-        or getattr(train_loader.dataset, "layout", None),
+        layout=stream_run.layout_of(train_loader),
         resume_from=start.plan.source))
     config, parts, mode = steps.config, steps.parts, strategy.name
     assert config.epochs is not None
@@ -194,7 +193,7 @@ def _run(
         for note in (*notes, *steps.lines()):
             print(note, file=sys.stderr)
     buffer = MetricsBuffer()
-    streamed = stream_run.StreamReport(data, is_main=out_dir is not None)
+    streamed = stream_run.StreamReport(train_loader, is_main=out_dir is not None)
     batches_per_epoch = len(train_loader)
     records: list[EpochRecord] = []
     ckpt = RunCheckpoints(config, model=steps.model, optimizer=steps.optimizer,
@@ -202,7 +201,8 @@ def _run(
                           stop=steps.stop, batches_per_epoch=batches_per_epoch, mode=mode,
                           out_dir=out_dir, crash=start.crash, stop_at_step=start.stop_at_step,
                           sync=(lambda: sync_now(parts)) if parts.agree else None,
-                          heartbeat=beat, before_save=steps.before_save, scheduler=scheduler)
+                          heartbeat=beat, before_save=steps.before_save, scheduler=scheduler,
+                          data=stream_run.position_of(train_loader))
     state = ckpt.begin(start.plan)  # fresh, or restored from a checkpoint
     buffer.lrs = state.step_lrs
     if out_dir is not None:  # after the resume's checks: a refused resume changes nothing

@@ -1,10 +1,9 @@
 """A run's streamed training data (:mod:`torchgpu.data.stream`): the checks before
 ``--out`` exists, the training loader, and what the run reports about the stream.
 
-Resume reads the epoch's stream from its start again and drops the items of the
-batches already trained (``"stream_resume": "skip"`` in summary.json), which is
-bitwise for a stream that yields the same items each pass (after the same
-``set_epoch``). An epoch whose stream ends before ``--steps-per-epoch`` is over ends
+Resume continues from the stream's saved state when it keeps one, else reads the
+epoch's stream from its start again and drops the items already trained
+(:mod:`torchgpu.data.stream_loader`; ``"stream_resume"`` in summary.json). An epoch whose stream ends before ``--steps-per-epoch`` is over ends
 there with a warning (each epoch reads the stream anew, so the next epoch runs again);
 summary.json lists such epochs under ``"stream_short_epochs"``.
 """
@@ -15,9 +14,11 @@ import sys
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
 
-from torchgpu.data.stream import STEPS_FLAG, is_stream, stream_batches, stream_loader
+from torchgpu.data.loader import batch_sampler_of
+from torchgpu.data.shards import ShardLayout
+from torchgpu.data.stream import STEPS_FLAG, is_stream, stream_batches
+from torchgpu.data.stream_loader import StreamLoader, stream_loader
 from torchgpu.errors import UsageError
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.task import Task
@@ -40,7 +41,7 @@ def check_stream(task: Task, config: TrainConfig, world_size: int) -> None:
 
 
 def train_loader(task: Task, config: TrainConfig, rank: int, world_size: int,
-                 device: torch.device) -> DataLoader[Any] | None:
+                 device: torch.device) -> StreamLoader | None:
     """The training loader of a stream (None for map-style data): this rank's batches
     of the epoch."""
     if not is_stream(task.train):
@@ -53,12 +54,25 @@ def train_loader(task: Task, config: TrainConfig, rank: int, world_size: int,
                          num_workers=config.num_workers)
 
 
+def layout_of(loader: Any) -> ShardLayout | None:
+    """How the training loader's epoch falls on the ranks (the loop's tail weights)."""
+    if isinstance(loader, StreamLoader):
+        return loader.dataset.layout
+    return getattr(batch_sampler_of(loader), "layout", None)
+
+
+def position_of(loader: Any) -> StreamLoader | None:
+    """The loader whose position a checkpoint keeps (a stream's), else None."""
+    return loader if isinstance(loader, StreamLoader) else None
+
+
 class StreamReport:
     """Epochs whose stream ended early (warned at the first, on rank 0) and the summary's
     ``stream_*`` keys; inert for map-style data."""
 
-    def __init__(self, task: Task, is_main: bool) -> None:
-        self.active = is_stream(task.train)
+    def __init__(self, loader: Any, is_main: bool) -> None:
+        self.loader = position_of(loader)
+        self.active = self.loader is not None
         self.is_main = is_main
         self.short: list[int] = []
 
@@ -76,6 +90,10 @@ class StreamReport:
                   f"{STEPS_FLAG} to at most {steps} to match the stream.", file=sys.stderr)
 
     def summary(self) -> dict[str, Any]:
-        if not self.active:
+        """``stream_resume``: how this run resumed mid-epoch, or how a resume of it
+        would (``state_dict``: the stream's saved state; ``skip``: reading past the
+        trained items); ``stream_short_epochs``: the epochs (1-based) the stream ended."""
+        if self.loader is None:
             return {}
-        return {"stream_resume": "skip", "stream_short_epochs": list(self.short)}
+        how = self.loader.resumed_by or ("state_dict" if self.loader.kind else "skip")
+        return {"stream_resume": how, "stream_short_epochs": list(self.short)}
