@@ -243,3 +243,66 @@ def test_a_stream_with_state_resumes_from_it(tmp_path: Path, monkeypatch: pytest
     for (name, a), b in zip(whole.model.state_dict().items(),
                             resumed.model.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
+
+
+class _DictModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = _dropout_model()
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def _dict_loss(output: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return nn.functional.mse_loss(output, batch["y"])
+
+
+def _hf_stream(n: int = 60) -> Any:
+    datasets = pytest.importorskip("datasets")
+    pairs = PairStream(n)
+
+    def rows() -> Iterator[dict[str, list[float]]]:
+        for i in range(n):
+            yield {"x": pairs.x[i].tolist(), "y": pairs.y[i].tolist()}
+
+    return datasets.IterableDataset.from_generator(rows).with_format("torch")
+
+
+class _DictStream(IterableDataset[dict[str, torch.Tensor]]):
+    """The HF stream's items, as a plain torch stream."""
+
+    def __init__(self, n: int = 60) -> None:
+        self.data = PairStream(n)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        for i in range(len(self.data.x)):
+            yield {"x": self.data.x[i], "y": self.data.y[i]}
+
+
+def test_a_datasets_stream_trains_and_resumes_from_its_state(tmp_path: Path) -> None:
+    settings: dict[str, Any] = {"epochs": 2, "batch_size": 4, "steps_per_epoch": 4,
+                                "seed": 2, "progress": "off", "device": "cpu"}
+    whole = fit(_DictModel, _hf_stream(), loss=_dict_loss, out=tmp_path / "whole",
+                **settings)
+    plain = fit(_DictModel, _DictStream(), loss=_dict_loss, out=tmp_path / "plain",
+                **settings)
+    assert plain.state.step_losses == whole.state.step_losses  # read once, in order
+    task = user_task(seeded(_DictModel, 2), _hf_stream(), loss=_dict_loss, name="_DictModel")
+    config = TrainConfig(model="fit:_DictModel", data="fit:IterableDataset",
+                         out=str(tmp_path / "cut"), **settings)
+    train(config, task=task, stop_at_step=6)
+    resumed = fit(_DictModel, _hf_stream(), loss=_dict_loss, out=tmp_path / "cut",
+                  resume=True, **settings)
+    assert resumed.summary["stream_resume"] == "state_dict"
+    assert resumed.state.step_losses == whole.state.step_losses
+    for (name, a), b in zip(whole.model.state_dict().items(),
+                            resumed.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_a_datasets_stream_with_workers_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="split_dataset_by_node"):
+        fit(_DictModel, _hf_stream(), loss=_dict_loss, steps_per_epoch=2, num_workers=2,
+            out=tmp_path / "run", progress="off", device="cpu")
+    assert not (tmp_path / "run").exists()

@@ -36,6 +36,7 @@ turns it into the batches one process trains on:
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterator, Sized
@@ -54,6 +55,14 @@ def has_state(dataset: object) -> bool:
     ``load_state_dict()`` (torchdata's ``Stateful``; a ``datasets`` stream)."""
     return all(callable(getattr(dataset, name, None))
                for name in ("state_dict", "load_state_dict"))
+
+
+def splits_over_workers(dataset: object) -> bool:
+    """Whether ``dataset`` splits itself over DataLoader workers whether asked or not:
+    a ``datasets`` stream (by its shards) that is not split over the ranks by
+    ``split_dataset_by_node`` (then it shards itself over both, :func:`shards_itself`)."""
+    hf = type(dataset).__module__.split(".")[0] == "datasets"
+    return hf and not shards_itself(dataset)
 
 
 def is_stream(dataset: object) -> bool:
@@ -176,7 +185,7 @@ class StreamBatches(IterableDataset[Any]):
         stream's own ``state_dict()`` (read after the last batch's items; streams with
         state only, see :func:`has_state`)."""
         return {"epoch": self.epoch, "position": self.position,
-                "source": self.source.state_dict()}
+                "source": copy.deepcopy(self.source.state_dict())}  # kept per batch
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The next pass continues from ``state`` (the stream's state is loaded, nothing

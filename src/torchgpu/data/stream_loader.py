@@ -23,6 +23,7 @@ from __future__ import annotations
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -40,6 +41,15 @@ def _stateful_loader() -> type[DataLoader[Any]] | None:
         return None
     loader: type[DataLoader[Any]] = StatefulDataLoader
     return loader
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """torchdata 0.11 calls a torch API that newer torch deprecates: not the user's
+    concern, so its warning is not shown."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+        yield
 
 
 def _as_is(batch: Any) -> Any:
@@ -60,8 +70,9 @@ class StreamLoader:
         self.kind = ("torchdata" if stateful is not None else
                      "batches" if has_state(shard.source) and num_workers == 0 else None)
         kind: Callable[..., DataLoader[Any]] = stateful or DataLoader
-        self.loader = kind(shard, batch_size=None, collate_fn=_as_is,
-                           num_workers=num_workers, pin_memory=pin)
+        with _quiet():
+            self.loader = kind(shard, batch_size=None, collate_fn=_as_is,
+                               num_workers=num_workers, pin_memory=pin)
         self._states: deque[tuple[int, int, Any]] = deque(maxlen=KEPT)
         self._epoch, self._first = 0, 0
         self._saved: tuple[int, int, dict[str, Any]] | None = None
@@ -93,8 +104,7 @@ class StreamLoader:
     def __iter__(self) -> Iterator[Any]:
         # Made now, as a DataLoader's is: it draws its base seed from the torch RNG here
         # (the resume replays the epoch's RNG around this call).
-        with warnings.catch_warnings():  # torchdata 0.11 on a newer torch: not the user's
-            warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+        with _quiet():
             batches = iter(self.loader)
         return batches if self.kind is None else self._kept(batches)
 

@@ -17,7 +17,7 @@ import torch
 
 from torchgpu.data.loader import batch_sampler_of
 from torchgpu.data.shards import ShardLayout
-from torchgpu.data.stream import STEPS_FLAG, is_stream, stream_batches
+from torchgpu.data.stream import STEPS_FLAG, is_stream, splits_over_workers, stream_batches
 from torchgpu.data.stream_loader import StreamLoader, stream_loader
 from torchgpu.errors import UsageError
 from torchgpu.train.config import TrainConfig
@@ -36,6 +36,16 @@ def check_stream(task: Task, config: TrainConfig, world_size: int) -> None:
                 "epoch is its length: drop --steps-per-epoch (fit: steps_per_epoch)."
             )
         return
+    if config.num_workers > 0 and splits_over_workers(task.train):
+        raise UsageError(
+            f"--num-workers {config.num_workers} with a datasets stream "
+            f"({type(task.train).__name__}): it hands each DataLoader worker only its own "
+            "shards, and torchgpu shards the stream over the ranks and workers itself, so "
+            "items would be lost. Use --num-workers 0, or split the stream over the ranks "
+            "with datasets.distributed.split_dataset_by_node(dataset, rank, world_size) "
+            "(it then shards itself over ranks and workers, and torchgpu takes its batches "
+            "as they come)."
+        )
     stream_batches(task.train, config.batch_size or 1, world_size, config.accumulate,
                    config.steps_per_epoch)
 
