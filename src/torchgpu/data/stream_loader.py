@@ -36,7 +36,9 @@ KEPT = 8  # states kept: a prefetcher reads at most a few batches ahead of the s
 
 def _stateful_loader() -> type[DataLoader[Any]] | None:
     try:
-        from torchdata.stateful_dataloader import StatefulDataLoader
+        from torchdata.stateful_dataloader import (  # type: ignore[import-untyped, import-not-found]
+            StatefulDataLoader,
+        )
     except ImportError:  # an optional dependency: resume by skipping instead
         return None
     loader: type[DataLoader[Any]] = StatefulDataLoader

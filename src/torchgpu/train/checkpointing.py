@@ -391,7 +391,7 @@ class RunCheckpoints:
         position = (self.data.position_state(state.epoch, state.batch_in_epoch)
                     if self.data is not None else None)
         gathered = gather_objects((rng, epoch_rng, position))
-        extra = {
+        extra: dict[str, Any] = {
             "train_state": state.to_dict(),
             "epochs": [record.as_dict() for record in self.records],
             "rng_per_rank": [g[0] for g in gathered],

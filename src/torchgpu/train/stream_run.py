@@ -3,9 +3,10 @@
 
 Resume continues from the stream's saved state when it keeps one, else reads the
 epoch's stream from its start again and drops the items already trained
-(:mod:`torchgpu.data.stream_loader`; ``"stream_resume"`` in summary.json). An epoch whose stream ends before ``--steps-per-epoch`` is over ends
-there with a warning (each epoch reads the stream anew, so the next epoch runs again);
-summary.json lists such epochs under ``"stream_short_epochs"``.
+(:mod:`torchgpu.data.stream_loader`; ``"stream_resume"`` in summary.json). An epoch
+whose stream ends before ``--steps-per-epoch`` is over ends there with a warning (each
+epoch reads the stream anew, so the next epoch runs again); summary.json lists such
+epochs under ``"stream_short_epochs"``.
 """
 
 from __future__ import annotations
