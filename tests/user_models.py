@@ -288,3 +288,7 @@ class StatefulPairStream(PairStream):
         for self.pos in range(start + 1, len(order) + 1):
             i = order[self.pos - 1]
             yield self.x[i], self.y[i]
+
+
+def stateful_stream_data() -> StatefulPairStream:
+    return StatefulPairStream(60)
