@@ -4,6 +4,7 @@ early end, and a bitwise stop/resume."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,8 +46,8 @@ def _rank_batches(source: Any, batch: int, world: int, rank: int, workers: int,
     shard.begin_epoch(0, skip)
     per_worker = [iter(list(shard._sharded(k, workers))) for k in range(workers)]
     out: list[list[int]] = []
-    for b in range(skip, batches):
-        got = next(per_worker[b % workers], None)
+    for b in range(skip, batches):  # the DataLoader asks worker 0 first
+        got = next(per_worker[(b - skip) % workers], None)
         if got is None:
             break
         out.append(got.flatten().tolist())
@@ -212,11 +213,13 @@ def test_cli_trains_a_stream_and_names_the_missing_flag(
     assert summary["steps"] == 3 and summary["stream_resume"] == "skip"
 
 
-@pytest.mark.parametrize(("torchdata", "workers"), [(True, 0), (True, 2), (False, 0)])
+@pytest.mark.parametrize(("torchdata", "workers", "stop_at"),
+                         [(True, 0, 7), (True, 2, 7), (True, 2, 6), (False, 0, 7)])
 def test_a_stream_with_state_resumes_from_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                             torchdata: bool, workers: int) -> None:
-    """The stream's saved state, not a re-read: the resumed pass starts at item 28
-    (7 steps of 4) of epoch 2 and the run ends bitwise as the uninterrupted one."""
+                                             torchdata: bool, workers: int,
+                                             stop_at: int) -> None:
+    """The stream's saved state, not a re-read: the resumed pass starts after the
+    trained items of epoch 2 and the run ends bitwise as the uninterrupted one."""
     if torchdata:
         pytest.importorskip("torchdata.stateful_dataloader")
     else:  # the fallback without torchdata: the batches' own state, one process
@@ -232,13 +235,13 @@ def test_a_stream_with_state_resumes_from_it(tmp_path: Path, monkeypatch: pytest
                      name="_dropout_model")
     config = TrainConfig(model="fit:_dropout_model", data="fit:StatefulPairStream",
                          out=str(tmp_path / "cut"), **settings)
-    train(config, task=task, stop_at_step=7)
+    train(config, task=task, stop_at_step=stop_at)
     data = StatefulPairStream(60)
     resumed = fit(_dropout_model, data, loss=nn.MSELoss(), out=tmp_path / "cut",
                   resume=True, **settings)
     assert resumed.summary["stream_resume"] == "state_dict"
     if workers == 0:  # the worker processes' copies are not visible here
-        assert data.resumed_at == [8]  # epoch 2's pass resumed after 2 steps of 4 items
+        assert data.resumed_at == [(stop_at - 5) * 4]  # epoch 2 resumed after its steps
     assert resumed.state.step_losses == whole.state.step_losses
     for (name, a), b in zip(whole.model.state_dict().items(),
                             resumed.model.state_dict().values(), strict=True):
@@ -306,3 +309,70 @@ def test_a_datasets_stream_with_workers_is_refused(tmp_path: Path) -> None:
         fit(_DictModel, _hf_stream(), loss=_dict_loss, steps_per_epoch=2, num_workers=2,
             out=tmp_path / "run", progress="off", device="cpu")
     assert not (tmp_path / "run").exists()
+
+
+class _OwnItems(Numbers):
+    """A stream that shards itself: it yields only rank 1's items of 2 (i odd), and in a
+    DataLoader worker only that worker's share of them (the worker's blocks of 3)."""
+
+    shards_itself = True
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        mine = [i for i in range(self.n) if i % 2 == 1]
+        return (torch.tensor([i]) for j, i in enumerate(mine) if j // 3 % workers == worker)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stream_that_shards_itself_is_not_sharded_again(workers: int) -> None:
+    from torchgpu.data.stream_loader import stream_loader
+
+    loader = stream_loader(_OwnItems(40), 3, batches=6, rank=1, world_size=2,
+                           num_workers=workers)
+    loader.begin_epoch(0)
+    got = [b.flatten().tolist() for b in loader]
+    assert got == [[1, 3, 5], [7, 9, 11], [13, 15, 17], [19, 21, 23], [25, 27, 29],
+                   [31, 33, 35]]
+    for skip in (4, 3):  # a resume skips its own items; an odd one loads and drops one
+        drop = loader.begin_epoch(0, skip)
+        assert drop == (skip % 2 if workers else 0)
+        rest = itertools.islice(loader, drop, None)
+        assert [b.flatten().tolist() for b in rest] == got[skip:]
+
+
+@pytest.mark.parametrize("skip", [3, 4])
+def test_workers_resume_in_the_batches_order(skip: int) -> None:
+    from torchgpu.data.stream_loader import stream_loader
+
+    loader = stream_loader(Numbers(40), 3, batches=6, rank=1, world_size=2, num_workers=2)
+    loader.begin_epoch(0)
+    whole = [b.flatten().tolist() for b in loader]
+    assert whole == [[1, 3, 5], [7, 9, 11], [13, 15, 17], [19, 21, 23], [25, 27, 29],
+                     [31, 33, 35]]
+    assert loader.begin_epoch(0, skip) == 0
+    assert [b.flatten().tolist() for b in loader] == whole[skip:]
+
+
+def test_a_saved_position_survives_reading_ahead() -> None:
+    """A prefetcher reads batches ahead of the step: the state for the step's batch is
+    the one kept for it, and a new loader resumes there."""
+    from torchgpu.data import stream_loader as sl
+
+    def loader() -> sl.StreamLoader:
+        return sl.stream_loader(StatefulPairStream(40), 4, batches=8)
+
+    first = loader()
+    first.begin_epoch(1)
+    batches = iter(first)
+    seen = [next(batches) for _ in range(5)]  # trained 3, read 2 ahead
+    saved = first.position_state(1, 3)
+    assert saved is not None and first.position_state(1, 9) is None
+    second = loader()
+    second.resume_from(saved)
+    assert second.begin_epoch(1, 3) == 0 and second.resumed_by == "state_dict"
+    rest = list(second)
+    assert torch.equal(rest[0][0], seen[3][0]) and torch.equal(rest[1][1], seen[4][1])
+    assert len(rest) == 5

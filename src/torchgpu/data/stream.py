@@ -11,7 +11,8 @@ turns it into the batches one process trains on:
   needs a step count (:func:`stream_batches` refuses it otherwise).
 - **Sharding.** Global item ``i`` of the stream (counted from the epoch's start) goes
   to rank ``i mod W``; the rank's items are cut into batches of ``batch_size`` in
-  order, and rank-local batch ``b`` is made by DataLoader worker ``b mod K``. So
+  order, and rank-local batch ``b`` is made by DataLoader worker ``(b - s) mod K``
+  (``s``: the pass's first batch, 0 but on a resume). So
   every item is trained on by exactly one rank and one worker, batch ``b`` of all
   ranks together holds global items ``[b*G, (b+1)*G)`` (``G = W x batch_size``, the
   one-process batch of the same global size), and the batches do not depend on the
@@ -156,7 +157,10 @@ class StreamBatches(IterableDataset[Any]):
         self.collate = collate or default_collate
         self.self_sharded = shards_itself(source)
         self.epoch, self.skip = 0, 0
+        self.origin = 0  # the pass's batch that worker 0 makes (see _sharded)
+        self.workers = 1  # DataLoader workers (the loader sets it): aligns _own's skip
         self.position = 0  # the next rank-local batch index this pass reads
+        self._reading = False  # this pass has read from the stream (its state is live)
         self._restored: dict[str, Any] | None = None  # load_state_dict's, for the next pass
 
     @property
@@ -173,19 +177,26 @@ class StreamBatches(IterableDataset[Any]):
 
     def begin_epoch(self, epoch: int, skip: int = 0) -> int:
         """The next pass is epoch ``epoch``, resuming after its first ``skip`` batches;
-        returns the batches the caller still has to drop (none: skipped here)."""
-        self.epoch, self.skip = epoch, skip
+        returns the batches the caller still has to load and drop: none, except for a
+        stream that shards itself over workers (its worker ``k`` always makes batches
+        ``k, k + K, ...``, so the pass starts at a multiple of ``K``)."""
+        left = skip % self.workers if self.self_sharded else 0
+        self.epoch, self.skip = epoch, skip - left
+        self.origin = self.position = self.skip
+        self._reading = False
         setter = getattr(self.source, "set_epoch", None)
         if callable(setter):
             setter(epoch)
-        return 0
+        return left
 
     def state_dict(self) -> dict[str, Any]:
         """Where this pass stands: the epoch, the next batch index it reads and the
         stream's own ``state_dict()`` (read after the last batch's items; streams with
-        state only, see :func:`has_state`)."""
-        return {"epoch": self.epoch, "position": self.position,
-                "source": copy.deepcopy(self.source.state_dict())}  # kept per batch
+        state only, see :func:`has_state`). Before the pass reads anything (a worker's
+        first state) the stream's state is None: the pass starts afresh."""
+        source = copy.deepcopy(self.source.state_dict()) if self._reading else None
+        return {"epoch": self.epoch, "position": self.position, "origin": self.origin,
+                "source": source}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The next pass continues from ``state`` (the stream's state is loaded, nothing
@@ -199,27 +210,35 @@ class StreamBatches(IterableDataset[Any]):
             return self._own(worker, workers)
         return self._sharded(worker, workers)
 
-    def _start(self, skipped: int) -> tuple[Iterator[Any], int | None]:
-        """The pass's item iterator, and the batch index a restored state resumes at
-        (None: none restored; the caller drops ``skipped`` items itself)."""
+    def _start(self) -> Iterator[Any] | None:
+        """A restored pass's item iterator, continuing the saved stream state; None for
+        a pass from the stream's start (a state saved before its pass read anything
+        sets where that pass skips to)."""
         restored, self._restored = self._restored, None
-        if restored is not None:
-            self.source.load_state_dict(restored["source"])
-            return iter(self.source), int(restored["position"])
-        items = iter(self.source)
-        _drop(items, skipped)
-        return items, None
+        self._reading = True
+        if restored is None:
+            return None
+        self.origin = int(restored["origin"])
+        if restored["source"] is None:
+            self.skip = int(restored["position"])
+            return None
+        self.source.load_state_dict(restored["source"])
+        self.position = int(restored["position"])
+        return iter(self.source)
 
     def _sharded(self, worker: int, workers: int) -> Iterator[Any]:
         width = self.batch_size * self.world_size
-        items, index = self._start(self.skip * width)  # batches before a resume were full
-        index = self.skip if index is None else index
+        items = self._start()
+        index = self.position
+        if items is None:
+            items, index = iter(self.source), self.skip
+            _drop(items, index * width)  # every batch before a resume was full
         while index < self.batches:
             chunk = list(itertools.islice(items, width))
             if not chunk or (len(chunk) < width and self.length is None):
                 return  # the end; an unannounced short end is dropped (see above)
             self.position = index + 1
-            if index % workers == worker:
+            if (index - self.origin) % workers == worker:  # DataLoader's turn order
                 mine = chunk[self.rank::self.world_size]
                 yield self.collate(mine) if mine else self._empty(chunk[0])
             if len(chunk) < width:
@@ -228,9 +247,12 @@ class StreamBatches(IterableDataset[Any]):
 
     def _own(self, worker: int, workers: int) -> Iterator[Any]:
         """A self-sharding stream: its items are this rank's (and worker's) already."""
-        done = max(0, -(-(self.skip - worker) // workers))  # own batches before skip
-        items, index = self._start(done * self.batch_size)
-        index = worker + done * workers if index is None else index
+        items = self._start()
+        index = self.position
+        if items is None:
+            done = max(0, -(-(self.skip - worker) // workers))  # own batches before skip
+            items, index = iter(self.source), worker + done * workers
+            _drop(items, done * self.batch_size)
         while index < self.batches:
             chunk = list(itertools.islice(items, self.batch_size))
             if len(chunk) < self.batch_size:

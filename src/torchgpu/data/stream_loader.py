@@ -68,6 +68,7 @@ class StreamLoader:
     def __init__(self, shard: StreamBatches, *, num_workers: int = 0, pin: bool = False
                  ) -> None:
         self.dataset = shard
+        shard.workers = max(1, num_workers)
         stateful = _stateful_loader() if has_state(shard.source) else None
         self.kind = ("torchdata" if stateful is not None else
                      "batches" if has_state(shard.source) and num_workers == 0 else None)
@@ -101,7 +102,9 @@ class StreamLoader:
             return 0
         if skip > 0 and self.resumed_by is None:
             self.resumed_by = "skip"
-        return self.dataset.begin_epoch(epoch, skip)
+        left = self.dataset.begin_epoch(epoch, skip)
+        self._first = skip - left  # the batches the caller drops are counted too
+        return left
 
     def __iter__(self) -> Iterator[Any]:
         # Made now, as a DataLoader's is: it draws its base seed from the torch RNG here
