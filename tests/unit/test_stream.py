@@ -17,8 +17,8 @@ from torch.utils.data import IterableDataset, TensorDataset
 
 from tests.user_models import PairStream, SizedPairStream, StatefulPairStream, stream_model
 from torchgpu import fit
-from torchgpu.data.stream import StreamBatches
-from torchgpu.errors import DataError, UsageError
+from torchgpu.data.stream import StreamBatches, shards_itself
+from torchgpu.errors import ConfigError, DataError, UsageError
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.runner import train
 from torchgpu.train.task import seeded, user_task
@@ -164,6 +164,7 @@ def test_a_stream_that_ends_early_ends_the_epoch(tmp_path: Path,
 
 @pytest.mark.parametrize(("train_data", "settings", "error", "match"), [
     (PairStream(60), {}, UsageError, "--steps-per-epoch N"),
+    (PairStream(60), {"steps_per_epoch": 0}, ConfigError, "--steps-per-epoch 0 is out of"),
     (PairStream(5), {"steps_per_epoch": 2}, DataError,
      "holds 5 items, fewer than one optimizer step of 8"),
     (SizedPairStream(5), {}, DataError, "holds 5 items"),
@@ -376,3 +377,15 @@ def test_a_saved_position_survives_reading_ahead() -> None:
     rest = list(second)
     assert torch.equal(rest[0][0], seen[3][0]) and torch.equal(rest[1][1], seen[4][1])
     assert len(rest) == 5
+
+
+def test_a_datasets_stream_split_by_node_is_taken_as_it_comes(tmp_path: Path) -> None:
+    from datasets.distributed import split_dataset_by_node
+
+    settings: dict[str, Any] = {"epochs": 1, "batch_size": 4, "steps_per_epoch": 4,
+                                "seed": 2, "progress": "off", "device": "cpu"}
+    split = split_dataset_by_node(_hf_stream(), rank=0, world_size=1)
+    assert shards_itself(split) and not shards_itself(_hf_stream())
+    runs = [fit(_DictModel, data, loss=_dict_loss, out=tmp_path / str(i), **settings)
+            for i, data in enumerate((split, _hf_stream()))]
+    assert runs[0].state.step_losses == runs[1].state.step_losses

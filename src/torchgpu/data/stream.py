@@ -85,8 +85,18 @@ def first_items(dataset: Any, count: int) -> list[Any]:
     """The first ``count`` items of a fresh pass over ``dataset`` (fewer when it ends
     sooner); the training's own passes are not touched. DataError naming the failure
     when reading fails."""
+    return _read(dataset, lambda items: list(itertools.islice(items, count)))
+
+
+def count_items(dataset: Any, most: int) -> int:
+    """How many items a fresh pass over ``dataset`` yields, counting up to ``most``
+    (none is kept)."""
+    return _read(dataset, lambda items: sum(1 for _ in itertools.islice(items, most)))
+
+
+def _read(dataset: Any, how: Callable[[Iterator[Any]], Any]) -> Any:
     try:
-        return list(itertools.islice(iter(dataset), count))
+        return how(iter(dataset))
     except Exception as error:  # the user's __iter__: any failure is theirs to fix
         from torchgpu.errors import first_line
 
@@ -129,7 +139,7 @@ def stream_batches(dataset: object, batch_size: int, world_size: int, accumulate
                else -(-int(length or 0) // global_batch))
     step = global_batch * accumulate
     seen = length if length is not None else (
-        None if shards_itself(dataset) else len(first_items(dataset, step)))
+        None if shards_itself(dataset) else count_items(dataset, step))
     if seen is not None and seen < step:
         raise DataError(
             f"the training stream ({type(dataset).__name__}) holds {seen} items, fewer "
