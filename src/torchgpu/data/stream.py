@@ -41,13 +41,14 @@ import copy
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterator, Sized
-from typing import Any
+from typing import Any, TypeVar
 
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
 from torchgpu.data.shards import ShardLayout, _zero_rows
 from torchgpu.errors import DataError, UsageError
 
+T = TypeVar("T")
 STEPS_FLAG = "--steps-per-epoch N (fit: steps_per_epoch=N)"
 
 
@@ -94,7 +95,7 @@ def count_items(dataset: Any, most: int) -> int:
     return _read(dataset, lambda items: sum(1 for _ in itertools.islice(items, most)))
 
 
-def _read(dataset: Any, how: Callable[[Iterator[Any]], Any]) -> Any:
+def _read(dataset: Any, how: Callable[[Iterator[Any]], T]) -> T:
     try:
         return how(iter(dataset))
     except Exception as error:  # the user's __iter__: any failure is theirs to fix
@@ -234,7 +235,8 @@ class StreamBatches(IterableDataset[Any]):
             return None
         self.source.load_state_dict(restored["source"])
         self.position = int(restored["position"])
-        return iter(self.source)
+        items: Iterator[Any] = iter(self.source)
+        return items
 
     def _sharded(self, worker: int, workers: int) -> Iterator[Any]:
         width = self.batch_size * self.world_size

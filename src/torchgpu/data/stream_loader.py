@@ -20,6 +20,7 @@ a state saved by the other kind of loader -- the pass skips the trained items
 
 from __future__ import annotations
 
+import importlib
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -35,13 +36,11 @@ KEPT = 8  # states kept: a prefetcher reads at most a few batches ahead of the s
 
 
 def _stateful_loader() -> type[DataLoader[Any]] | None:
-    try:
-        from torchdata.stateful_dataloader import (  # type: ignore[import-untyped, import-not-found]
-            StatefulDataLoader,
-        )
-    except ImportError:  # an optional dependency: resume by skipping instead
+    try:  # by name: the optional package ships no type information
+        module = importlib.import_module("torchdata.stateful_dataloader")
+    except ImportError:  # an optional dependency: the fallbacks in the module docstring
         return None
-    loader: type[DataLoader[Any]] = StatefulDataLoader
+    loader: type[DataLoader[Any]] = module.StatefulDataLoader
     return loader
 
 
