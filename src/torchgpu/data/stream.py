@@ -12,8 +12,8 @@ turns it into the batches one process trains on:
 - **Sharding.** Global item ``i`` of the stream (counted from the epoch's start) goes
   to rank ``i mod W``; the rank's items are cut into batches of ``batch_size`` in
   order, and rank-local batch ``b`` is made by DataLoader worker ``(b - s) mod K``
-  (``s``: the pass's first batch, 0 but on a resume). So
-  every item is trained on by exactly one rank and one worker, batch ``b`` of all
+  (``s``: the pass's first batch, 0 but on a resume). So every item is trained on
+  by exactly one rank and one worker, batch ``b`` of all
   ranks together holds global items ``[b*G, (b+1)*G)`` (``G = W x batch_size``, the
   one-process batch of the same global size), and the batches do not depend on the
   number of workers (the DataLoader takes the workers' batches in turn). Every rank
@@ -23,7 +23,8 @@ turns it into the batches one process trains on:
   with ``split_dataset_by_node``) is not sharded again: it says so with a
   ``shards_itself = True`` attribute (:func:`shards_itself`). Its items are cut into
   batches as they come, worker ``k`` making rank-local batches ``k, k + K, ...``;
-  every rank must then receive enough items for the epoch's batches.
+  every rank must then receive enough items for the epoch's batches (under DDP a
+  rank with fewer batches leaves the others waiting in a collective).
 - **The end.** A stream with ``len()`` keeps its last, short global batch (the
   :attr:`StreamBatches.layout` describes it, and the training loop weights the
   ranks' shares by their samples, as for map-style data). A stream without ``len()``
@@ -32,7 +33,10 @@ turns it into the batches one process trains on:
   before ``batches`` ends the epoch there (the runner warns).
 - **Resume** skips: :meth:`StreamBatches.begin_epoch` with ``skip`` reads and drops
   the items of the epoch's first ``skip`` batches without collating them, so a
-  stream that yields the same items each time it is read resumes bitwise.
+  stream that yields the same items each time it is read resumes bitwise; or, for a
+  stream with ``state_dict()``/``load_state_dict()``, :meth:`StreamBatches.state_dict`
+  holds the pass's position and the stream's state
+  (:mod:`torchgpu.data.stream_loader`).
 """
 
 from __future__ import annotations
