@@ -23,6 +23,7 @@ SCRIPT = REPO / "tests" / "distributed" / "fit_stream_script.py"
 @pytest.mark.parametrize("args", [
     ["samples=60", "steps_per_epoch=3"],
     ["samples=70", "steps_per_epoch=2", "accumulate=2"],
+    ["samples=60", "steps_per_epoch=3", "num_workers=2"],  # batch b: worker b mod 2
     ["samples=41", "sized=1"],  # 5 batches of 8 and one item: rank 1's last share is empty
 ])
 def test_two_processes_on_a_stream_equal_one(tmp_path: Path, args: list[str]) -> None:
