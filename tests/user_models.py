@@ -8,6 +8,7 @@
 - :class:`BNConvNet`: a small CNN with BatchNorm and dropout, blocks repeated in a
   ``nn.Sequential``; trained from ``(image, label)`` pairs or dict batches with a loss.
 - :class:`TokenDataset` / :class:`ImageDataset`: deterministic map-style datasets.
+- :class:`PairStream`: a deterministic stream (an ``IterableDataset``) of regression pairs.
 
 The ``*_factory`` functions and ``data_*`` functions are ``module:attr`` specs for the CLI
 (``tests.user_models:lm_factory``).
@@ -15,11 +16,12 @@ The ``*_factory`` functions and ``data_*`` functions are ``module:attr`` specs f
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 
 VOCAB = 61
 SEQ = 12
@@ -282,3 +284,73 @@ def ten_rows() -> Dataset[tuple[Tensor, Tensor]]:
     generator = torch.Generator().manual_seed(0)
     return TensorDataset(torch.randn(10, 4, generator=generator),
                          torch.randn(10, 1, generator=generator))
+
+
+class PairStream(IterableDataset[tuple[Tensor, Tensor]]):
+    """A stream of ``n`` regression pairs ``(x of 4 features, y = x @ w + noise)``, the
+    same items on every pass; each epoch (``set_epoch``) reads them in its own seeded
+    order, as a shuffling stream would. ``sized``: it has ``len()``."""
+
+    def __init__(self, n: int = 60, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(n, 4, generator=g)
+        self.y = self.x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.1 * torch.randn(
+            n, 1, generator=g)
+        self.epoch = 0
+        self.passes = 0  # passes started in this process (probe, checks and training)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def order(self, epoch: int) -> list[int]:
+        return torch.randperm(len(self.x), generator=torch.Generator().manual_seed(epoch)
+                              ).tolist()
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        self.passes += 1
+        for i in self.order(self.epoch):
+            yield self.x[i], self.y[i]
+
+
+class SizedPairStream(PairStream):
+    def __len__(self) -> int:
+        return len(self.x)
+
+
+def stream_model() -> nn.Module:
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+
+
+def stream_data() -> PairStream:
+    return PairStream(60)
+
+
+class StatefulPairStream(PairStream):
+    """A :class:`PairStream` that keeps its position (``state_dict``/``load_state_dict``,
+    torchdata's Stateful protocol): a pass after ``load_state_dict`` continues where the
+    saved pass stood. ``resumed_at``: the positions passes were resumed at."""
+
+    def __init__(self, n: int = 60, seed: int = 0) -> None:
+        super().__init__(n, seed)
+        self.pos = 0
+        self._resume = 0
+        self.resumed_at: list[int] = []
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self._resume = state["epoch"], state["pos"]
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        start, self._resume = self._resume, 0
+        if start:
+            self.resumed_at.append(start)
+        order = self.order(self.epoch)
+        for self.pos in range(start + 1, len(order) + 1):
+            i = order[self.pos - 1]
+            yield self.x[i], self.y[i]
+
+
+def stateful_stream_data() -> StatefulPairStream:
+    return StatefulPairStream(60)

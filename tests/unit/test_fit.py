@@ -177,7 +177,7 @@ class _Stream(IterableDataset[Any]):
 
 
 @pytest.mark.parametrize(("kwargs", "error", "match"), [
-    ({"train_data": _Stream()}, DataError, "IterableDataset"),
+    ({"train_data": _Stream()}, DataError, "a stream that yields no items"),
     ({"train_data": [1, 2, 3]}, DataError, "items of type int"),
     ({"train_data": nn.Linear(2, 2)}, DataError, "is a model"),
     ({"train_data": TensorDataset(torch.zeros(0, 2), torch.zeros(0))}, DataError, "empty"),

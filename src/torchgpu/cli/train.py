@@ -90,6 +90,8 @@ def _parser() -> ArgumentParser:
     run.add_argument("--precision", default="fp32", help=f"{'|'.join(PRECISIONS)} "
                      "(default fp32)")
     run.add_argument("--epochs", type=int, metavar="E")
+    run.add_argument("--steps-per-epoch", type=int, metavar="N",
+                     help="optimizer steps per epoch of streamed data (an IterableDataset)")
     run.add_argument("--batch-size", type=parse_batch_size, metavar="B|auto",
                      help="per process, per micro-batch; auto = the largest that fits")
     run.add_argument("--effective-batch-size", type=int, metavar="E",

@@ -47,6 +47,7 @@ from torchgpu.train.out_dir import check_creatable, check_out_dir
 from torchgpu.train.plugin import task_for_config, with_optimizer
 from torchgpu.train.resume_plan import plan_resume
 from torchgpu.train.schedule import check as check_schedule
+from torchgpu.train.stream_run import check_stream
 from torchgpu.train.task import Task, probe
 
 
@@ -175,6 +176,7 @@ def assemble(config: TrainConfig, *, task: Task | None = None, launching: bool =
         choice.strategy.check_task(
             task, lambda: model if model is not None else task.build_model())
     check_schedule(config, task, model)  # a scheduler factory meets a probe optimizer
+    check_stream(task, config, choice.strategy.shard(0, here.world_size).world_size)
     notes = (build.device_note(config, device), *auto_notes,
              *build.precision_notes(config, device))
     start = RunStart(plan, crash_plan_from_env(here.rank), stop_at_step,

@@ -38,7 +38,9 @@ there is one), the :class:`~torchgpu.precision.Precision` state (GradScaler) as
 position, the loss history), ``epochs`` (the finished epochs' metrics records),
 ``rng_per_rank`` (every rank's torch/CUDA/python/numpy RNG at the save),
 ``epoch_rng_per_rank`` (every rank's torch CPU RNG when the saved epoch's loader
-iterator was created) and ``run`` (what must match for the position to mean the same
+iterator was created), for a stream with its own state ``data_position_per_rank``
+(every rank's loader state after the trained batches, :mod:`torchgpu.data.stream_loader`)
+and ``run`` (what must match for the position to mean the same
 thing: seed, batch size, accumulation, lr, world size, data, batches per epoch; a resume
 that changes one of them is refused with the differences named).
 
@@ -97,7 +99,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -170,6 +172,15 @@ def history_lines(state: TrainState, records: Iterable[EpochRecord]) -> list[str
 
 
 
+class DataPosition(Protocol):
+    """A loader whose position a checkpoint keeps (a stream's:
+    :class:`torchgpu.data.stream_loader.StreamLoader`)."""
+
+    def position_state(self, epoch: int, batch: int) -> object | None: ...
+
+    def resume_from(self, saved: object) -> None: ...
+
+
 class RunCheckpoints:
     """Saving and restoring one ``torchgpu train`` run (see the module docstring).
 
@@ -190,9 +201,11 @@ class RunCheckpoints:
                  sync: Callable[[], bool] | None = None,
                  heartbeat: Heartbeat | None = None,
                  before_save: Callable[[], None] | None = None,
-                 files: Mapping[str, str] | None = None) -> None:
+                 files: Mapping[str, str] | None = None,
+                 data: DataPosition | None = None) -> None:
         assert config.out is not None
         self.config = config
+        self.data = data  # a stream's loader: its position is saved per rank
         self.directory = checkpoints_dir(config.out)
         self.model, self.optimizer, self.precision = model, optimizer, precision
         self.scheduler = scheduler
@@ -311,13 +324,16 @@ class RunCheckpoints:
         rng = rngs[rank] if rank < len(rngs) else {}
         epoch_rng = epoch_rngs[rank] if rank < len(epoch_rngs) else None
         self._pending = (epoch_rng, rng)
+        positions = list(extra.get("data_position_per_rank") or [])
+        if self.data is not None and rank < len(positions):
+            self.data.resume_from(positions[rank])
         self.last_saved, self.last_saved_step = loaded.path, state.step
         self.resumed_from = loaded.path
         if self.out_dir is not None:
             print(f"resuming from {loaded.path}: step {state.step}, epoch {state.epoch + 1}, "
                   f"batch {state.batch_in_epoch}", file=sys.stderr)
             self._set_aside_later(loaded.path, state.step)
-            if self.config.num_workers > 0:
+            if self.config.num_workers > 0 and self.data is None:  # streams: their docs
                 warnings.warn(
                     f"resuming with --num-workers {self.config.num_workers}: the data order, "
                     "the skip to the saved batch, the main process's RNG and the workers' "
@@ -389,14 +405,18 @@ class RunCheckpoints:
             self.before_save()
         rng = capture_rng_state()
         epoch_rng = self._epoch_rng if self._epoch_rng is not None else rng["torch"]
-        gathered = gather_objects((rng, epoch_rng))
-        extra = {
+        position = (self.data.position_state(state.epoch, state.batch_in_epoch)
+                    if self.data is not None else None)
+        gathered = gather_objects((rng, epoch_rng, position))
+        extra: dict[str, Any] = {
             "train_state": state.to_dict(),
             "epochs": [record.as_dict() for record in self.records],
             "rng_per_rank": [g[0] for g in gathered],
             "epoch_rng_per_rank": [g[1] for g in gathered],
             "run": dict(self.fingerprint),
         }
+        if any(g[2] is not None for g in gathered):
+            extra["data_position_per_rank"] = [g[2] for g in gathered]
         meta = {"config": dataclasses.asdict(self.config), "strategy": self.mode,
                 "position": {"epoch": state.epoch, "batch_in_epoch": state.batch_in_epoch},
                 "fingerprints": self.files}

@@ -96,6 +96,8 @@ class TrainConfig:
     activation_checkpointing: bool = False
     precision: str = "fp32"
     epochs: int | None = None
+    # Optimizer steps per epoch of a streamed training set (torchgpu.data.stream).
+    steps_per_epoch: int | None = None
     batch_size: int | None = None  # per process, per micro-batch
     lr: float | None = None
     clip_norm: float | None = None
@@ -216,6 +218,7 @@ _COUNTS: tuple[tuple[str, str], ...] = (
     ("effective_batch_size", " (samples per optimizer step)"),
     ("data_size", " (samples)"),
     ("epochs", ""),
+    ("steps_per_epoch", " (optimizer steps)"),
     ("accumulate", " (micro-batches per optimizer step)"),
     ("save_every", " (optimizer steps)"),
     ("keep_last", " (checkpoints)"),
@@ -356,6 +359,7 @@ def validate(config: TrainConfig) -> None:
         _at_least("chunks", config.chunks, 1)
     _at_least("accumulate", config.accumulate, 1, " (micro-batches per optimizer step)")
     _at_least("epochs", config.epochs, 1)
+    _at_least("steps_per_epoch", config.steps_per_epoch, 1)
     _at_least("batch_size", config.batch_size, 1)
     _at_least("data_size", config.data_size, 1)
     _at_least("num_workers", config.num_workers, 0)

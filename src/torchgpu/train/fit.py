@@ -154,8 +154,10 @@ def fit(
     - ``model``: an ``nn.Module`` (trained in place) or a zero-argument factory (called
       under ``torch.manual_seed(seed)``, so every process builds the same weights).
     - ``train_data`` / ``eval_data``: map-style ``Dataset``s whose items are
-      ``(inputs, target)`` pairs or dicts. An ``IterableDataset`` is refused (exact
-      resume and DDP sharding need ``len()`` and indexing).
+      ``(inputs, target)`` pairs or dicts. ``train_data`` may be a stream (an
+      ``IterableDataset``): ``steps_per_epoch`` optimizer steps per epoch (required
+      without ``len()``), sharded over ranks and workers, resumed exactly
+      (:mod:`torchgpu.data.stream`).
     - pairs: ``loss(model(inputs), target)`` (tuple/list inputs: ``model(*inputs)``);
       dicts: ``model(**batch)``, the loss is ``output.loss`` / ``output["loss"]`` / a
       scalar output, or ``loss(output, batch)`` when ``loss`` is given.

@@ -162,7 +162,10 @@ def start_epoch(loader: Iterable[Any], seed: int, epoch: int, skip: int = 0) -> 
     Re-seeds the loader's generator with :func:`epoch_seed` and calls the sampler's
     (DistributedSampler) or batch sampler's (ShardBatches) ``set_epoch``, so the order
     depends only on (seed, epoch) — never on how many epochs this process has run.
-    Skipped batches are still loaded (the order must be consumed exactly), then dropped.
+    Skipped batches are still loaded (the order must be consumed exactly), then dropped;
+    a stream's loader (:class:`~torchgpu.data.stream_loader.StreamLoader`, whose
+    ``begin_epoch`` starts the pass) skips the items without collating them, or
+    continues from a saved state.
     """
     for name in ("sampler", "batch_sampler"):  # DistributedSampler; ShardBatches
         sampler = getattr(loader, name, None)
@@ -171,6 +174,9 @@ def start_epoch(loader: Iterable[Any], seed: int, epoch: int, skip: int = 0) -> 
     generator = getattr(loader, "generator", None)
     if isinstance(generator, torch.Generator):
         generator.manual_seed(epoch_seed(seed, epoch))
+    begin = getattr(loader, "begin_epoch", None)
+    if begin is not None:  # a stream (torchgpu.data.stream_loader) skips inside its pass
+        skip = begin(epoch, skip)
     iterator = iter(loader)
     if skip:
         return itertools.islice(iterator, skip, None)

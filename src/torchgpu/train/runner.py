@@ -31,7 +31,7 @@ from torchgpu.errors import (
     TorchGpuError,
     first_line,
 )
-from torchgpu.train import build, outputs, schedule
+from torchgpu.train import build, outputs, schedule, stream_run
 from torchgpu.train.agreement import share_stop
 from torchgpu.train.assemble import Assembly, assemble, settle, with_stop_at
 from torchgpu.train.auto_batch import apply_auto_batch
@@ -203,16 +203,20 @@ def _run(
     """The run driver, the same for every strategy; what differs comes from the
     strategy's steps (:mod:`torchgpu.train.run_steps`)."""
     from torchgpu.data import make_loader
-    from torchgpu.data.loader import batch_sampler_of
     from torchgpu.precision import Precision
     from torchgpu.transfer import Prefetcher
 
     assert config.batch_size is not None and config.epochs is not None and config.lr is not None
     precision = Precision(config.precision, device)
-    train_loader = make_loader(data.train, config.batch_size, shuffle=True, seed=config.seed,
-                               dist=strategy.shard(rank, world), device=device,
-                               num_workers=config.num_workers, pad=False,
-                               dict_pairs=data.dict_batches, collate_fn=data.collate_items)
+    shard = strategy.shard(rank, world)
+    train_loader: Any = stream_run.train_loader(data, config, shard.rank, shard.world_size,
+                                                device)
+    if train_loader is None:
+        train_loader = make_loader(data.train, config.batch_size, shuffle=True,
+                                   seed=config.seed, dist=shard, device=device,
+                                   num_workers=config.num_workers, pad=False,
+                                   dict_pairs=data.dict_batches,
+                                   collate_fn=data.collate_items)
     test_loader: Any = (make_loader(data.test, data.eval_batch(config.batch_size),
                                     shuffle=False, device=device, dict_pairs=data.dict_batches,
                                     collate_fn=data.collate_items)
@@ -222,7 +226,7 @@ def _run(
         config=config, rank=rank, world=world, agree=agree, device=device, task=data,
         model=model, precision=precision, stop=stop, out_dir=out_dir, heartbeat=beat,
         hang=start.hang, position=lambda: (state.step, state.epoch),
-        layout=getattr(batch_sampler_of(train_loader), "layout", None),
+        layout=stream_run.layout_of(train_loader),
         resume_from=start.plan.source))
     config, parts, mode = steps.config, steps.parts, strategy.name
     assert config.epochs is not None
@@ -242,6 +246,7 @@ def _run(
         for note in (*notes, *steps.lines()):
             print(note, file=sys.stderr)
     buffer = MetricsBuffer()
+    streamed = stream_run.StreamReport(train_loader, is_main=out_dir is not None)
     batches_per_epoch = len(train_loader)
     records: list[EpochRecord] = []
     files = fingerprints(config) if is_main else {}  # hashed once (cached since the plan)
@@ -251,7 +256,7 @@ def _run(
                           out_dir=out_dir, crash=start.crash, stop_at_step=start.stop_at_step,
                           sync=(lambda: sync_now(parts)) if parts.agree else None,
                           heartbeat=beat, before_save=steps.before_save, scheduler=scheduler,
-                          files=files)
+                          files=files, data=stream_run.position_of(train_loader))
     state = ckpt.begin(start.plan)  # fresh, or restored from a checkpoint
     buffer.lrs = state.step_lrs
     if out_dir is not None:  # after the resume's checks: a refused resume changes nothing
@@ -283,6 +288,9 @@ def _run(
                                    stop=steps.stop, on_step=on_step, progress=progress,
                                    records=buffer.steps)
                 train_seconds += totals.seconds
+                if not totals.stopped:
+                    streamed.epoch_end(epoch, state.batch_in_epoch, batches_per_epoch,
+                                       config.accumulate)
                 # A stop agreed after the run's last step stops nothing: it finishes.
                 finished = (epoch == config.epochs - 1
                             and state.batch_in_epoch >= batches_per_epoch)
@@ -326,6 +334,7 @@ def _run(
                        time.perf_counter() - started, steps.stop, precision.mode, stopped_at)
     summary.update(ckpt.summary())
     summary["fingerprints"] = files
+    summary.update(streamed.summary())
     steps.summarize(summary, state, train_seconds)
     if out_dir is not None:
         watch.report(summary, config, planned, data, mode, world)

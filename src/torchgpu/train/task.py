@@ -17,6 +17,7 @@ object with ``reset``/``update``/``compute`` (torchmetrics-style) for aggregated
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping, Sized
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,7 +92,13 @@ class Task:
 
     @property
     def train_rows(self) -> int:
-        """Samples in the training split (a map-style Dataset has ``len()``)."""
+        """Samples in the training split (a map-style Dataset has ``len()``; a stream
+        without one counts as unbounded, ``sys.maxsize``)."""
+        from torchgpu.data.stream import stream_length
+
+        if isinstance(self.train, IterableDataset):
+            length = stream_length(self.train)
+            return sys.maxsize if length is None else length
         assert isinstance(self.train, Sized)  # a map-style Dataset (check_dataset)
         return len(self.train)
 
@@ -123,13 +130,22 @@ class Task:
         from torch.utils.data import TensorDataset
 
         dataset = self.train if split == "train" else self.test
+        if isinstance(dataset, IterableDataset):  # a fresh pass: training's untouched
+            from torchgpu.data.stream import first_items
+
+            head = first_items(dataset, max(1, rows))
+            return self._collated([head[i % len(head)] for i in range(max(1, rows))])
         assert isinstance(dataset, Sized)  # a map-style Dataset (check_dataset)
         n = len(dataset)
         if (self.collate_fn is None and isinstance(dataset, TensorDataset)
                 and len(dataset.tensors) == 2):
             index = torch.arange(max(1, rows)) % n
             return dataset.tensors[0][index], dataset.tensors[1][index]
-        batch = self.collate([dataset[i % n] for i in range(max(1, rows))])
+        return self._collated([dataset[i % n] for i in range(max(1, rows))])
+
+    def _collated(self, items: list[Any]) -> tuple[Any, Any]:
+        """``items`` made one batch as the loaders make it (:attr:`collate`)."""
+        batch = self.collate(items)
         if not self.dict_batches:
             check_pair(batch, self.collate_label if self.collate_fn else "")
         inputs, target = batch
@@ -150,9 +166,20 @@ def loss_by_name(name: str) -> LossFn:
     )
 
 
-def _first_item(dataset: Dataset[Any], what: str) -> Any:
+def _first_items(dataset: Dataset[Any], what: str) -> list[Any]:
+    """The first two items of ``dataset`` (one when it has one), a stream's from a pass
+    of their own."""
+    if isinstance(dataset, IterableDataset):
+        from torchgpu.data.stream import first_items
+
+        head = first_items(dataset, 2)
+        if not head:
+            raise DataError(f"{what} is a stream that yields no items: there is nothing "
+                            "to train on; check the data source")
+        return head
     try:
-        return dataset[0]
+        assert isinstance(dataset, Sized)
+        return [dataset[0], dataset[1]] if len(dataset) > 1 else [dataset[0]]
     except Exception as error:
         raise DataError(
             f"{what}: reading its first item failed ({type(error).__name__}: {error}); a "
@@ -165,10 +192,9 @@ def _is_dict_dataset(dataset: Dataset[Any], what: str,
     """Whether ``dataset``'s batches are dicts (else ``(inputs, target)`` pairs). With a
     collate function, what it makes of the first two items decides (tokenizer-style items
     of Python lists are its to pad); without one, the first item."""
-    item = _first_item(dataset, what)
+    items = _first_items(dataset, what)
+    item = items[0]
     if collate is not None:
-        assert isinstance(dataset, Sized)
-        items = [item, dataset[1]] if len(dataset) > 1 else [item]
         batch = Collate(collate, label)(items)
         if isinstance(batch, Mapping):
             return True
@@ -181,7 +207,8 @@ def _is_dict_dataset(dataset: Dataset[Any], what: str,
         return False
     raise DataError(
         f"{what} returns items of type {type(item).__name__}: the engine takes "
-        "(inputs, target) pairs or dicts of tensors; return one of those from __getitem__, "
+        "(inputs, target) pairs or dicts of tensors; return one of those from "
+        f"{'__iter__' if isinstance(dataset, IterableDataset) else '__getitem__'}, "
         "or pass a collate function that makes a batch of such from the items"
     )
 
@@ -200,21 +227,24 @@ def check_pair(batch: object, label: str) -> None:
     )
 
 
-def check_dataset(dataset: Any, what: str, *, shuffled: bool = False) -> Dataset[Any]:
-    """``dataset`` if it is a non-empty map-style Dataset, else DataError with the fix.
-
-    An ``IterableDataset`` is refused: exact resume, DDP sharding and batch-size search
-    need ``len()`` and indexing. ``shuffled`` (the training split): a length whose
+def check_dataset(dataset: Any, what: str, *, shuffled: bool = False,
+                  stream: bool = False) -> Dataset[Any]:
+    """``dataset`` if it is a non-empty map-style Dataset or a stream (an
+    ``IterableDataset``, where ``stream`` allows one: :mod:`torchgpu.data.stream`), else
+    DataError with the fix. ``shuffled`` (the training split): a map-style length whose
     epoch order would not fit in memory is refused too
     (:func:`~torchgpu.data.loader.check_order_fits`).
     """
     if isinstance(dataset, IterableDataset):
-        raise DataError(
-            f"{what} is an IterableDataset ({type(dataset).__name__}): torchgpu trains on "
-            "map-style datasets (len() and indexing), which exact resume, unpadded DDP "
-            "shards and the batch-size search need. Wrap your data in a map-style Dataset "
-            "(e.g. materialise it into a list or a TensorDataset)."
-        )
+        if not stream:
+            raise DataError(
+                f"{what} is an IterableDataset ({type(dataset).__name__}): evaluation "
+                "reads a map-style dataset (len() and indexing); streams are for the "
+                "training data. Materialise the held-out split into a list or a "
+                "TensorDataset."
+            )
+        checked_stream: Dataset[Any] = dataset
+        return checked_stream
     if isinstance(dataset, nn.Module):
         raise DataError(
             f"{what} is a model ({type(dataset).__name__}), not a Dataset: the data spec "
@@ -263,7 +293,7 @@ def user_task(build_model: Callable[[], nn.Module], train: Any, test: Any = None
     without a loss or a malformed metric.
     """
     checked = check_metrics(metrics)
-    train = check_dataset(train, "the training data", shuffled=True)
+    train = check_dataset(train, "the training data", shuffled=True, stream=True)
     if collate_fn is not None and not callable(collate_fn):
         raise UsageError(
             f"{collate_label} is a {type(collate_fn).__name__}, not a function: pass a "
