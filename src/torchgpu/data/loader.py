@@ -24,6 +24,7 @@ from torch.utils.data import (
 from torch.utils.data.distributed import DistributedSampler
 
 from torchgpu.data.batches import DictPairs
+from torchgpu.data.workers import worker_choice
 from torchgpu.distributed import RankInfo
 from torchgpu.errors import DataError
 
@@ -36,7 +37,7 @@ def make_loader(
     seed: int = 0,
     dist: RankInfo | None = None,
     device: torch.device | str | None = None,
-    num_workers: int = 0,
+    num_workers: int | str = 0,
     drop_last: bool = False,
     pad: bool = True,
     dict_pairs: bool = False,
@@ -57,7 +58,9 @@ def make_loader(
     - otherwise, with ``shuffle``: a random order drawn from a ``torch.Generator``
       seeded with ``seed``, so runs repeat exactly and the global RNG is not touched.
     - ``pin_memory`` only when ``device`` is CUDA (pinning for the CPU costs time and
-      buys nothing); ``num_workers`` defaults to 0, in-memory data needs no workers.
+      buys nothing); ``num_workers`` defaults to 0, in-memory data needs no workers;
+      ``"auto"`` chooses the workers and their prefetching from this process's cores
+      and the device (:func:`torchgpu.data.workers.auto_choice`).
 
     - ``dict_pairs``: the dataset yields dicts; each collated dict ``batch`` comes out as
       ``(batch, batch)`` (:class:`torchgpu.data.batches.DictPairs`), the engine's
@@ -80,7 +83,8 @@ def make_loader(
     n = len(dataset)
     if n == 0:
         raise DataError("the dataset is empty: there is nothing to load; check the data source")
-    pin = device is not None and torch.device(device).type == "cuda"
+    workers = worker_choice(num_workers, torch.device(device).type if device else "cpu",
+                            in_memory=_whole_batches(dataset, dict_pairs)).loader_kwargs()
     distributed = dist is not None and dist.is_distributed
     per_rank = n
     if distributed:
@@ -101,13 +105,12 @@ def make_loader(
                               shuffle=shuffle, seed=seed)
         if _whole_batches(dataset, dict_pairs):  # dataset[[]] gives zero rows itself
             return DataLoader(dataset, sampler=shards, batch_size=None,
-                              collate_fn=_contiguous, num_workers=num_workers, pin_memory=pin)
+                              collate_fn=_contiguous, **workers)
         return DataLoader(
             dataset,
             batch_sampler=shards,
             collate_fn=_pairs(EmptyBatchCollate(dataset), dict_pairs),
-            num_workers=num_workers,
-            pin_memory=pin,
+            **workers,
         )
     if distributed:
         assert dist is not None
@@ -124,8 +127,7 @@ def make_loader(
             batch_size=batch_size,
             sampler=sampler,
             collate_fn=_pairs(None, dict_pairs),
-            num_workers=num_workers,
-            pin_memory=pin,
+            **workers,
             drop_last=drop_last,
         )
     generator = torch.Generator().manual_seed(seed) if shuffle else None
@@ -136,15 +138,14 @@ def make_loader(
                  else SequentialSampler(dataset))
         return DataLoader(dataset, sampler=BatchSampler(order, batch_size, drop_last),
                           batch_size=None, collate_fn=_contiguous, generator=generator,
-                          num_workers=num_workers, pin_memory=pin)
+                          **workers)
     return DataLoader(
         dataset,
         batch_size=batch_size,
         shuffle=shuffle,
         generator=generator,
         collate_fn=_pairs(None, dict_pairs),
-        num_workers=num_workers,
-        pin_memory=pin,
+        **workers,
         drop_last=drop_last,
     )
 

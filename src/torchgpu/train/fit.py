@@ -110,7 +110,7 @@ def _check_types(values: Mapping[str, Any]) -> None:
             continue
         allowed = [_TYPE_WORDS.get(kind, getattr(kind, "__name__", str(kind)))
                    for kind in kinds]
-        if name in ("batch_size", "chunks"):
+        if name in ("batch_size", "chunks", "num_workers"):
             allowed.insert(1, "'auto'")
         raise UsageError(
             f"fit(): {name}={value!r} is of type {type(value).__name__}, but {name} takes "

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from torchgpu.data.batches import install_call_convention
+from torchgpu.data.workers import loader_summary
 from torchgpu.distributed import gather_objects, init_distributed
 from torchgpu.errors import (
     CollectiveTimeoutError,
@@ -36,6 +37,7 @@ from torchgpu.train.assemble import Assembly, assemble, settle, with_stop_at
 from torchgpu.train.auto_batch import apply_auto_batch
 from torchgpu.train.checkpointing import Ranks, RunCheckpoints, RunStart
 from torchgpu.train.config import TrainConfig
+from torchgpu.train.data_wait import DataWait
 from torchgpu.train.fingerprints import fingerprints
 from torchgpu.train.heartbeat import Heartbeat, collective_failure
 from torchgpu.train.loop import run_epoch, sync_now
@@ -205,6 +207,7 @@ def _run(
     buffer = MetricsBuffer()
     batches_per_epoch = len(train_loader)
     records: list[EpochRecord] = []
+    waits = DataWait(train_loader.num_workers, config.num_workers)
     files = fingerprints(config) if is_main else {}  # hashed once (cached since the plan)
     ckpt = RunCheckpoints(config, model=steps.model, optimizer=steps.optimizer,
                           precision=precision, ranks=Ranks(rank, world), records=records,
@@ -235,12 +238,20 @@ def _run(
                     state.begin_epoch(epoch)
                 batches = ckpt.start_epoch(train_loader, config.seed, epoch,
                                            state.batch_in_epoch)
+                fetched: Iterator[Any] = batches
                 if device.type == "cuda":  # copies overlap compute on a side stream
-                    batches = iter(Prefetcher(batches, device))
-                totals = run_epoch(parts, batches, state, batches_per_epoch=batches_per_epoch,
-                                   stop=steps.stop, on_step=on_step, progress=progress,
-                                   records=buffer.steps)
+                    fetched = iter(Prefetcher(batches, device))
+                try:
+                    totals = run_epoch(parts, fetched, state,
+                                       batches_per_epoch=batches_per_epoch, stop=steps.stop,
+                                       on_step=on_step, progress=progress,
+                                       records=buffer.steps)
+                finally:
+                    batches.close()  # the epoch's DataLoader workers end here, error or not
                 train_seconds += totals.seconds
+                slow_data = waits.add(epoch, totals.data_wait_s, totals.seconds)
+                if slow_data and is_main:
+                    print(slow_data, file=sys.stderr)
                 # A stop agreed after the run's last step stops nothing: it finishes.
                 finished = (epoch == config.epochs - 1
                             and state.batch_in_epoch >= batches_per_epoch)
@@ -269,7 +280,7 @@ def _run(
                 watch.epoch(buffer.steps, record)
                 if out_dir is not None:
                     outputs.flush_epoch(out_dir, buffer, record)
-                progress.end_epoch(record, config.epochs)
+                progress.end_epoch(record, config.epochs, data_wait=totals.data_wait_share)
     finally:
         progress.close()
         watch.close(state)
@@ -281,6 +292,8 @@ def _run(
     summary = summary_of(config, data, mode, world, state, records, peaks, train_seconds,
                        time.perf_counter() - started, steps.stop, precision.mode, stopped_at)
     summary.update(ckpt.summary())
+    summary.update(waits.summary())
+    summary["data_loader"] = loader_summary(train_loader, config.num_workers)
     summary["fingerprints"] = files
     steps.summarize(summary, state, train_seconds)
     if out_dir is not None:
