@@ -178,7 +178,8 @@ def fit(
       the run was built from changed since), ``overwrite`` (an ``out`` holding a run's
       files is refused without ``resume`` or it), ``seed``, ``device``, ``progress``,
       ``on_nonfinite``, ``collective_timeout`` (seconds), ``profile`` (N steps under
-      torch.profiler), ``log`` (``"tensorboard"``), ``memory_snapshot``, ``estimate_memory``, ...
+      torch.profiler), ``log`` (``"tensorboard"``), ``memory_snapshot``, ``estimate_memory``,
+      ``num_workers`` (int or ``"auto"``, :mod:`torchgpu.data.workers`), ...
 
     Like every run, a fit run writes its settings as ``OUT/config.toml``; its model and
     data are objects, so the file says it cannot be re-run with ``torchgpu train
