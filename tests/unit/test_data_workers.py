@@ -79,6 +79,9 @@ def _fit(model: nn.Module, data: Dataset[Any], out: Path, **kw: Any) -> dict[str
     return result.summary
 
 
+GIB = 1 << 30
+
+
 @pytest.mark.parametrize(("cores", "processes", "device", "in_memory", "want"), [
     # CUDA: a worker per core of the process's share but one, pinned, at most 8
     (16, 1, "cuda", False, WorkerChoice(MAX_AUTO_WORKERS, True, 2, False)),
@@ -99,11 +102,23 @@ def _fit(model: nn.Module, data: Dataset[Any], out: Path, **kw: Any) -> dict[str
 def test_auto_choice_table(cores: int, processes: int, device: str, in_memory: bool,
                            want: WorkerChoice) -> None:
     assert auto_choice(cores, processes, device, in_memory=in_memory) == want
+    assert auto_choice(cores, processes, device, in_memory=in_memory, shm_bytes=64 * GIB) == want
+
+
+@pytest.mark.parametrize(("shm", "workers"), [
+    (64 << 20, 0),  # Docker's default /dev/shm: batches in flight would not fit
+    (GIB - 1, 0),
+    (GIB, 7),
+    (None, 7),  # no /dev/shm to read: not limiting
+])
+def test_auto_loads_in_process_with_little_shared_memory(shm: int | None, workers: int) -> None:
+    assert auto_choice(8, 1, "cuda", shm_bytes=shm).num_workers == workers
 
 
 def test_auto_reads_the_affinity_and_local_world_size(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(workers_mod.os, "sched_getaffinity", lambda pid: set(range(12)),
                         raising=False)
+    monkeypatch.setattr(workers_mod, "shared_memory_bytes", lambda: 8 * GIB)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")  # torchrun: 3 processes share 12 cores
     assert worker_choice("auto", "cuda") == WorkerChoice(3, True, 2, False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE")

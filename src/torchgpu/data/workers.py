@@ -16,6 +16,10 @@ AUTO = "auto"
 #: Workers ``auto`` starts per training process at most: past a handful, more workers
 #: only hold more copies of the dataset and more batches in flight.
 MAX_AUTO_WORKERS = 8
+#: Workers hand batches over in shared memory (``/dev/shm``); below this much of it
+#: (Docker's default is 64 MiB) a few batches in flight fail the run with a bus error, so
+#: ``auto`` loads in the training process instead (a number given is used as given).
+MIN_AUTO_SHM_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -61,11 +65,21 @@ def local_processes(env: Any = None) -> int:
     return int(value) if value.isdigit() and int(value) > 0 else 1
 
 
-def auto_choice(cores: int, processes: int, device_type: str, *, in_memory: bool = False
-                ) -> WorkerChoice:
+def shared_memory_bytes() -> int | None:
+    """The room in ``/dev/shm`` (None where there is no such file system)."""
+    try:
+        stat = os.statvfs("/dev/shm")
+    except (AttributeError, OSError):
+        return None
+    return int(stat.f_bavail) * int(stat.f_frsize)
+
+
+def auto_choice(cores: int, processes: int, device_type: str, *, in_memory: bool = False,
+                shm_bytes: int | None = None) -> WorkerChoice:
     """``--num-workers auto`` for one of ``processes`` training processes that share
     ``cores`` CPU cores (:func:`available_cores`, :func:`local_processes`), on a
-    ``device_type`` device.
+    ``device_type`` device, with ``shm_bytes`` of shared memory free
+    (:func:`shared_memory_bytes`; None: not known, not limiting).
 
     - CUDA: one worker per core of the process's share but one (the main process feeds
       the GPU and runs the step), at most :data:`MAX_AUTO_WORKERS`; batches pinned (the
@@ -79,6 +93,7 @@ def auto_choice(cores: int, processes: int, device_type: str, *, in_memory: bool
       N`` as the fix.
     - ``in_memory`` (a plain TensorDataset, read a whole batch per indexing): 0 on any
       device, as a worker would only add a copy of each batch between processes.
+    - less shared memory than :data:`MIN_AUTO_SHM_BYTES`: 0.
 
     Workers are never persistent: each epoch starts them afresh, seeded from the epoch's
     generator, which keeps a resumed run exact (a persistent worker carries its random
@@ -87,7 +102,8 @@ def auto_choice(cores: int, processes: int, device_type: str, *, in_memory: bool
     """
     pin = device_type == "cuda"
     workers = 0
-    if device_type == "cuda" and not in_memory:
+    small_shm = shm_bytes is not None and shm_bytes < MIN_AUTO_SHM_BYTES
+    if device_type == "cuda" and not in_memory and not small_shm:
         share = max(1, cores // max(processes, 1))
         workers = max(0, min(share - 1, MAX_AUTO_WORKERS))
     prefetch = (4 if workers <= 2 else 2) if workers else None
@@ -100,7 +116,8 @@ def worker_choice(num_workers: int | str, device_type: str, *, in_memory: bool =
     prefetching), or ``"auto"``'s :func:`auto_choice` with this process's cores."""
     if num_workers == AUTO:
         return auto_choice(available_cores(), local_processes(), device_type,
-                           in_memory=in_memory)
+                           in_memory=in_memory,
+                           shm_bytes=shared_memory_bytes() if device_type == "cuda" else None)
     if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
         from torchgpu.errors import ConfigError
 
