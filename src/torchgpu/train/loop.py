@@ -36,6 +36,7 @@ that does not change per step (transfer or not, distributed or not, progress or 
 is made before the loop; per step there is no I/O, no import, no capability probe, and
 no module-level state. The loss is read with one ``.item()`` per micro-batch (a host
 sync on GPU) because the value feeds both the loss history and the non-finite check.
+Two clock reads per batch time the wait for the next batch (``EpochTotals.data_wait_s``).
 """
 
 from __future__ import annotations
