@@ -337,14 +337,11 @@ def test_stop_flag_second_sigint_raises() -> None:
         flag._handle(signal.SIGINT, None)
 
 
-def test_workers_resume_warns_and_is_exact_for_the_examples(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_workers_resume_is_exact_for_the_examples(tmp_path: Path) -> None:
     full = train(_config(tmp_path / "full", epochs=2, num_workers=2))
     out = tmp_path / "run"
     train(_config(out, epochs=2, num_workers=2), stop_at_step=6)
-    with pytest.warns(UserWarning, match="--num-workers 2"):
-        resumed = train(_config(out, epochs=2, num_workers=2, resume=""))
+    resumed = train(_config(out, epochs=2, num_workers=2, resume=""))
     assert _identical(resumed, full)
 
 

@@ -29,7 +29,7 @@ from torchgpu.train.config import (
 from torchgpu.train.config_file import FileSettings
 from torchgpu.train.optimizers import OPTIMIZER_NAMES
 from torchgpu.train.schedule import SCHEDULES
-from torchgpu.train.split_flags import parse_batch_size, parse_chunks
+from torchgpu.train.split_flags import parse_batch_size, parse_chunks, parse_num_workers
 from torchgpu.train.strategies.registry import describe as strategy_help
 
 if TYPE_CHECKING:
@@ -117,8 +117,10 @@ def _parser() -> ArgumentParser:
                      "optimizer and returning a torch LR scheduler (instead of --lr-schedule)")
     run.add_argument("--clip-norm", type=float, metavar="X", help="max gradient norm")
     run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--num-workers", type=int, default=0, metavar="N",
-                     help="DataLoader worker processes (default 0)")
+    run.add_argument("--num-workers", type=parse_num_workers, default="auto", metavar="N|auto",
+                     help="DataLoader worker processes per training process; auto (the "
+                     "default): one per CPU core of the process's share but one, at most 8, "
+                     "on CUDA; 0 on the CPU and for in-memory tensors")
     run.add_argument("--collective-timeout", type=float, default=300.0, metavar="SECONDS",
                      help="with several processes: a rank that waits this long in a "
                      "collective stops the run, and the launcher names the rank that did not "

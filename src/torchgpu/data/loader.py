@@ -25,6 +25,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from torchgpu.data.batches import DictPairs
 from torchgpu.data.collate import Collate
+from torchgpu.data.workers import worker_choice
 from torchgpu.distributed import RankInfo
 from torchgpu.errors import DataError
 
@@ -37,7 +38,7 @@ def make_loader(
     seed: int = 0,
     dist: RankInfo | None = None,
     device: torch.device | str | None = None,
-    num_workers: int = 0,
+    num_workers: int | str = 0,
     drop_last: bool = False,
     pad: bool = True,
     dict_pairs: bool = False,
@@ -59,7 +60,9 @@ def make_loader(
     - otherwise, with ``shuffle``: a random order drawn from a ``torch.Generator``
       seeded with ``seed``, so runs repeat exactly and the global RNG is not touched.
     - ``pin_memory`` only when ``device`` is CUDA (pinning for the CPU costs time and
-      buys nothing); ``num_workers`` defaults to 0, in-memory data needs no workers.
+      buys nothing); ``num_workers`` defaults to 0, in-memory data needs no workers;
+      ``"auto"`` chooses the workers and their prefetching from this process's cores
+      and the device (:func:`torchgpu.data.workers.auto_choice`).
 
     - ``dict_pairs``: the dataset yields dicts; each collated dict ``batch`` comes out as
       ``(batch, batch)`` (:class:`torchgpu.data.batches.DictPairs`), the engine's
@@ -87,9 +90,10 @@ def make_loader(
     n = len(dataset)
     if n == 0:
         raise DataError("the dataset is empty: there is nothing to load; check the data source")
-    pin = device is not None and torch.device(device).type == "cuda"
     # default_collate, or the given function, with failures in one paragraph
     collate = collate_fn if isinstance(collate_fn, Collate) else Collate(collate_fn)
+    workers = worker_choice(num_workers, torch.device(device).type if device else "cpu",
+                            in_memory=_whole_batches(dataset, dict_pairs)).loader_kwargs()
     distributed = dist is not None and dist.is_distributed
     per_rank = n
     if distributed:
@@ -110,13 +114,12 @@ def make_loader(
                               shuffle=shuffle, seed=seed)
         if collate_fn is None and _whole_batches(dataset, dict_pairs):  # zero rows itself
             return DataLoader(dataset, sampler=shards, batch_size=None,
-                              collate_fn=_contiguous, num_workers=num_workers, pin_memory=pin)
+                              collate_fn=_contiguous, **workers)
         return DataLoader(
             dataset,
             batch_sampler=shards,
             collate_fn=_pairs(EmptyBatchCollate(dataset, collate), dict_pairs),
-            num_workers=num_workers,
-            pin_memory=pin,
+            **workers,
         )
     if distributed:
         assert dist is not None
@@ -133,8 +136,7 @@ def make_loader(
             batch_size=batch_size,
             sampler=sampler,
             collate_fn=_pairs(collate, dict_pairs),
-            num_workers=num_workers,
-            pin_memory=pin,
+            **workers,
             drop_last=drop_last,
         )
     generator = torch.Generator().manual_seed(seed) if shuffle else None
@@ -145,15 +147,14 @@ def make_loader(
                  else SequentialSampler(dataset))
         return DataLoader(dataset, sampler=BatchSampler(order, batch_size, drop_last),
                           batch_size=None, collate_fn=_contiguous, generator=generator,
-                          num_workers=num_workers, pin_memory=pin)
+                          **workers)
     return DataLoader(
         dataset,
         batch_size=batch_size,
         shuffle=shuffle,
         generator=generator,
         collate_fn=_pairs(collate, dict_pairs),
-        num_workers=num_workers,
-        pin_memory=pin,
+        **workers,
         drop_last=drop_last,
     )
 

@@ -62,14 +62,16 @@ ends identical, apart from timings, to the uninterrupted run's. Resuming into th
 **What is exact.** On CPU with ``--num-workers 0`` a run stopped at any step and resumed
 in a new process ends with bitwise identical weights and loss history. Under DDP every
 rank restores its own RNG; ranks load the checkpoint from ``--out``, so several nodes
-need ``--out`` on a shared file system. With DataLoader workers (``--num-workers N``)
-the order, the skip, the main process's RNG and the per-worker seeds (torch, random and
-numpy in each worker derive from the base seed, which is re-drawn identically) are exact,
-so per-sample randomness drawn from those generators in ``__getitem__`` repeats; what is
-NOT restored: state a dataset object keeps across batches or epochs, a ``worker_init_fn``
-that draws from other sources, persistent workers, iterable datasets. A warning says so at
-resume. On GPU, the CUDA RNG is restored but kernels may be non-deterministic
-(atomics in cuDNN/cuBLAS): a resumed GPU run matches to float tolerance, not bitwise.
+need ``--out`` on a shared file system. With DataLoader workers (``--num-workers N`` or
+``auto``) it stays exact: the order, the skip, the main process's RNG and the per-worker
+seeds (torch, random and numpy in each worker derive from the base seed, which is
+re-drawn identically) repeat, and workers are never persistent (each epoch forks them
+afresh from the main process, a resumed run's too: :mod:`torchgpu.data.workers`), so
+per-sample randomness drawn from those generators in ``__getitem__`` repeats. What is
+NOT restored: state that ``__getitem__`` changes in the dataset object of the main
+process (with ``--num-workers 0``; a generator of the dataset's own, say). On GPU, the
+CUDA RNG is restored but kernels may be non-deterministic (atomics in cuDNN/cuBLAS): a
+resumed GPU run matches to float tolerance, not bitwise.
 
 **Signals.** The SIGTERM/SIGINT handler only sets the :class:`StopFlag`; the loop stops
 at the next optimizer-step boundary (under DDP the ranks agree on the flag every ~0.5 s
@@ -95,8 +97,7 @@ import json
 import math
 import sys
 import threading
-import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -333,14 +334,6 @@ class RunCheckpoints:
             print(f"resuming from {loaded.path}: step {state.step}, epoch {state.epoch + 1}, "
                   f"batch {state.batch_in_epoch}", file=sys.stderr)
             self._set_aside_later(loaded.path, state.step)
-            if self.config.num_workers > 0 and self.data is None:  # streams: their docs
-                warnings.warn(
-                    f"resuming with --num-workers {self.config.num_workers}: the data order, "
-                    "the skip to the saved batch, the main process's RNG and the workers' "
-                    "seeds are restored exactly, but state a dataset keeps between batches, "
-                    "a worker_init_fn drawing from other sources, persistent workers and "
-                    "iterable datasets are not; use --num-workers 0 for a bitwise resume",
-                    UserWarning, stacklevel=2)
         return state
 
     def _saved_state(self, path: Path, extra: Mapping[str, Any]) -> TrainState:
@@ -352,7 +345,7 @@ class RunCheckpoints:
         return state
 
     def start_epoch(self, loader: Iterable[Any], seed: int, epoch: int,
-                    skip: int = 0) -> Iterator[Any]:
+                    skip: int = 0) -> loop.EpochBatches:
         """:func:`loop.start_epoch`, recording the RNG the loader's iterator starts from;
         on the resumed epoch, replaying it and then restoring the RNG of the save."""
         pending, self._pending = self._pending, None

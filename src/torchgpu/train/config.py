@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,7 +110,10 @@ class TrainConfig:
     scheduler: str | None = None
     seed: int = 0
     out: str | None = None
-    num_workers: int = 0
+    # DataLoader processes per training process, or "auto" (torchgpu.data.workers:
+    # several on CUDA, 0 on the CPU and for in-memory tensors); config.toml keeps "auto"
+    # so a replay decides again on its machine, summary.json records the number.
+    num_workers: int | str = "auto"
     save_every: int | None = None  # optimizer steps between checkpoints
     keep_last: int | None = None
     resume: str | None = None  # "" = the run's own `latest`; a path = that checkpoint/dir
@@ -225,7 +227,6 @@ _COUNTS: tuple[tuple[str, str], ...] = (
     ("profile", " (optimizer steps)"),
     ("warmup_steps", " (optimizer steps)"),
     ("lr_step_size", " (epochs)"),
-    ("num_workers", " (DataLoader processes)"),
     ("max_restarts", ""),
     ("nnodes", ""),
 )
@@ -235,8 +236,18 @@ _COUNTS: tuple[tuple[str, str], ...] = (
 WORKERS_PER_CORE = 4
 
 
-def _check_num_workers(num_workers: int) -> None:
-    cores = os.cpu_count() or 1
+def _check_num_workers(num_workers: int | str) -> None:
+    from torchgpu.data.workers import AUTO, available_cores
+
+    if num_workers == AUTO:
+        return
+    if not isinstance(num_workers, int) or isinstance(num_workers, bool):
+        raise ConfigError(
+            f"--num-workers {num_workers!r} is not a number of DataLoader processes: "
+            "pass an integer (0 loads in the training process) or auto (chosen from "
+            "the device and this process's CPU cores).")
+    _at_least("num_workers", num_workers, 0)
+    cores = available_cores()
     limit = WORKERS_PER_CORE * cores
     if num_workers > limit:
         raise ConfigError(
@@ -362,7 +373,7 @@ def validate(config: TrainConfig) -> None:
     _at_least("steps_per_epoch", config.steps_per_epoch, 1)
     _at_least("batch_size", config.batch_size, 1)
     _at_least("data_size", config.data_size, 1)
-    _at_least("num_workers", config.num_workers, 0)
+    _check_num_workers(config.num_workers)  # before the counts: it may be "auto"
     _at_least("save_every", config.save_every, 1, " (optimizer steps between checkpoints)")
     _at_least("keep_last", config.keep_last, 1)
     for name, what in _COUNTS:
@@ -370,7 +381,6 @@ def validate(config: TrainConfig) -> None:
     if isinstance(config.chunks, int):
         _at_most("chunks", config.chunks, MAX_COUNT, " (micro-batches per batch)")
     _check_seed(config.seed)
-    _check_num_workers(config.num_workers)
     if config.gpus is not None:
         _check_gpus(config.gpus)
     if config.lr is not None and not (math.isfinite(config.lr) and config.lr > 0):

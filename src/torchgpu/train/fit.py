@@ -111,7 +111,7 @@ def _check_types(values: Mapping[str, Any]) -> None:
             continue
         allowed = [_TYPE_WORDS.get(kind, getattr(kind, "__name__", str(kind)))
                    for kind in kinds]
-        if name in ("batch_size", "chunks"):
+        if name in ("batch_size", "chunks", "num_workers"):
             allowed.insert(1, "'auto'")
         raise UsageError(
             f"fit(): {name}={value!r} is of type {type(value).__name__}, but {name} takes "
@@ -189,7 +189,8 @@ def fit(
       files is refused without ``resume`` or it), ``seed``, ``device``, ``progress``,
       ``on_nonfinite``, ``collective_timeout``, ``startup_timeout``, ``stop_timeout``
       (seconds), ``profile`` (N steps under torch.profiler), ``log``
-      (``"tensorboard"``), ``memory_snapshot``, ``estimate_memory``, ...
+      (``"tensorboard"``), ``memory_snapshot``, ``estimate_memory``, ``num_workers`` (int or
+      ``"auto"``, :mod:`torchgpu.data.workers`), ...
 
     Like every run, a fit run writes its settings as ``OUT/config.toml``; its model and
     data are objects, so the file says it cannot be re-run with ``torchgpu train

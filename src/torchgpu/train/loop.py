@@ -36,11 +36,11 @@ that does not change per step (transfer or not, distributed or not, progress or 
 is made before the loop; per step there is no I/O, no import, no capability probe, and
 no module-level state. The loss is read with one ``.item()`` per micro-batch (a host
 sync on GPU) because the value feeds both the loss history and the non-finite check.
+Two clock reads per batch time the wait for the next batch (``EpochTotals.data_wait_s``).
 """
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
@@ -149,6 +149,17 @@ class EpochTotals:
     # Stopped at a step boundary because the stop flag was set (under DDP: agreed), the
     # epoch's last boundary included: the caller saves and ends the run, no evaluation.
     stopped: bool
+    # Of ``seconds``, the host time spent blocked in ``next()`` on the batches: waiting
+    # for the loader (its workers, or __getitem__ and collation in this process) and, on
+    # CUDA, the prefetcher queueing the next copy. No device sync is added to measure
+    # it; the loop reads each micro-batch's loss (a sync), so little GPU work is still
+    # queued while it waits, and the share is the time the GPU starves for data.
+    data_wait_s: float = 0.0
+
+    @property
+    def data_wait_share(self) -> float | None:
+        """``data_wait_s`` over the epoch's training time (None when no time passed)."""
+        return self.data_wait_s / self.seconds if self.seconds > 0 else None
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -156,7 +167,31 @@ def epoch_seed(seed: int, epoch: int) -> int:
     return (seed * 1_000_003 + epoch * 7919 + 12345) % (2**63 - 1)
 
 
-def start_epoch(loader: Iterable[Any], seed: int, epoch: int, skip: int = 0) -> Iterator[Any]:
+class EpochBatches(Iterator[Any]):
+    """An epoch's batches: the loader's iterator with its first ``skip`` batches dropped
+    (still loaded: the order must be consumed exactly). :meth:`close` ends the
+    iterator's worker processes now."""
+
+    def __init__(self, iterator: Iterator[Any], skip: int = 0) -> None:
+        self._iterator = iterator
+        self._skip = skip
+
+    def __next__(self) -> Any:
+        while self._skip:
+            self._skip -= 1
+            next(self._iterator)
+        return next(self._iterator)
+
+    def close(self) -> None:
+        """End the DataLoader workers of this epoch (a no-op without workers) rather than
+        when the iterator is garbage collected: a raised error's traceback holds the
+        loop's frame, and with it the iterator, for as long as the error is kept."""
+        shutdown = getattr(self._iterator, "_shutdown_workers", None)
+        if callable(shutdown):
+            shutdown()
+
+
+def start_epoch(loader: Iterable[Any], seed: int, epoch: int, skip: int = 0) -> EpochBatches:
     """Iterate ``loader`` in epoch ``epoch``'s order, skipping the first ``skip`` batches.
 
     Re-seeds the loader's generator with :func:`epoch_seed` and calls the sampler's
@@ -177,10 +212,7 @@ def start_epoch(loader: Iterable[Any], seed: int, epoch: int, skip: int = 0) -> 
     begin = getattr(loader, "begin_epoch", None)
     if begin is not None:  # a stream (torchgpu.data.stream_loader) skips inside its pass
         skip = begin(epoch, skip)
-    iterator = iter(loader)
-    if skip:
-        return itertools.islice(iterator, skip, None)
-    return iterator
+    return EpochBatches(iter(loader), skip)
 
 
 def sync_now(parts: LoopParts) -> bool:
@@ -237,16 +269,23 @@ def run_epoch(
     first_batch, first_sample = state.batch_in_epoch, state.samples
     if not parts.model.training:  # model.train() walks every module (15 us on a small net)
         parts.model.train()
+    source, waited = iter(batches), 0.0  # waited: seconds blocked in next(source)
     started = time.perf_counter()
     next_ui = started + UI_INTERVAL_S
 
     def totals(stopped: bool) -> EpochTotals:
         _restore_window(acc, window, free=device.type != "cpu")
         return EpochTotals(state.batch_in_epoch - first_batch, state.samples - first_sample,
-                           time.perf_counter() - started, stopped)
+                           time.perf_counter() - started, stopped, waited)
 
     try:
-        for x, y in batches:
+        while True:
+            fetch = time.perf_counter()
+            try:
+                x, y = next(source)
+            except StopIteration:
+                break
+            waited += time.perf_counter() - fetch
             n = x.shape[0] if isinstance(x, Tensor) else batch_rows(x)
             if state.batch_in_epoch >= tail_from:  # windows holding a short micro-batch
                 loss_fn = tail.loss_fn  # an empty batch (a DDP rank's share) gives zero

@@ -46,7 +46,8 @@ class NullProgress:
     def update(self, state: TrainState, loss: float, samples_per_s: float) -> None:
         pass
 
-    def end_epoch(self, record: EpochRecord, epochs: int) -> None:
+    def end_epoch(self, record: EpochRecord, epochs: int,
+                  data_wait: float | None = None) -> None:
         pass
 
     def note(self, message: str) -> None:
@@ -56,8 +57,11 @@ class NullProgress:
         pass
 
 
-def format_epoch(record: EpochRecord, epochs: int, memory: str = "") -> str:
-    """``epoch 3/40  step 78  train 0.1234  test 0.2345  R² 0.81  1234 samples/s``."""
+def format_epoch(record: EpochRecord, epochs: int, memory: str = "",
+                 data_wait: float | None = None) -> str:
+    """``epoch 3/40  step 78  train 0.1234  test 0.2345  R² 0.81  1234 samples/s``, then
+    ``data wait 3%`` (the share of the epoch's training time spent waiting for batches:
+    :mod:`torchgpu.train.data_wait`) when given, and the memory."""
     parts = [
         f"epoch {record.epoch + 1}/{epochs}",
         f"step {record.step}",
@@ -68,6 +72,8 @@ def format_epoch(record: EpochRecord, epochs: int, memory: str = "") -> str:
         label, form = SHOWN.get(name, (name, ".4g"))
         parts.append(f"{label} {value:{form}}")
     parts.append(f"{record.samples_per_s:,.0f} samples/s")
+    if data_wait is not None:
+        parts.append(f"data wait {data_wait:.0%}")
     if memory:
         parts.append(memory)
     return "  ".join(parts)
@@ -83,9 +89,10 @@ class PlainProgress(NullProgress):
     def _out(self) -> TextIO:
         return self._stream if self._stream is not None else sys.stdout
 
-    def end_epoch(self, record: EpochRecord, epochs: int) -> None:
+    def end_epoch(self, record: EpochRecord, epochs: int,
+                  data_wait: float | None = None) -> None:
         memory = self._memory() if self._memory is not None else ""
-        print(format_epoch(record, epochs, memory), file=self._out(), flush=True)
+        print(format_epoch(record, epochs, memory, data_wait), file=self._out(), flush=True)
 
     def note(self, message: str) -> None:
         print(message, file=self._out(), flush=True)
@@ -143,9 +150,10 @@ class RichProgress(PlainProgress):
             memory=self._memory() if self._memory is not None else "",
         )
 
-    def end_epoch(self, record: EpochRecord, epochs: int) -> None:
+    def end_epoch(self, record: EpochRecord, epochs: int,
+                  data_wait: float | None = None) -> None:
         if self._progress is None:
-            return super().end_epoch(record, epochs)
+            return super().end_epoch(record, epochs, data_wait)
         memory = self._memory() if self._memory is not None else ""
         # The loop's updates are throttled: the last one may predate the epoch's end.
         self._progress.update(
@@ -156,7 +164,7 @@ class RichProgress(PlainProgress):
             speed=f"{record.samples_per_s:,.0f} samples/s",
             memory=memory,
         )
-        self._progress.console.print(format_epoch(record, epochs, memory))
+        self._progress.console.print(format_epoch(record, epochs, memory, data_wait))
 
     def note(self, message: str) -> None:
         if self._progress is None:

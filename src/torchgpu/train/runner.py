@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from torchgpu.data.batches import install_call_convention
+from torchgpu.data.workers import loader_summary
 from torchgpu.distributed import DistSession, gather_objects, init_distributed
 from torchgpu.errors import (
     CollectiveTimeoutError,
@@ -37,6 +38,7 @@ from torchgpu.train.assemble import Assembly, assemble, settle, with_stop_at
 from torchgpu.train.auto_batch import apply_auto_batch
 from torchgpu.train.checkpointing import Ranks, RunCheckpoints, RunStart
 from torchgpu.train.config import TrainConfig
+from torchgpu.train.data_wait import DataWait
 from torchgpu.train.fingerprints import fingerprints
 from torchgpu.train.heartbeat import Heartbeat, collective_failure
 from torchgpu.train.loop import run_epoch, sync_now
@@ -249,6 +251,7 @@ def _run(
     streamed = stream_run.StreamReport(train_loader, is_main=out_dir is not None)
     batches_per_epoch = len(train_loader)
     records: list[EpochRecord] = []
+    waits = DataWait(train_loader.num_workers, config.num_workers)
     files = fingerprints(config) if is_main else {}  # hashed once (cached since the plan)
     ckpt = RunCheckpoints(config, model=steps.model, optimizer=steps.optimizer,
                           precision=precision, ranks=Ranks(rank, world), records=records,
@@ -280,14 +283,22 @@ def _run(
                     state.begin_epoch(epoch)
                 batches = ckpt.start_epoch(train_loader, config.seed, epoch,
                                            state.batch_in_epoch)
+                fetched: Iterator[Any] = batches
                 if device.type == "cuda":  # copies overlap compute on a side stream
-                    batches = iter(Prefetcher(batches, device))
+                    fetched = iter(Prefetcher(batches, device))
                 if beat is not None:  # a rank waiting for its data is named as such
-                    batches = beat.loading(batches)
-                totals = run_epoch(parts, batches, state, batches_per_epoch=batches_per_epoch,
-                                   stop=steps.stop, on_step=on_step, progress=progress,
-                                   records=buffer.steps)
+                    fetched = beat.loading(fetched)
+                try:
+                    totals = run_epoch(parts, fetched, state,
+                                       batches_per_epoch=batches_per_epoch, stop=steps.stop,
+                                       on_step=on_step, progress=progress,
+                                       records=buffer.steps)
+                finally:
+                    batches.close()  # the epoch's DataLoader workers end here, error or not
                 train_seconds += totals.seconds
+                slow_data = waits.add(epoch, totals.data_wait_s, totals.seconds)
+                if slow_data and is_main:
+                    print(slow_data, file=sys.stderr)
                 if not totals.stopped:
                     streamed.epoch_end(epoch, state.batch_in_epoch, batches_per_epoch,
                                        config.accumulate)
@@ -321,7 +332,7 @@ def _run(
                 watch.epoch(buffer.steps, record)
                 if out_dir is not None:
                     outputs.flush_epoch(out_dir, buffer, record)
-                progress.end_epoch(record, config.epochs)
+                progress.end_epoch(record, config.epochs, data_wait=totals.data_wait_share)
     finally:
         progress.close()
         watch.close(state)
@@ -333,6 +344,8 @@ def _run(
     summary = summary_of(config, data, mode, world, state, records, peaks, train_seconds,
                        time.perf_counter() - started, steps.stop, precision.mode, stopped_at)
     summary.update(ckpt.summary())
+    summary.update(waits.summary())
+    summary["data_loader"] = loader_summary(train_loader, config.num_workers)
     summary["fingerprints"] = files
     summary.update(streamed.summary())
     steps.summarize(summary, state, train_seconds)

@@ -56,6 +56,11 @@ def parse_batch_size(text: str) -> int | str:
     return _int_or_auto(text, "--batch-size")
 
 
+def parse_num_workers(text: str) -> int | str:
+    """``--num-workers`` value: an integer or ``auto`` (argparse ``type=``)."""
+    return _int_or_auto(text, "--num-workers")
+
+
 def device_list(spec: str) -> list[str]:
     """``"cuda:0, cuda:1"`` -> ``["cuda:0", "cuda:1"]``; UsageError for an empty item."""
     items = [item.strip() for item in spec.split(",")]

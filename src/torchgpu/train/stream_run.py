@@ -37,7 +37,8 @@ def check_stream(task: Task, config: TrainConfig, world_size: int) -> None:
                 "epoch is its length: drop --steps-per-epoch (fit: steps_per_epoch)."
             )
         return
-    if config.num_workers > 0 and splits_over_workers(task.train):
+    if (isinstance(config.num_workers, int) and config.num_workers > 0
+            and splits_over_workers(task.train)):
         raise UsageError(
             f"--num-workers {config.num_workers} with a datasets stream "
             f"({type(task.train).__name__}): it hands each DataLoader worker only its own "
@@ -60,9 +61,14 @@ def train_loader(task: Task, config: TrainConfig, rank: int, world_size: int,
     assert config.batch_size is not None
     batches = stream_batches(task.train, config.batch_size, world_size, config.accumulate,
                              config.steps_per_epoch)
+    from torchgpu.data.workers import worker_choice
+
+    workers = worker_choice(config.num_workers, device.type).num_workers
+    if not isinstance(config.num_workers, int) and splits_over_workers(task.train):
+        workers = 0  # auto: a datasets stream would hand each worker only its own shards
     return stream_loader(task.train, config.batch_size, batches=batches, rank=rank,
                          world_size=world_size, collate=task.collate, device=device,
-                         num_workers=config.num_workers)
+                         num_workers=workers)
 
 
 def layout_of(loader: Any) -> ShardLayout | None:

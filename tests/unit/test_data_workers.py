@@ -1,0 +1,225 @@
+"""DataLoader workers in training runs: ``--num-workers auto`` (the rule, its record in
+config.toml and summary.json), the data-wait share (summary, epoch line, warning), workers
+that end with the run, and exact resume with workers drawing random augmentations."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from torchgpu import fit
+from torchgpu.data import make_loader
+from torchgpu.data import workers as workers_mod
+from torchgpu.data.workers import MAX_AUTO_WORKERS, WorkerChoice, auto_choice, worker_choice
+from torchgpu.errors import ConfigError
+from torchgpu.train.config import TrainConfig, validate
+from torchgpu.train.runner import train
+from torchgpu.train.task import as_factory, seeded, user_task
+
+FEATURES = 4
+
+
+class Rows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """``n`` fixed rows; each ``__getitem__`` sleeps ``sleep_s`` first (decoding, say)."""
+
+    def __init__(self, n: int, sleep_s: float = 0.0) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, FEATURES, generator=g)
+        self.y = torch.randn(n, 1, generator=g)
+        self.sleep_s = sleep_s
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        return self.x[i], self.y[i]
+
+
+class Augmented(Rows):
+    """Rows with noise drawn per sample from torch's, numpy's and Python's RNGs (as an
+    augmentation does): in a worker each is seeded from the loader's base seed."""
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = super().__getitem__(i)
+        noise = torch.rand(FEATURES) + float(np.random.rand()) + random.random()
+        return x + 0.1 * noise, y
+
+
+class SlowStep(nn.Module):
+    """A tiny net whose forward also takes ``sleep_s`` (a step's compute, without using
+    a core: the comparison holds however loaded the machine is)."""
+
+    def __init__(self, sleep_s: float = 0.0) -> None:
+        super().__init__()
+        self.net = nn.Linear(FEATURES, 1)
+        self.sleep_s = sleep_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        out: torch.Tensor = self.net(x)
+        return out
+
+
+def _fit(model: nn.Module, data: Dataset[Any], out: Path, **kw: Any) -> dict[str, Any]:
+    settings = {"epochs": 1, "batch_size": 8, "device": "cpu", "progress": "off", **kw}
+    result = fit(model, data, loss=nn.functional.mse_loss, out=out, **settings)
+    return result.summary
+
+
+GIB = 1 << 30
+
+
+@pytest.mark.parametrize(("cores", "processes", "device", "in_memory", "want"), [
+    # CUDA: a worker per core of the process's share but one, pinned, at most 8
+    (16, 1, "cuda", False, WorkerChoice(MAX_AUTO_WORKERS, True, 2, False)),
+    (8, 1, "cuda", False, WorkerChoice(7, True, 2, False)),
+    (16, 4, "cuda", False, WorkerChoice(3, True, 2, False)),
+    (16, 8, "cuda", False, WorkerChoice(1, True, 4, False)),  # few workers prefetch more
+    (6, 2, "cuda", False, WorkerChoice(2, True, 4, False)),
+    (2, 1, "cuda", False, WorkerChoice(1, True, 4, False)),
+    (1, 1, "cuda", False, WorkerChoice(0, True, None, False)),  # the main process's core
+    (4, 8, "cuda", False, WorkerChoice(0, True, None, False)),  # more processes than cores
+    (256, 1, "cuda", False, WorkerChoice(MAX_AUTO_WORKERS, True, 2, False)),
+    (16, 1, "cuda", True, WorkerChoice(0, True, None, False)),  # in-memory tensors
+    # the CPU: its compute threads already use every core
+    (16, 1, "cpu", False, WorkerChoice(0, False, None, False)),
+    (16, 2, "cpu", False, WorkerChoice(0, False, None, False)),
+    (16, 1, "mps", False, WorkerChoice(0, False, None, False)),
+])
+def test_auto_choice_table(cores: int, processes: int, device: str, in_memory: bool,
+                           want: WorkerChoice) -> None:
+    assert auto_choice(cores, processes, device, in_memory=in_memory) == want
+    assert auto_choice(cores, processes, device, in_memory=in_memory, shm_bytes=64 * GIB) == want
+
+
+@pytest.mark.parametrize(("shm", "workers"), [
+    (64 << 20, 0),  # Docker's default /dev/shm: batches in flight would not fit
+    (GIB - 1, 0),
+    (GIB, 7),
+    (None, 7),  # no /dev/shm to read: not limiting
+])
+def test_auto_loads_in_process_with_little_shared_memory(shm: int | None, workers: int) -> None:
+    assert auto_choice(8, 1, "cuda", shm_bytes=shm).num_workers == workers
+
+
+def test_auto_reads_the_affinity_and_local_world_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(workers_mod.os, "sched_getaffinity", lambda pid: set(range(12)),
+                        raising=False)
+    monkeypatch.setattr(workers_mod, "shared_memory_bytes", lambda: 8 * GIB)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")  # torchrun: 3 processes share 12 cores
+    assert worker_choice("auto", "cuda") == WorkerChoice(3, True, 2, False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert worker_choice("auto", "cuda").num_workers == MAX_AUTO_WORKERS
+    assert worker_choice(3, "cpu") == WorkerChoice(3, False, None, False)  # as given
+    # make_loader builds the chosen loader; a plain TensorDataset gets no workers
+    loader = make_loader(Rows(32), 8, device="cuda", num_workers="auto")
+    assert (loader.num_workers, loader.pin_memory, loader.prefetch_factor,
+            loader.persistent_workers) == (MAX_AUTO_WORKERS, True, 2, False)
+    tensors = torch.utils.data.TensorDataset(torch.zeros(32, 2))
+    assert make_loader(tensors, 8, device="cuda", num_workers="auto").num_workers == 0
+
+
+@pytest.mark.parametrize("value", ["fast", True, 2.5])
+def test_a_num_workers_that_is_neither_a_count_nor_auto_is_refused(value: Any) -> None:
+    with pytest.raises(ConfigError, match="--num-workers") as info:
+        validate(TrainConfig(example="housing", num_workers=value))
+    assert "auto" in str(info.value)
+    validate(TrainConfig(example="housing", num_workers="auto"))  # the default
+    assert TrainConfig().num_workers == "auto"
+
+
+def test_auto_is_kept_in_config_toml_and_resolved_in_summary(tmp_path: Path) -> None:
+    summary = _fit(SlowStep(), Rows(32), tmp_path / "auto")
+    assert summary["data_loader"] == {
+        "num_workers": 0, "num_workers_setting": "auto", "pin_memory": False,
+        "prefetch_factor": None, "persistent_workers": False}  # the CPU: in-process
+    assert 'num_workers = "auto"' in (tmp_path / "auto" / "config.toml").read_text()
+    two = _fit(SlowStep(), Rows(32), tmp_path / "two", num_workers=2)
+    assert two["data_loader"]["num_workers"] == 2
+    assert two["data_loader"]["prefetch_factor"] == 2  # torch's, as given
+    assert "num_workers = 2" in (tmp_path / "two" / "config.toml").read_text()
+
+
+def test_data_wait_share_follows_the_data_and_warns(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A step of ~20 ms on batches that take ~16 ms to load in the main process: about
+    half the time waits for data, which warns; instant data, or two workers loading
+    ahead, wait far less."""
+    n, step_s, item_s = 8 * 40, 0.02, 0.002
+    slow = _fit(SlowStep(step_s), Rows(n, item_s), tmp_path / "slow", progress="plain")
+    out, err = capsys.readouterr()
+    instant = _fit(SlowStep(step_s), Rows(n), tmp_path / "instant")
+    instant_err = capsys.readouterr().err
+    ahead = _fit(SlowStep(step_s), Rows(n, item_s), tmp_path / "ahead", num_workers=2)
+    share = slow["data_wait_share"]
+    assert share > instant["data_wait_share"]
+    assert share > ahead["data_wait_share"]
+    assert slow["data_wait_share_per_epoch"] == [{"epoch": 1, "share": share}]
+    on_disk = json.loads((tmp_path / "slow" / "summary.json").read_text())
+    assert on_disk["data_wait_share"] == share
+    assert f"data wait {share:.0%}" in out  # the epoch line
+    assert "waiting for the next batch (--num-workers 0, chosen by auto)" in err
+    assert "pass e.g. --num-workers 2" in err and err.count("warning: epoch") == 1
+    assert "waiting for the next batch" not in instant_err
+
+
+def _children() -> list[Any]:
+    return multiprocessing.active_children()  # joins the finished ones, too
+
+
+def test_workers_end_with_the_run_on_error_and_on_stop(tmp_path: Path) -> None:
+    assert _children() == []
+    calls = {"n": 0}
+
+    def failing_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        calls["n"] += 1
+        if calls["n"] == 6:  # mid-epoch, workers running (the probe calls it first)
+            raise RuntimeError("the loss failed")
+        return nn.functional.mse_loss(out, y)
+
+    with pytest.raises(RuntimeError, match="the loss failed") as info:
+        fit(SlowStep(), Rows(64), loss=failing_loss, epochs=1, batch_size=8, device="cpu",
+            progress="off", out=tmp_path / "error", num_workers=2)
+    assert info.traceback  # the error, with the loop's frames, is still held here
+    assert _children() == []
+    task = user_task(as_factory(SlowStep()), Rows(64), loss=nn.functional.mse_loss, name="SlowStep")
+    config = TrainConfig(model="fit:SlowStep", data="fit:Rows", out=str(tmp_path / "stop"),
+                         epochs=2, batch_size=8, device="cpu", progress="off", num_workers=2)
+    stopped = train(config, task=task, stop_at_step=3)
+    assert stopped.summary["stopped_early"]
+    assert _children() == []
+
+
+def test_resume_with_workers_is_bitwise_with_random_augmentation(tmp_path: Path) -> None:
+    def model() -> nn.Module:
+        return nn.Sequential(nn.Linear(FEATURES, 8), nn.ReLU(), nn.Linear(8, 1))
+
+    settings: dict[str, Any] = {"epochs": 2, "batch_size": 8, "seed": 5, "device": "cpu",
+                                "progress": "off", "num_workers": 2, "save_every": 2}
+    whole = fit(model, Augmented(48), loss=nn.functional.mse_loss, out=tmp_path / "whole",
+                **settings)
+    other = fit(model, Augmented(48), loss=nn.functional.mse_loss, out=tmp_path / "other",
+                **{**settings, "seed": 6})
+    task = user_task(seeded(model, 5), Augmented(48), loss=nn.functional.mse_loss, name="model")
+    config = TrainConfig(model="fit:model", data="fit:Augmented", out=str(tmp_path / "cut"),
+                         **settings)
+    train(config, task=task, stop_at_step=8)  # mid-epoch 2 (6 steps an epoch)
+    resumed = fit(model, Augmented(48), loss=nn.functional.mse_loss, out=tmp_path / "cut",
+                  resume=True, **settings)
+    assert resumed.summary["steps"] == whole.summary["steps"] == 12
+    a, b, c = (r.model.state_dict() for r in (whole, resumed, other))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)  # the seed (and noise) matters
