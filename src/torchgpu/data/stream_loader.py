@@ -83,6 +83,23 @@ class StreamLoader:
     def __len__(self) -> int:
         return self.dataset.batches
 
+    # How it loads, as a DataLoader says it (summary.json's data_loader)
+    @property
+    def num_workers(self) -> int:
+        return int(self.loader.num_workers)
+
+    @property
+    def pin_memory(self) -> bool:
+        return bool(self.loader.pin_memory)
+
+    @property
+    def prefetch_factor(self) -> int | None:
+        return self.loader.prefetch_factor
+
+    @property
+    def persistent_workers(self) -> bool:
+        return bool(self.loader.persistent_workers)
+
     def begin_epoch(self, epoch: int, skip: int = 0) -> int:
         """The next pass is epoch ``epoch`` from batch ``skip``: from a saved state when
         one was handed to :meth:`resume_from` for this very position, else by skipping
