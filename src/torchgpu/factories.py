@@ -48,6 +48,8 @@ WANTS = {
     "loss": "a function loss(output, target) -> Tensor",
     "optimizer": "a function optimizer(params) -> torch.optim.Optimizer, or an Optimizer class",
     "scheduler": "a function scheduler(optimizer) -> torch.optim.lr_scheduler.LRScheduler",
+    "metrics": "a function fn(output, target) -> float or a class with reset(), "
+               "update(output, target) and compute()",
 }
 
 

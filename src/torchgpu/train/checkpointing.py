@@ -106,6 +106,7 @@ from torchgpu.checkpoint.discover import LATEST, later_checkpoints, newest_verif
 from torchgpu.distributed import gather_objects
 from torchgpu.errors import CheckpointCorruptError, ResumeError
 from torchgpu.train import loop, outputs
+from torchgpu.train.autoresume import continue_hint
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.faults import CrashPlan, HangPlan
 from torchgpu.train.heartbeat import Heartbeat
@@ -155,6 +156,24 @@ def history_lines(state: TrainState, records: Iterable[EpochRecord]) -> list[str
     buffer.steps = [(s, state.epoch, state.step_losses[s - 1])
                     for s in range(done + 1, state.step + 1)]
     return lines + buffer.take_lines()
+
+
+def epoch_records(path: Path) -> list[EpochRecord]:
+    """The epoch records of a run's metrics.jsonl at ``path`` (unreadable lines and a
+    missing file give none)."""
+    records = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            data = json.loads(line)
+            if isinstance(data, dict) and data.get("kind") == "epoch":
+                records.append(_record(data))
+        except (ValueError, TypeError):
+            continue
+    return records
 
 
 def _record(data: Mapping[str, Any]) -> EpochRecord:
@@ -403,8 +422,8 @@ class RunCheckpoints:
         print(
             f"stopped by {self.stop.signal_name or 'request'} after step {state.step} (epoch "
             f"{state.epoch + 1}, batch {state.batch_in_epoch} of {batches_per_epoch}); "
-            f"checkpoint: {self.last_saved}. To continue, run the same command with "
-            f"--resume --out {self.config.out}.", file=sys.stderr)
+            f"checkpoint: {self.last_saved}. To continue, {continue_hint(self.config)}.",
+            file=sys.stderr)
 
     def summary(self) -> dict[str, Any]:
         """The summary's ``checkpoints`` entry."""

@@ -38,7 +38,7 @@ from torchgpu.user_files import read_text
 RUN_TABLE = "run"  # metadata, not settings
 # Settings a reproduced run must not inherit: continuing or removing a run, the launcher's
 # node-specific addresses, and what only changes how the result is printed.
-_NOT_WRITTEN = frozenset({"resume", "trust_checkpoint", "overwrite", "node_rank",
+_NOT_WRITTEN = frozenset({"resume", "trust_checkpoint", "overwrite", "autoresume", "node_rank",
                           "rdzv_endpoint", "gpus", "json", "progress"})
 
 
@@ -238,6 +238,9 @@ def settings_to_write(config: TrainConfig, *, world_size: int = 1, local_world_s
     values["loss"] = _absolute_name(config.loss)
     values["optimizer"] = _absolute_name(config.optimizer)
     values["scheduler"] = _absolute_name(config.scheduler)
+    if config.metrics is not None:
+        values["metrics"] = ",".join(str(_absolute_name(item.strip()))
+                                     for item in config.metrics.split(","))
     if config.model is not None and config.target is None:
         values["data"] = _absolute_spec(config.data)  # a data spec
     elif config.data is not None:

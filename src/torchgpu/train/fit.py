@@ -31,6 +31,7 @@ from torchgpu.train.task import as_factory, seeded, user_task
 _NOT_SETTINGS = frozenset({
     "example", "data", "target", "data_size", "model", "loss", "nproc", "nnodes",
     "node_rank", "rdzv_endpoint", "max_restarts", "gpus", "json", "auto_batch_size",
+    "metrics",  # fit's own argument: the metric objects, by name
 })
 SETTINGS: tuple[str, ...] = tuple(
     f.name for f in dataclasses.fields(TrainConfig) if f.name not in _NOT_SETTINGS)
