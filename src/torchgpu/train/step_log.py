@@ -36,10 +36,10 @@ class StepLog:
     recorded loss is final (None: all are)."""
 
     def __init__(self, out_dir: Path | None, buffer: MetricsBuffer, every: int | None,
-                 agreed: Callable[[], int | None], period_s: float = outputs.STEP_FLUSH_S
-                 ) -> None:
+                 agreed: Callable[[], int | None], period_s: float | None = None) -> None:
         self.path = out_dir / outputs.METRICS_FILE if out_dir is not None else None
-        self.buffer, self.every, self.agreed, self.period_s = buffer, every, agreed, period_s
+        self.buffer, self.every, self.agreed = buffer, every, agreed
+        self.period_s = outputs.STEP_FLUSH_S if period_s is None else period_s
         self._last = time.monotonic()
 
     def wrap(self, on_step: Hook | None) -> Hook | None:
