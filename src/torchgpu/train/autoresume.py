@@ -7,7 +7,8 @@ run in ``--out`` decides what that command does (:func:`plan_autoresume`, called
 - a **finished** run there (``summary.json`` says every epoch of this run's ``epochs``
   ran, no stop): nothing to do -- :class:`RunFinished` is raised; the CLI prints the
   run's report and exits 0, :func:`torchgpu.fit` returns the finished run's result
-  (:func:`finished_result`: its summary, epoch records and final weights);
+  (:func:`torchgpu.train.finished.finished_result`: its summary, epoch records and
+  final weights);
 - a **checkpoint** there: the run continues from the newest one that is complete
   (``latest`` followed; one whose bytes fail their manifest falls back to the newest
   that verifies when it is loaded), exactly like ``--resume``;
@@ -22,17 +23,12 @@ in the words of the way it was started (the CLI's flags or ``fit``'s arguments).
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torchgpu.errors import UsageError
 from torchgpu.train import outputs
 from torchgpu.train.config import TrainConfig
-
-if TYPE_CHECKING:
-    from torchgpu.train.report import TrainResult
-    from torchgpu.train.task import Task
 
 
 def from_fit(config: TrainConfig) -> bool:
@@ -101,29 +97,3 @@ def check_finished(config: TrainConfig, has_checkpoint: bool) -> None:
             "is nothing to continue from, and starting over would delete the finished run. "
             f"Pass --epochs {summary.get('epochs')} (it is finished: nothing to do), another "
             "--out, or --overwrite instead of --autoresume to train it again.")
-
-
-def finished_result(done: RunFinished, task: Task) -> TrainResult:
-    """The :class:`~torchgpu.train.report.TrainResult` of the finished run ``done`` found:
-    its summary, its epoch records (from metrics.jsonl) and ``task``'s model holding
-    the final weights (model.safetensors); the message is printed (rank 0) and kept in
-    ``notes``."""
-    from torchgpu.checkpoint import load_state_dict
-    from torchgpu.distributed import DistEnv
-    from torchgpu.train import report
-    from torchgpu.train.checkpointing import epoch_records
-    from torchgpu.train.state import TrainState
-
-    config = done.config
-    assert config.out is not None
-    out = Path(config.out)
-    main = DistEnv.from_env().is_main
-    if main:
-        print(f"note: {done}", file=sys.stderr)
-    model = task.build_model()
-    load_state_dict(model, out / outputs.MODEL_FILE)
-    records = epoch_records(out / outputs.METRICS_FILE)
-    steps = done.summary.get("steps")
-    state = TrainState(epoch=len(records), step=steps if isinstance(steps, int) else 0)
-    return report.TrainResult(config, done.summary, state, tuple(records), model,
-                       out if main else None, (f"note: {done}",))

@@ -38,6 +38,12 @@ RUN_ENTRIES = {SUMMARY_FILE: False, METRICS_FILE: False, PLOT_FILE: False, MODEL
                PROFILE_TRACE_FILE: False, PROFILE_TABLE_FILE: False}
 
 
+def run_entries(out_dir: Path) -> list[str]:
+    """The names of :data:`RUN_ENTRIES` present in ``out_dir`` (a dangling link counts:
+    it stands where the run writes)."""
+    return [name for name in RUN_ENTRIES if os.path.lexists(out_dir / name)]
+
+
 @dataclass(frozen=True)
 class EpochRecord:
     """One epoch's results; ``metrics`` are the task's, by name (written ``test_<name>``:

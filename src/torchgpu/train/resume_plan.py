@@ -22,6 +22,7 @@ from torchgpu.errors import ResumeError
 from torchgpu.train.autoresume import check_finished
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.outputs import CHECKPOINTS_DIR as CHECKPOINTS_DIR
+from torchgpu.train.outputs import run_entries
 from torchgpu.train.schedule import FIXED as SCHEDULE_FIXED
 
 RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
@@ -110,8 +111,6 @@ def _autoresume(config: TrainConfig, own: Path) -> ResumePlan:
     """``--autoresume`` (:mod:`torchgpu.train.autoresume`): a finished run raises
     RunFinished; the newest complete checkpoint is continued; a run without one starts
     over (its entries removed); no run starts."""
-    from torchgpu.train.out_dir import run_entries
-
     found, notes = _find(own)
     check_finished(config, found is not None)
     if found is not None:

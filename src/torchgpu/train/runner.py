@@ -34,9 +34,10 @@ from torchgpu.train import build, outputs, schedule
 from torchgpu.train.agreement import share_stop
 from torchgpu.train.assemble import Assembly, assemble, settle, with_stop_at
 from torchgpu.train.auto_batch import apply_auto_batch, batch_line
-from torchgpu.train.autoresume import RunFinished, continue_hint, finished_result
+from torchgpu.train.autoresume import RunFinished, continue_hint
 from torchgpu.train.checkpointing import Ranks, RunCheckpoints, RunStart
 from torchgpu.train.config import TrainConfig
+from torchgpu.train.finished import finished_result
 from torchgpu.train.heartbeat import Heartbeat, collective_failure
 from torchgpu.train.loop import agreed_steps, run_epoch, sync_now
 from torchgpu.train.observers import Observers
