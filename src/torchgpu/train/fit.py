@@ -172,11 +172,18 @@ def fit(
       ``"cosine"``, ``"step"``), ``warmup_steps``, ``lr_step_size`` (epochs),
       ``lr_gamma`` (:mod:`torchgpu.train.schedule`).
     - ``settings``: the ``torchgpu train`` flags by name: ``epochs``, ``batch_size``
-      (int or ``"auto"``), ``effective_batch_size``, ``strategy`` (``"auto"``, single,
-      dp, ddp, fsdp, model, pipeline), ``devices``, ``chunks``, ``accumulate``,
+      (int or ``"auto"``, per process), ``effective_batch_size`` (the global batch:
+      samples per optimizer step over all processes; with a fixed ``batch_size`` the
+      accumulation follows, so a script keeps it under ``launch --nproc N``),
+      ``strategy`` (``"auto"``, single, dp, ddp, fsdp, model, pipeline), ``devices``,
+      ``chunks``, ``accumulate``,
       ``precision``, ``activation_checkpointing``, ``clip_norm``, ``lr``, ``out``,
       ``save_every``, ``keep_last``, ``resume``, ``overwrite`` (an ``out`` holding a run's
-      files is refused without ``resume`` or it), ``seed``, ``device``, ``progress``,
+      files is refused without ``resume`` or it), ``autoresume`` (continue the run in
+      ``out`` if it has a checkpoint, else start it; a finished run there is not trained
+      again: its result is returned, :mod:`torchgpu.train.autoresume`), ``log_every``
+      (step records written to metrics.jsonl every N steps; default every 10 s),
+      ``seed``, ``device``, ``progress``,
       ``on_nonfinite``, ``collective_timeout`` (seconds), ``profile`` (N steps under
       torch.profiler), ``log`` (``"tensorboard"``), ``memory_snapshot``, ``estimate_memory``, ...
 
