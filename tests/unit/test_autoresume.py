@@ -206,3 +206,46 @@ def test_cli_refuses_autoresume_without_out(
     code, err = run_main(["train", "--example", "housing", "--autoresume"], capsys)
     assert code == 2 and "--autoresume needs --out" in err
     assert not (tmp_path / "runs").exists()
+
+
+LONG = ["train", "--example", "housing", "--data-size", "100", "--batch-size", "16",
+        "--epochs", "150", "--progress", "off", "--device", "cpu", "--save-every", "40"]
+
+
+@pytest.mark.slow
+def test_sigterm_then_the_same_command_continues_bitwise(tmp_path: Path) -> None:
+    """A real SIGTERM to the CLI (the job's time ran out): it saves and exits 0; the
+    requeued, identical command continues and ends with the uninterrupted run's weights."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from safetensors.torch import load_file
+
+    from tests.procs import run_cli, test_env
+
+    ref = run_cli([*LONG, "--out", str(tmp_path / "ref")], timeout=300)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    out = tmp_path / "job"
+    job = [*LONG, "--out", str(out), "--autoresume"]
+    proc = subprocess.Popen([sys.executable, "-m", "torchgpu", *job], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=test_env())
+    deadline = time.monotonic() + 120
+    while not (out / "checkpoints" / "latest").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(proc.communicate()[1][-2000:])
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-2000:]
+    assert "stopped by SIGTERM" in err and "run the same command again" in err
+    stopped = json.loads((out / "summary.json").read_text())
+    assert stopped["stopped_early"] and stopped["steps"] < 750
+    again = run_cli(job, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"step-{stopped['steps']:08d}" in again.stderr
+    a, b = load_file(out / "model.safetensors"), load_file(tmp_path / "ref" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert _metrics(out) == _metrics(tmp_path / "ref")
