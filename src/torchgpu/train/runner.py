@@ -209,9 +209,8 @@ def _run(
         elif start.plan.start_over:  # --autoresume without a checkpoint: its note says so
             clear_run(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        ranks = strategy.shard(rank, world).world_size
         if world > 1:  # what a process's batch_size means here: the global batch first
-            notes = (batch_line(config, ranks), *notes)
+            notes = (batch_line(config, strategy.shard(rank, world).world_size), *notes)
         for note in (*notes, *steps.lines()):
             print(note, file=sys.stderr)
     buffer = MetricsBuffer()
