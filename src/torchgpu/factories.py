@@ -61,6 +61,8 @@ WANTS = {
     "scheduler": "a function scheduler(optimizer) -> torch.optim.lr_scheduler.LRScheduler",
     "collate-fn": "a collate function fn(items) -> batch, or a zero-argument factory "
                   "returning one",
+    "metrics": "a function fn(output, target) -> float or a class with reset(), "
+               "update(output, target) and compute()",
 }
 
 

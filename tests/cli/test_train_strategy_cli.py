@@ -32,7 +32,8 @@ BAD = [
     (["--strategy", "model", "--devices", "cpu,cpu", "--chunks", "4"], "--chunks 4"),
     (["--chunks", "many"], "--chunks"),
     (["--batch-size", "auto", "--strategy", "fsdp"], "fsdp"),
-    (["--effective-batch-size", "64"], "--batch-size auto"),
+    (["--batch-size", "16", "--effective-batch-size", "40"],
+     "--effective-batch-size 40 is not a multiple of --batch-size 16"),
     (["--batch-size", "auto", "--effective-batch-size", "64", "--accumulate", "2"],
      "--accumulate"),
 ]

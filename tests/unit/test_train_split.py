@@ -204,7 +204,6 @@ BAD = [
     ({"strategy": "model", "balance": "3,x"}, "3,x"),
     ({"strategy": "model", "balance": "0,5"}, "0 layers"),
     ({"strategy": "pipeline", "devices": "cpu,,cpu"}, "cpu,,cpu"),
-    ({"effective_batch_size": 64}, "--batch-size auto"),
     ({"auto_batch_size": True, "effective_batch_size": 64, "accumulate": 2}, "--accumulate"),
     ({"auto_batch_size": True, "strategy": "fsdp"}, "fsdp"),
     ({"auto_batch_size": True, "strategy": "pipeline", "nproc": 2}, "--nproc"),

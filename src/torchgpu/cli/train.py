@@ -55,6 +55,10 @@ def _parser() -> ArgumentParser:
     data.add_argument("--collate-fn", metavar="SPEC", help="with --model/--data: module:attr "
                       "or file.py:attr, the function making a batch of items (e.g. padding "
                       "token sequences), or a zero-argument factory returning it")
+    data.add_argument("--metrics", metavar="NAME|SPEC[,...]", help="evaluation metrics "
+                      "besides the task's, each written as test_<name>: r2|accuracy or "
+                      "module:function / file.py:function (fn(output, target) -> float, or a "
+                      "class with reset/update/compute)")
     data.add_argument("--target", metavar="COL", help="the CSV column to predict")
     data.add_argument("--data-size", type=int, metavar="N",
                       help="shrink a built-in example to N samples (quick runs)")
@@ -146,6 +150,13 @@ def _parser() -> ArgumentParser:
     out.add_argument("--overwrite", action=argparse.BooleanOptionalAction, default=False,
                      help="an --out that holds a run: remove that run's files (only those) "
                      "and start over, instead of refusing")
+    out.add_argument("--autoresume", action=argparse.BooleanOptionalAction, default=False,
+                     help="continue the run in --out from its newest good checkpoint, or "
+                     "start it when there is none; a finished run there: nothing to do "
+                     "(exit 0). The same command for every run of a requeued job; needs --out")
+    out.add_argument("--log-every", type=int, metavar="N",
+                     help="write step losses to metrics.jsonl every N optimizer steps "
+                     "(default: every 10 s of training, and at each epoch's end)")
     out.add_argument("--trust-checkpoint", action=argparse.BooleanOptionalAction, default=False,
                      help="with --resume: unpickle state.pt fully even if it needs globals "
                      "outside the weights-only allowlist (this can run code from the file)")
@@ -342,6 +353,7 @@ def main(argv: list[str]) -> int:
         return code
     from torchgpu.errors import TorchGpuError
     from torchgpu.train.assemble import assemble, settle
+    from torchgpu.train.autoresume import RunFinished
     from torchgpu.train.out_dir import OutHoldsRun
 
     try:
@@ -354,6 +366,9 @@ def main(argv: list[str]) -> int:
         # Data, model (when this process trains or plans), decisions: each once, here.
         run = assemble(config, launching=True)
         _check_step_fits(run)
+    except RunFinished as done:  # --autoresume: nothing to do, the run's report again
+        print(f"note: {done}", file=sys.stderr)
+        return _finish(config, done.summary, True)
     except TorchGpuError as error:
         if isinstance(error, OutHoldsRun):  # the exact commands: this one + --resume...
             error.name_command(["torchgpu", "train", *argv])

@@ -142,6 +142,11 @@ class RankAgreement:
         self._synced_steps = 0
         self._synced_sum = 0.0
 
+    @property
+    def agreed_steps(self) -> int:
+        """Optimizer steps whose recorded losses are already the global means."""
+        return self._synced_steps
+
     def begin(self, state: TrainState, records: StepRecords, stop: StopFlag | None) -> None:
         """Start tracking ``state``; its losses so far are taken as already global.
 

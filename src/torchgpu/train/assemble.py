@@ -37,7 +37,7 @@ from torchgpu.errors import UsageError
 from torchgpu.launcher import check_process_count
 from torchgpu.precision import resolve_mode
 from torchgpu.train import build, strategies
-from torchgpu.train.auto_batch import simulated_limit
+from torchgpu.train.auto_batch import fixed_effective, simulated_limit
 from torchgpu.train.auto_strategy import decide_strategy
 from torchgpu.train.checkpointing import RunStart
 from torchgpu.train.config import TrainConfig, resolve, validate
@@ -164,9 +164,12 @@ def assemble(config: TrainConfig, *, task: Task | None = None, launching: bool =
     if relaunch:
         _check_launch(nproc, device)
     choice = build.choose_strategy(config, here, device)
+    # --effective-batch-size with a fixed --batch-size: the accumulation, for this world
+    config = fixed_effective(config, choice.strategy.shard(here.rank, here.world_size).world_size)
     # ResumeError (exit 2) before anything is written; the files are hashed by one process
     plan = plan_resume(config, check_files=here.rank == 0)
-    out_dir = check_out_dir(config, resuming=plan.continuing)  # holds a run: refused
+    # holds a run: refused, unless continued or (--autoresume, no checkpoint) started over
+    out_dir = check_out_dir(config, resuming=plan.continuing or plan.start_over)
     if task is None:
         task = task_for_config(config)  # the data, loaded once
     if model is None and not relaunch:

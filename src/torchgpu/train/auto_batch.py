@@ -23,6 +23,9 @@ accumulation makes up the rest (:func:`torchgpu.memory.batch_size_search.keep_ef
 The effective batch is ``--effective-batch-size E`` (over all processes) when given, else
 what the run would take with a fixed batch: ``--batch-size``'s default (or the
 ``batch_size`` of ``--config``) x ``--accumulate`` x processes. Growing it takes the flag.
+With a fixed ``--batch-size B`` and ``--effective-batch-size E`` the accumulation is
+``E / (B x data-parallel processes)`` (:func:`fixed_effective`), so a script that says its
+global batch keeps it under any process count.
 
 Testing without a GPU: ``limit_samples`` makes every probe above that many samples raise
 ``torch.OutOfMemoryError`` (before any work), as a device of that size would. The CLI
@@ -193,6 +196,39 @@ def search_batch_size(
             f"{steps} accumulation x {world_size} process(es) = {micro * steps * world_size} "
             "samples per optimizer step")
     return AutoBatch(micro, steps, result, note)
+
+
+def fixed_effective(config: TrainConfig, ranks: int) -> TrainConfig:
+    """``config`` with ``--effective-batch-size E`` and a fixed ``--batch-size B`` turned
+    into the accumulation that keeps ``E`` samples per optimizer step over ``ranks``
+    data-parallel processes (``effective_batch_size`` then None: it is resolved). Unchanged
+    without E or with ``--batch-size auto`` (the search keeps E). UsageError when ``E``
+    is not a multiple of ``B x ranks``."""
+    effective, batch = config.effective_batch_size, config.batch_size
+    if effective is None or config.auto_batch_size or batch is None:
+        return config
+    per_micro = batch * ranks
+    if effective % per_micro:
+        lower = max(per_micro, effective // per_micro * per_micro)
+        procs = f" x {ranks} processes" if ranks > 1 else ""
+        raise UsageError(
+            f"--effective-batch-size {effective} is not a multiple of --batch-size {batch}"
+            f"{procs} = {per_micro} samples per micro-step, so no accumulation keeps it: "
+            f"use --effective-batch-size {lower} or {lower + per_micro}, a --batch-size "
+            f"that divides {effective // ranks if effective % ranks == 0 else effective}, or "
+            "--batch-size auto.")
+    return dataclasses.replace(config, accumulate=effective // per_micro,
+                               effective_batch_size=None)
+
+
+def batch_line(config: TrainConfig, ranks: int) -> str:
+    """The run's batch in one line: per-process micro-batch, accumulation, data-parallel
+    processes and the global batch (samples per optimizer step)."""
+    assert config.batch_size is not None
+    return (f"batch: {config.batch_size} samples per process and micro-batch x "
+            f"{config.accumulate} accumulation x {ranks} process(es) = "
+            f"{config.batch_size * config.accumulate * ranks} samples per optimizer step "
+            "(global batch)")
 
 
 def apply_auto_batch(

@@ -120,6 +120,7 @@ from torchgpu.errors import (
     ResumeError,
 )
 from torchgpu.train import loop, outputs
+from torchgpu.train.autoresume import continue_hint
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.faults import CrashPlan, HangPlan
 from torchgpu.train.heartbeat import Heartbeat
@@ -180,6 +181,37 @@ class DataPosition(Protocol):
     def position_state(self, epoch: int, batch: int) -> object | None: ...
 
     def resume_from(self, saved: object) -> None: ...
+
+
+def epoch_records(path: Path) -> list[EpochRecord]:
+    """The epoch records of a run's metrics.jsonl at ``path`` (unreadable lines and a
+    missing file give none)."""
+    records = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            data = json.loads(line)
+            if isinstance(data, dict) and data.get("kind") == "epoch":
+                records.append(_record(data))
+        except (ValueError, TypeError):
+            continue
+    return records
+
+
+def _record(data: Mapping[str, Any]) -> EpochRecord:
+    """The EpochRecord that ``record.as_dict()`` saved: its ``test_<name>`` entries are the
+    task's metrics again (``None`` ones left out: checkpoints written before metrics were
+    plug-ins hold ``test_r2: None`` / ``test_accuracy: None`` for tasks without them)."""
+    names = {f.name for f in dataclasses.fields(EpochRecord)}
+    values = {k: v for k, v in data.items() if k in names}
+    for key in ("train_loss", "test_loss", "samples_per_s", "seconds"):
+        values[key] = math.nan if values.get(key) is None else float(values[key])
+    values["metrics"] = {k[len("test_"):]: float(v) for k, v in data.items()
+                         if k.startswith("test_") and k != "test_loss" and v is not None}
+    return EpochRecord(**values)
 
 
 class RunCheckpoints:
@@ -434,8 +466,8 @@ class RunCheckpoints:
         print(
             f"stopped by {self.stop.signal_name or 'request'} after step {state.step} (epoch "
             f"{state.epoch + 1}, batch {state.batch_in_epoch} of {batches_per_epoch}); "
-            f"checkpoint: {self.last_saved}. To continue, run the same command with "
-            f"--resume --out {self.config.out}.", file=sys.stderr)
+            f"checkpoint: {self.last_saved}. To continue, {continue_hint(self.config)}.",
+            file=sys.stderr)
 
     def summary(self) -> dict[str, Any]:
         """The summary's ``checkpoints`` entry."""

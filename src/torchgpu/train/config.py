@@ -90,7 +90,9 @@ class TrainConfig:
     balance: str | None = None  # layers per stage "3,2", or "size" / "time"
     schedule: str | None = None  # gpipe | 1f1b | interleaved1f1b (pipeline)
     auto_batch_size: bool = False  # --batch-size auto: search the largest micro-batch
-    effective_batch_size: int | None = None  # with auto: samples per step, all processes
+    # samples per optimizer step over all processes: with a fixed batch_size the
+    # accumulation follows (assemble), with auto the search keeps it
+    effective_batch_size: int | None = None
     accumulate: int = 1
     activation_checkpointing: bool = False
     precision: str = "fp32"
@@ -123,6 +125,15 @@ class TrainConfig:
     # --resume goes on although a file the run is built from (a spec's file, a CSV)
     # changed since the checkpoint was saved (torchgpu.train.fingerprints)
     force_resume: bool = False
+    # continue the run in --out from its newest good checkpoint, or start it when there
+    # is none; a finished run there is left as it is (train.resume_plan)
+    autoresume: bool = False
+    # step records written to metrics.jsonl every N optimizer steps (None: every
+    # outputs.STEP_FLUSH_S seconds of training), not only at epoch ends
+    log_every: int | None = None
+    # evaluation metrics beside the task's: comma-separated built-in names
+    # (train.metrics.BUILT_IN) or module:function specs, each reported as test_<name>
+    metrics: str | None = None
     on_nonfinite: str = "stop"
     # Seconds a rank waits in a collective (gradient all-reduce, agreement, checkpoint
     # barrier) before the run is stopped and the rank that did not arrive is named.
@@ -225,6 +236,7 @@ _COUNTS: tuple[tuple[str, str], ...] = (
     ("save_every", " (optimizer steps)"),
     ("keep_last", " (checkpoints)"),
     ("profile", " (optimizer steps)"),
+    ("log_every", " (optimizer steps between metrics.jsonl writes)"),
     ("warmup_steps", " (optimizer steps)"),
     ("lr_step_size", " (epochs)"),
     ("max_restarts", ""),
@@ -353,6 +365,10 @@ def validate(config: TrainConfig) -> None:
     _choice("on_nonfinite", config.on_nonfinite, ON_NONFINITE)
     _choice("progress", config.progress, PROGRESS_MODES)
     _choice("log", config.log, LOG_FORMATS)
+    if config.metrics is not None:
+        from torchgpu.train.metrics import check_specs
+
+        check_specs(config.metrics)
     if config.optimizer is not None:
         from torchgpu.train.optimizers import check_name
 
@@ -376,6 +392,7 @@ def validate(config: TrainConfig) -> None:
     _check_num_workers(config.num_workers)  # before the counts: it may be "auto"
     _at_least("save_every", config.save_every, 1, " (optimizer steps between checkpoints)")
     _at_least("keep_last", config.keep_last, 1)
+    _at_least("log_every", config.log_every, 1, " (optimizer steps between writes)")
     for name, what in _COUNTS:
         _at_most(name, getattr(config, name), MAX_COUNT, what)
     if isinstance(config.chunks, int):
@@ -421,8 +438,31 @@ def validate(config: TrainConfig) -> None:
             "both given: --resume continues the run in --out, --overwrite removes it and "
             "starts over. Pass one of them."
         )
+    _check_autoresume(config)
     if config.resume == "" and config.out is None:
         raise UsageError(
             "--resume without DIR continues the run in --out, but no --out was given: pass "
             "--out RUN_DIR (the run to continue), or --resume RUN_DIR."
+        )
+
+
+def _check_autoresume(config: TrainConfig) -> None:
+    """``--autoresume`` decides itself whether the run continues: it excludes
+    ``--resume`` and ``--overwrite``, and needs the ``--out`` every run of the job shares."""
+    if not config.autoresume:
+        return
+    for flag, given in (("--resume", config.resume is not None),
+                        ("--overwrite", config.overwrite)):
+        if given:
+            raise UsageError(
+                f"--autoresume and {flag} were both given: --autoresume continues the run in "
+                "--out when it has a checkpoint and starts it otherwise, so it decides what "
+                f"{flag} would. Pass one of them."
+            )
+    if config.out is None:
+        raise UsageError(
+            "--autoresume needs --out: it continues the run in that directory, and without "
+            "it every run would get a new timestamped directory (runs/<name>-<time>) and "
+            "never find the previous one. Pass the same --out DIR on every run, e.g. "
+            "--autoresume --out runs/my-job."
         )

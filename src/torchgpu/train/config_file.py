@@ -42,7 +42,8 @@ FINGERPRINTS_TABLE = "fingerprints"  # {path: sha256} of the run's files, not se
 # Settings a reproduced run must not inherit: continuing or removing a run, the launcher's
 # node-specific addresses, and what only changes how the result is printed.
 _NOT_WRITTEN = frozenset({"resume", "trust_checkpoint", "force_resume", "overwrite",
-                          "node_rank", "rdzv_endpoint", "gpus", "json", "progress"})
+                          "autoresume", "node_rank", "rdzv_endpoint", "gpus", "json",
+                          "progress"})
 
 
 def _field_types() -> dict[str, tuple[type, ...]]:
@@ -297,6 +298,9 @@ def settings_to_write(config: TrainConfig, *, world_size: int = 1, local_world_s
     values["optimizer"] = _absolute_name(config.optimizer)
     values["scheduler"] = _absolute_name(config.scheduler)
     values["collate_fn"] = _absolute_spec(config.collate_fn)
+    if config.metrics is not None:
+        values["metrics"] = ",".join(str(_absolute_name(item.strip()))
+                                     for item in config.metrics.split(","))
     if config.model is not None and config.target is None:
         values["data"] = _absolute_spec(config.data)  # a data spec
     elif config.data is not None:

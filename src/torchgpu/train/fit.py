@@ -32,6 +32,7 @@ _NOT_SETTINGS = frozenset({
     "example", "data", "target", "data_size", "model", "loss", "nproc", "nnodes",
     "node_rank", "rdzv_endpoint", "max_restarts", "gpus", "json", "auto_batch_size",
     "collate_fn",  # fit's keyword argument takes the function itself
+    "metrics",  # fit's own argument: the metric objects, by name
 })
 SETTINGS: tuple[str, ...] = tuple(
     f.name for f in dataclasses.fields(TrainConfig) if f.name not in _NOT_SETTINGS)
@@ -181,16 +182,23 @@ def fit(
       pair. Under DataLoader workers (``num_workers``) it must pickle when the start
       method is spawn; a lambda works with ``num_workers=0`` or fork.
     - ``settings``: the ``torchgpu train`` flags by name: ``epochs``, ``batch_size``
-      (int or ``"auto"``), ``effective_batch_size``, ``strategy`` (``"auto"``, single,
-      dp, ddp, fsdp, model, pipeline), ``devices``, ``chunks``, ``accumulate``,
+      (int or ``"auto"``, per process), ``effective_batch_size`` (the global batch:
+      samples per optimizer step over all processes; with a fixed ``batch_size`` the
+      accumulation follows, so a script keeps it under ``launch --nproc N``),
+      ``strategy`` (``"auto"``, single, dp, ddp, fsdp, model, pipeline), ``devices``,
+      ``chunks``, ``accumulate``,
       ``precision``, ``activation_checkpointing``, ``clip_norm``, ``lr``, ``out``,
       ``save_every``, ``keep_last``, ``resume`` (``force_resume=True``: although a file
       the run was built from changed since), ``overwrite`` (an ``out`` holding a run's
-      files is refused without ``resume`` or it), ``seed``, ``device``, ``progress``,
-      ``on_nonfinite``, ``collective_timeout``, ``startup_timeout``, ``stop_timeout``
-      (seconds), ``profile`` (N steps under torch.profiler), ``log``
-      (``"tensorboard"``), ``memory_snapshot``, ``estimate_memory``, ``num_workers`` (int or
-      ``"auto"``, :mod:`torchgpu.data.workers`), ...
+      files is refused without ``resume`` or it), ``autoresume`` (continue the run in
+      ``out`` if it has a checkpoint, else start it; a finished run there is not trained
+      again: its result is returned, :mod:`torchgpu.train.autoresume`), ``log_every``
+      (step records written to metrics.jsonl every N steps; default every 10 s),
+      ``seed``, ``device``, ``progress``, ``on_nonfinite``, ``collective_timeout``,
+      ``startup_timeout``, ``stop_timeout`` (seconds), ``profile`` (N steps under
+      torch.profiler), ``log`` (``"tensorboard"``), ``memory_snapshot``,
+      ``estimate_memory``, ``num_workers`` (int or ``"auto"``,
+      :mod:`torchgpu.data.workers`), ...
 
     Like every run, a fit run writes its settings as ``OUT/config.toml``; its model and
     data are objects, so the file says it cannot be re-run with ``torchgpu train

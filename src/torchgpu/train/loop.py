@@ -227,6 +227,12 @@ def sync_now(parts: LoopParts) -> bool:
     return parts.agreement.agree() if parts.agreement is not None else False
 
 
+def agreed_steps(parts: LoopParts) -> int | None:
+    """The last optimizer step whose recorded loss is final: under DDP the last agreed
+    one (later records hold this rank's own values); None (all) without agreement."""
+    return parts.agreement.agreed_steps if parts.agreement is not None else None
+
+
 def run_epoch(
     parts: LoopParts,
     batches: Iterable[tuple[Any, Any]],

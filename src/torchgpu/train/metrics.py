@@ -15,7 +15,8 @@ A metric is one of two things:
 ``target_or_batch`` is the batch's target for ``(inputs, target)`` pairs and the whole
 batch for dict batches (:mod:`torchgpu.data.batches`). :class:`R2` and :class:`Accuracy`
 are the built-in examples' metrics (:mod:`torchgpu.examples`), objects of the second
-kind. :class:`Tally` is what :func:`torchgpu.train.evaluation.evaluate` keeps while it
+kind; ``--metrics`` names them (:data:`BUILT_IN`) or specs (:func:`from_specs`).
+:class:`Tally` is what :func:`torchgpu.train.evaluation.evaluate` keeps while it
 runs the batches.
 """
 
@@ -181,3 +182,64 @@ class Accuracy:
 
     def compute(self) -> float:
         return self.correct / self.count if self.count else math.nan
+
+
+#: The metrics ``--metrics`` knows by name (a class each: one fresh object per run).
+BUILT_IN: dict[str, type[Metric]] = {"r2": R2, "accuracy": Accuracy}
+
+
+def spec_items(text: str) -> list[str]:
+    """The comma-separated items of ``--metrics``, stripped."""
+    return [item.strip() for item in text.split(",")]
+
+
+def check_specs(text: str) -> None:
+    """UsageError, before anything is loaded, for a ``--metrics`` item that is neither a
+    built-in name (:data:`BUILT_IN`) nor a ``module:function`` / ``file.py:function`` spec."""
+    for item in spec_items(text):
+        if item not in BUILT_IN and ":" not in item.strip(":"):
+            raise UsageError(
+                f"--metrics {text!r}: {item!r} is neither a built-in metric "
+                f"({', '.join(BUILT_IN)}) nor a spec: write module.path:function or "
+                "path/to/file.py:function, comma-separated, e.g. --metrics r2,my_metrics.py:mae."
+            )
+
+
+def from_specs(text: str) -> dict[str, MetricLike]:
+    """``--metrics`` as ``{name: metric}``: a built-in name gives its class's object; a
+    spec its attribute (a class is instantiated), named by the attribute (``file.py:mae``
+    is ``test_mae``). UsageError naming the item for one that does not resolve, is not a
+    metric, or repeats a name."""
+    check_specs(text)
+    from torchgpu.factories import resolve_spec
+
+    found: dict[str, MetricLike] = {}
+    for item in spec_items(text):
+        value: Any
+        if item in BUILT_IN:
+            name, value = item, BUILT_IN[item]()
+        else:
+            name = item.rpartition(":")[2].rsplit(".", 1)[-1]
+            value = resolve_spec(item, "metrics")
+            if isinstance(value, type):
+                try:
+                    value = value()
+                except Exception as error:
+                    raise UsageError(
+                        f"--metrics {item}: {name}() failed: {error}. A metric class must "
+                        "build with no arguments; wrap it in a function that builds it."
+                    ) from error
+        if not (aggregates(value) or callable(value)):
+            raise UsageError(
+                f"--metrics {item}: {name} is a {type(value).__name__}: name a function "
+                "fn(output, target_or_batch) -> float (averaged over the evaluation samples) "
+                "or a class with reset(), update(output, target) and compute() -> float."
+            )
+        if name in found or name == "loss":
+            why = ("is the run's own evaluation loss (test_loss)" if name == "loss"
+                   else "is named twice")
+            raise UsageError(
+                f"--metrics {text!r}: the metric name {name!r} {why}; each metric is "
+                "written as test_<name>, so give the function another name.")
+        found[name] = value
+    return found

@@ -182,10 +182,7 @@ def check_out_dir(config: TrainConfig, *, resuming: bool) -> Path:
     return path
 
 
-def run_entries(out_dir: Path) -> list[str]:
-    """The names of :data:`~torchgpu.train.outputs.RUN_ENTRIES` present in ``out_dir``
-    (a dangling link counts: it stands where the run writes)."""
-    return [name for name in outputs.RUN_ENTRIES if os.path.lexists(out_dir / name)]
+run_entries = outputs.run_entries
 
 
 def clear_run(out_dir: Path) -> list[str]:

@@ -1,7 +1,9 @@
 """A run's output files: the metrics JSONL, the summary JSON, the loss plot and the model.
 
 Per-step values are kept in memory by the loop (plain tuples, no I/O on the hot
-path) and written here once per epoch. Only rank 0 calls the writers.
+path) and written here at each epoch's end, and within an epoch every ``--log-every``
+steps or :data:`STEP_FLUSH_S` seconds (:mod:`torchgpu.train.step_log`). Only rank 0
+calls the writers.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import platform
 import sys
 from collections.abc import Mapping, Sequence
@@ -19,6 +22,8 @@ from typing import Any
 from torchgpu.train.loss_plot import render
 
 METRICS_FILE = "metrics.jsonl"
+#: Without --log-every: step records reach metrics.jsonl at least this often (seconds).
+STEP_FLUSH_S = 10.0
 SUMMARY_FILE = "summary.json"
 PLOT_FILE = "loss.png"
 MODEL_FILE = "model.safetensors"
@@ -31,6 +36,12 @@ PROFILE_TABLE_FILE = "profile.txt"
 RUN_ENTRIES = {SUMMARY_FILE: False, METRICS_FILE: False, PLOT_FILE: False, MODEL_FILE: False,
                CONFIG_FILE: False, CHECKPOINTS_DIR: True, TENSORBOARD_DIR: True,
                PROFILE_TRACE_FILE: False, PROFILE_TABLE_FILE: False}
+
+
+def run_entries(out_dir: Path) -> list[str]:
+    """The names of :data:`RUN_ENTRIES` present in ``out_dir`` (a dangling link counts:
+    it stands where the run writes)."""
+    return [name for name in RUN_ENTRIES if os.path.lexists(out_dir / name)]
 
 
 @dataclass(frozen=True)
@@ -68,18 +79,37 @@ class MetricsBuffer:
     steps: list[tuple[int, int, float]] = field(default_factory=list)
     epochs: list[EpochRecord] = field(default_factory=list)
     lrs: list[float] = field(default_factory=list)
+    # steps[:written] are on disk already (a flush inside the epoch, train.step_log); the
+    # list itself is kept to the epoch's end, which the observers (tensorboard) read
+    written: int = 0
 
     def take_lines(self) -> list[str]:
-        """JSON lines for everything recorded since the last call; empties the step list."""
+        """JSON lines for every step record not written yet; empties the step list."""
+        lines = self._lines(self.steps[self.written:])
+        self.steps.clear()
+        self.written = 0
+        return lines
+
+    def take_ready(self, last_step: int | None) -> list[str]:
+        """JSON lines for the records not written yet up to optimizer step ``last_step``
+        (None: all), marked written; the list is kept."""
+        end = len(self.steps)
+        if last_step is not None:
+            while end > self.written and self.steps[end - 1][0] > last_step:
+                end -= 1
+        lines = self._lines(self.steps[self.written:end])
+        self.written = max(self.written, end)
+        return lines
+
+    def _lines(self, steps: Sequence[tuple[int, int, float]]) -> list[str]:
         # What json.dumps writes for these dicts, formatted directly (3x faster; the demo
         # writes ~5,000). Non-finite losses are null, as _finite makes them.
         real, finite, lrs = float.__repr__, math.isfinite, self.lrs
         lines = []
-        for s, e, v in self.steps:
+        for s, e, v in steps:
             loss = real(float(v)) if finite(v) else "null"
             lr = f', "lr": {real(lrs[s - 1])}' if s <= len(lrs) and finite(lrs[s - 1]) else ""
             lines.append(f'{{"kind": "step", "step": {s:d}, "epoch": {e:d}, "loss": {loss}{lr}}}')
-        self.steps.clear()
         return lines
 
 
@@ -89,11 +119,15 @@ def _finite(value: float) -> float | None:
 
 
 def append_lines(path: Path, lines: Sequence[str]) -> None:
-    """Append ``lines`` to the JSONL file at ``path`` (one write, then flush)."""
+    """Append ``lines`` to the JSONL file at ``path``: one write, flushed and fsynced, so
+    a crash can cut at most the lines of this call, never an earlier one (a resumed run
+    rewrites the file from its checkpoint anyway)."""
     if not lines:
         return
     with path.open("a", encoding="utf-8") as handle:
         handle.write("\n".join(lines) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def flush_epoch(out_dir: Path, buffer: MetricsBuffer, record: EpochRecord) -> None:

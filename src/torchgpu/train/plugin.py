@@ -5,6 +5,8 @@
 - ``--model SPEC --data SPEC [--loss NAME|SPEC]``: the user's model and data
   (:func:`~torchgpu.train.task.user_task`), or ``--model SPEC`` on a CSV table (the
   table plug-in with the user's model, its loss and AdamW);
+- ``--metrics NAME|SPEC,...`` adds evaluation metrics to the task's
+  (:func:`torchgpu.train.metrics.from_specs`);
 - ``--optimizer NAME|SPEC`` then replaces the plug-in's default optimizer, whichever it is.
 
 Both routes give the same kind of Task, which the engine runs alike: a user plug-in
@@ -38,6 +40,10 @@ def task_for_config(config: TrainConfig) -> Task:
         task = task_for(config)
     else:
         task = _user_plugin(config, config.model)
+    if config.metrics:  # --metrics: beside the task's own (the same name: replaced)
+        from torchgpu.train.metrics import from_specs
+
+        task = dataclasses.replace(task, metrics={**task.metrics, **from_specs(config.metrics)})
     return with_optimizer(task, config)
 
 

@@ -21,9 +21,11 @@ from typing import Any
 from torchgpu.checkpoint import find_checkpoint
 from torchgpu.checkpoint.layout import read_meta
 from torchgpu.errors import ResumeError
+from torchgpu.train.autoresume import check_finished
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.fingerprints import changed_files
 from torchgpu.train.outputs import CHECKPOINTS_DIR as CHECKPOINTS_DIR
+from torchgpu.train.outputs import run_entries
 from torchgpu.train.schedule import FIXED as SCHEDULE_FIXED
 
 RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
@@ -52,12 +54,15 @@ class ResumePlan:
     from scratch). ``continuing``: ``--out`` may already hold this run's files.
     ``notes``: what to tell the user (a fallback, a restart). ``named``: ``source`` was
     given explicitly (``--resume CHECKPOINT_DIR``), not found through ``latest``, so a
-    damaged one is an error rather than a fallback."""
+    damaged one is an error rather than a fallback. ``start_over``: ``--out`` holds a
+    run that cannot be continued (``--autoresume``, no checkpoint): its entries are
+    removed before the run writes, as ``--overwrite`` does."""
 
     source: Path | None = None
     continuing: bool = False
     notes: tuple[str, ...] = ()
     named: bool = False
+    start_over: bool = False
 
 
 def _find(where: Path) -> tuple[Path | None, tuple[str, ...]]:
@@ -90,6 +95,8 @@ def plan_resume(config: TrainConfig, environ: Mapping[str, str] | None = None, *
             return ResumePlan(None, True, (
                 f"note: torchrun restart {restarts}: no checkpoint in {own} yet; "
                 "starting the run over",))
+    if config.autoresume:
+        return _autoresume(config, own)
     if config.resume is None:
         return ResumePlan()
     where = Path(config.resume) if config.resume else own
@@ -106,6 +113,25 @@ def plan_resume(config: TrainConfig, environ: Mapping[str, str] | None = None, *
     if check_files:
         notes += _check_files(config, found)
     return ResumePlan(found, True, notes, named=found.resolve() == where.resolve())
+
+
+def _autoresume(config: TrainConfig, own: Path) -> ResumePlan:
+    """``--autoresume`` (:mod:`torchgpu.train.autoresume`): a finished run raises
+    RunFinished; the newest complete checkpoint is continued; a run without one starts
+    over (its entries removed); no run starts."""
+    found, notes = _find(own)
+    check_finished(config, found is not None)
+    if found is not None:
+        _check_saved_settings(config, found)
+        return ResumePlan(found, True, (
+            *notes, f"note: --autoresume: continuing the run in {config.out} from {found}"))
+    entries = run_entries(Path(str(config.out)))
+    if entries:
+        return ResumePlan(None, False, (
+            f"note: --autoresume: {config.out} holds a run with no checkpoint to continue "
+            f"from ({', '.join(entries)}): removed, starting the run over",), start_over=True)
+    return ResumePlan(None, False, (
+        f"note: --autoresume: no checkpoint in {own} yet: starting the run",))
 
 
 def saved_changes(config: TrainConfig, found: Path) -> list[tuple[str, Any, Any]]:

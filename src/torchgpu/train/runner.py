@@ -35,16 +35,19 @@ from torchgpu.errors import (
 from torchgpu.train import build, outputs, schedule, stream_run
 from torchgpu.train.agreement import share_stop
 from torchgpu.train.assemble import Assembly, assemble, settle, with_stop_at
-from torchgpu.train.auto_batch import apply_auto_batch
+from torchgpu.train.auto_batch import apply_auto_batch, batch_line
+from torchgpu.train.autoresume import RunFinished, continue_hint
 from torchgpu.train.checkpointing import Ranks, RunCheckpoints, RunStart
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.data_wait import DataWait
 from torchgpu.train.fingerprints import fingerprints
+from torchgpu.train.finished import finished_result
 from torchgpu.train.heartbeat import Heartbeat, collective_failure
-from torchgpu.train.loop import run_epoch, sync_now
+from torchgpu.train.loop import agreed_steps, run_epoch, sync_now
 from torchgpu.train.observers import Observers
 from torchgpu.train.out_dir import clear_run
 from torchgpu.train.outputs import EpochRecord, MetricsBuffer
+from torchgpu.train.plugin import task_for_config
 from torchgpu.train.progress import NullProgress, make_progress
 from torchgpu.train.report import (
     TrainResult,
@@ -56,6 +59,7 @@ from torchgpu.train.report import (
 )
 from torchgpu.train.run_steps import StepContext
 from torchgpu.train.state import StopFlag, TrainState
+from torchgpu.train.step_log import StepLog
 from torchgpu.train.stop_deadline import StopDeadline
 from torchgpu.train.strategies import Strategy
 from torchgpu.train.task import Task, spreads_inputs
@@ -88,7 +92,11 @@ def train(config: TrainConfig | None = None, *, stop: StopFlag | None = None,
             beat.phase = "startup"
         if run is None:
             assert config is not None, "train() needs a config or an assembled run"
-            run = assemble(settle(config), task=task)
+            try:
+                run = assemble(settle(config), task=task)
+            except RunFinished as done:  # --autoresume: nothing to do
+                return finished_result(done, task if task is not None else
+                                       task_for_config(done.config))
         run = with_stop_at(run, stop_at_step)
         assert run.model is not None, "a launcher's assembly starts workers; it does not train"
         model = run.model
@@ -244,7 +252,11 @@ def _run(
             if removed:
                 notes += (f"note: --overwrite: removed the previous run's {', '.join(removed)} "
                           f"from {out_dir}",)
+        elif start.plan.start_over:  # --autoresume without a checkpoint: its note says so
+            clear_run(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
+        if world > 1:  # what a process's batch_size means here: the global batch first
+            notes = (batch_line(config, strategy.shard(rank, world).world_size), *notes)
         for note in (*notes, *steps.lines()):
             print(note, file=sys.stderr)
     buffer = MetricsBuffer()
@@ -271,6 +283,8 @@ def _run(
     watch = Observers.start(config, steps.observed, device, rank, out_dir, state, steps_left)
     # The schedule steps (and the step's LR is recorded) before a checkpoint is saved.
     on_step = watch.wrap(schedule.step_hook(steps.optimizer, scheduler, ckpt.step_hook()))
+    on_step = StepLog(out_dir, buffer, config.log_every, lambda: agreed_steps(parts)).wrap(
+        on_step)  # step records on disk inside the epoch
     train_seconds = 0.0
     stopped_at: int | None = None  # the step the loop stopped at on a stop flag
     started = time.perf_counter()
@@ -377,8 +391,7 @@ def _evaluation_failed(ckpt: RunCheckpoints, state: TrainState, buffer: MetricsB
     if out_dir is not None:
         outputs.append_lines(out_dir / outputs.METRICS_FILE, buffer.take_lines())
         kept += f", its step losses are in {out_dir / outputs.METRICS_FILE}"
-    how = ("call fit(...) again with resume=True" if (config.model or "").startswith("fit:")
-           else f"run the same command with --resume --out {config.out}")
+    how = continue_hint(config)
     return EvaluationError(
         f"the evaluation after epoch {state.epoch + 1} of {config.epochs} (step "
         f"{state.step}) failed: {first_line(error)}. The epoch's training is kept: {kept}. "

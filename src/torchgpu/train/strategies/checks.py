@@ -90,11 +90,6 @@ def _check_features(config: TrainConfig, strategy: Strategy) -> None:
 def _check_batch_flags(config: TrainConfig) -> None:
     if config.effective_batch_size is None:
         return
-    if not config.auto_batch_size:
-        raise UsageError(
-            f"--effective-batch-size {config.effective_batch_size} goes with --batch-size "
-            "auto (the search picks the micro-batch, accumulation makes up the rest); "
-            "with a fixed --batch-size B use --accumulate K instead.")
     if config.accumulate != 1:
         raise UsageError(
             f"--effective-batch-size {config.effective_batch_size} and --accumulate "
