@@ -92,7 +92,10 @@ class TrainConfig:
     auto_batch_size: bool = False  # --batch-size auto: search the largest micro-batch
     effective_batch_size: int | None = None  # with auto: samples per step, all processes
     accumulate: int = 1
-    activation_checkpointing: bool = False
+    # True: the model's repeated block (auto-detected); a class name: that block class
+    activation_checkpointing: bool | str = False
+    compile: bool = False  # torch.compile the model (torchgpu.train.compiling)
+    compile_mode: str | None = None  # default | reduce-overhead | max-autotune | ...
     precision: str = "fp32"
     epochs: int | None = None
     batch_size: int | None = None  # per process, per micro-batch
@@ -279,6 +282,14 @@ def _check_model_flags(config: TrainConfig) -> None:
             )
 
 
+def _check_checkpointing(value: bool | str) -> None:
+    if isinstance(value, str) and not value.replace(".", "_").isidentifier():
+        raise ConfigError(
+            f"--activation-checkpointing {value!r} is not a class name: give the block class "
+            "to recompute by name, e.g. --activation-checkpointing T5Block (fit: "
+            "activation_checkpointing=\"T5Block\"), or the bare flag to detect it.")
+
+
 def validate(config: TrainConfig) -> None:
     """Raise ConfigError / UsageError for the first bad value in ``config``.
 
@@ -364,6 +375,10 @@ def validate(config: TrainConfig) -> None:
             "add --save-every to write checkpoints."
         )
     strategies.check_config(config)  # the strategy's flags and features
+    from torchgpu.train.compiling import validate as check_compile
+
+    check_compile(config)
+    _check_checkpointing(config.activation_checkpointing)
     if config.resume == "" and config.out is None:
         raise UsageError(
             "--resume without DIR continues the run in --out, but no --out was given: pass "
