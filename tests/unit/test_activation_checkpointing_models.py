@@ -175,6 +175,7 @@ def test_unknown_block_class_lists_the_candidates(tmp_path: Path,
     err = capsys.readouterr().err.strip()
     assert "Traceback" not in err and len(err.splitlines()) == 1, err
     assert "no module of class 'BasicBlock'" in err and "ConvUnit x2" in err, err
+    assert not (tmp_path / "r").exists()  # refused before anything was written
 
 
 def test_a_named_class_is_checkpointed_instead_of_the_detected_one() -> None:

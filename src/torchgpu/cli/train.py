@@ -16,6 +16,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from torchgpu.cli.common import ArgumentParser
+from torchgpu.train.compiling import COMPILE_MODES
 from torchgpu.train.config import (
     DEFAULT_PROFILE_STEPS,
     EXAMPLES,
@@ -26,7 +27,6 @@ from torchgpu.train.config import (
     STRATEGIES,
     TrainConfig,
 )
-from torchgpu.train.compiling import COMPILE_MODES
 from torchgpu.train.config_file import FileSettings
 from torchgpu.train.optimizers import OPTIMIZER_NAMES
 from torchgpu.train.schedule import SCHEDULES

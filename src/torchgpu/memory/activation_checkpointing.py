@@ -212,7 +212,8 @@ def _no_block_error(target: nn.Module, segments: object) -> ConfigError:
         "nn.ModuleList or nn.Sequential, holding parameters) to checkpoint: name the class "
         "to recompute, `torchgpu train --activation-checkpointing CLASS`, "
         "fit(..., activation_checkpointing=\"CLASS\") or "
-        "apply_activation_checkpointing(model, blocks=CLASS); classes in this model with "
+        "apply_activation_checkpointing(model, blocks=CLASS) (or a predicate (name, module) "
+        "-> bool); classes in this model with "
         f"layers of their own: {found}."
     )
 

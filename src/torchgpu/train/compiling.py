@@ -109,19 +109,25 @@ class CompileGuard:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         cpu = torch.get_rng_state() if not self.succeeded else None
         cuda = (torch.cuda.get_rng_state_all()
-                if cpu is not None and torch.cuda.is_initialized() else None)
+                if cpu is not None and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
+                else None)
         try:
             out = self.compiled(*args, **kwargs)
         except Exception as error:
-            if isinstance(error, torch.OutOfMemoryError) or not (
-                    not self.succeeded or _is_compile_error(error)):
+            if isinstance(error, torch.OutOfMemoryError) or (
+                    self.succeeded and not _is_compile_error(error)):
                 raise
             if cpu is not None:
                 torch.set_rng_state(cpu)
             if cuda is not None:
                 torch.cuda.set_rng_state_all(cuda)
             self.module._compiled_call_impl = None  # the module's eager call from now on
-            out = self.module._call_impl(*args, **kwargs)  # the model's own error raises
+            try:
+                out = self.module._call_impl(*args, **kwargs)  # type: ignore[no-untyped-call]
+            except BaseException:
+                # the model's own error (it fails eagerly too): raised as without --compile
+                self.module._compiled_call_impl = self
+                raise
             self.state.compiled, self.state.fallback = False, _why(error)
             where = "at the first step" if not self.succeeded else "when it recompiled"
             print(_fallback_note(self.state, where), file=sys.stderr)
