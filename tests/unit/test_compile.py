@@ -100,6 +100,16 @@ def test_compiled_run_resumes_bitwise_and_keeps_canonical_keys(
     eager = fit(_make, _data(), loss=loss, out=tmp_path / "eager", **_SETTINGS)
     assert eager.summary["final"]["train_loss"] == pytest.approx(
         whole.summary["final"]["train_loss"], rel=1e-5)
+    # An eager run's checkpoint resumes compiled (the same keys).
+    config = TrainConfig(model="fit:_make", data="fit:TensorDataset",
+                         out=str(tmp_path / "cut_eager"), **_SETTINGS)
+    train(config, task=task, stop_at_step=3)
+    mixed = fit(_make, _data(), loss=loss, compile=True, out=tmp_path / "cut_eager",
+                resume=True, **_SETTINGS)
+    assert mixed.summary["steps"] == 8 and mixed.summary["compile"]["compiled"]
+    for (name, a), b in zip(whole.model.state_dict().items(),
+                            mixed.model.state_dict().values(), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
 
 
 @pytest.mark.slow
@@ -190,3 +200,15 @@ def test_guard_falls_back_once_and_leaves_the_models_own_errors_alone(
     guard.succeeded = True
     with pytest.raises(RuntimeError, match="backend broke"):
         bad(x)
+
+
+def test_flags_reach_the_workers() -> None:
+    from torchgpu.cli.train import config_from_argv, worker_argv
+
+    config = TrainConfig(activation_checkpointing="ConvUnit", compile=True,
+                         compile_mode="max-autotune", out="r")
+    again = config_from_argv(worker_argv(config))
+    assert again.activation_checkpointing == "ConvUnit"
+    assert again.compile and again.compile_mode == "max-autotune"
+    assert config_from_argv(["--activation-checkpointing"]).activation_checkpointing is True
+    assert config_from_argv([]).activation_checkpointing is False

@@ -3,7 +3,9 @@
 :func:`apply_activation_checkpointing` keeps only the inputs of a few segments or
 blocks during the forward and recomputes the rest during backward
 (``torch.utils.checkpoint`` with ``use_reentrant=False``, RNG state preserved, so
-gradients are bitwise those of the plain model, dropout included), through
+gradients are bitwise those of the plain model, dropout included; where one tensor feeds
+several blocks, as T5's position bias does, its gradients are summed in another order,
+equal up to float rounding), through
 :func:`~torchgpu.memory.recompute.checkpointed`: each piece runs on a copy of its
 input (an in-place first layer such as ``ReLU(inplace=True)`` works), a recompute
 leaves BatchNorm's running statistics alone, and nothing is recomputed in eval mode.
