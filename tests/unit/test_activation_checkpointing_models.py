@@ -186,3 +186,12 @@ def test_a_named_class_is_checkpointed_instead_of_the_detected_one() -> None:
         checkpoint_for_run(model, "T5Blok")
     line = checkpoint_for_run(model, "T5LayerFF")  # the wrong one auto would not pick
     assert "4 x T5LayerFF" in line
+
+
+def test_a_class_name_under_stage_strategies_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["train", "--example", "housing", "--strategy", "model", "--devices",
+                 "cpu,cpu", "--activation-checkpointing", "Linear", "--out",
+                 str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 2 and "checkpoints each stage's layers in segments" in err, err

@@ -282,8 +282,16 @@ def _check_model_flags(config: TrainConfig) -> None:
             )
 
 
-def _check_checkpointing(value: bool | str) -> None:
-    if isinstance(value, str) and not value.replace(".", "_").isidentifier():
+def _check_checkpointing(value: bool | str, strategy: str) -> None:
+    if not isinstance(value, str):
+        return
+    if strategy in ("model", "pipeline"):
+        raise UsageError(
+            f"--activation-checkpointing {value} names a block class, but --strategy "
+            f"{strategy} checkpoints each stage's layers in segments: give the bare "
+            "--activation-checkpointing flag (or use --strategy single/ddp to recompute "
+            f"every {value}).")
+    if not value.replace(".", "_").isidentifier():
         raise ConfigError(
             f"--activation-checkpointing {value!r} is not a class name: give the block class "
             "to recompute by name, e.g. --activation-checkpointing T5Block (fit: "
@@ -378,7 +386,7 @@ def validate(config: TrainConfig) -> None:
     from torchgpu.train.compiling import validate as check_compile
 
     check_compile(config)
-    _check_checkpointing(config.activation_checkpointing)
+    _check_checkpointing(config.activation_checkpointing, config.strategy)
     if config.resume == "" and config.out is None:
         raise UsageError(
             "--resume without DIR continues the run in --out, but no --out was given: pass "

@@ -173,7 +173,9 @@ def fit(
     - ``settings``: the ``torchgpu train`` flags by name: ``epochs``, ``batch_size``
       (int or ``"auto"``), ``effective_batch_size``, ``strategy`` (``"auto"``, single,
       dp, ddp, fsdp, model, pipeline), ``devices``, ``chunks``, ``accumulate``,
-      ``precision``, ``activation_checkpointing``, ``clip_norm``, ``lr``, ``out``,
+      ``precision``, ``activation_checkpointing`` (True, or the block class's name,
+      ``"T5Block"``), ``compile`` (True; ``compile_mode="max-autotune"``...),
+      ``clip_norm``, ``lr``, ``out``,
       ``save_every``, ``keep_last``, ``resume``, ``seed``, ``device``, ``progress``,
       ``on_nonfinite``, ``collective_timeout`` (seconds), ``profile`` (N steps under
       torch.profiler), ``log`` (``"tensorboard"``), ``memory_snapshot``, ``estimate_memory``, ...
