@@ -111,7 +111,7 @@ def test_a_dataset_whose_len_fails_is_named(tmp_path: Path) -> None:
     ("epochs", True, "epochs=True is of type bool"),
     ("batch_size", "big", "takes an integer or 'auto' or None"),
     ("lr", "0.1", "lr='0.1' is of type str, but lr takes a number or None"),
-    ("activation_checkpointing", "yes", "takes True or False"),
+    ("activation_checkpointing", 1, "takes True or False or a string"),
     ("out", 123, "out=123 is of type int"),
 ])
 def test_a_setting_of_the_wrong_type_is_named(setting: str, value: object, needle: str,

@@ -16,6 +16,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from torchgpu.cli.common import ArgumentParser
+from torchgpu.train.compiling import COMPILE_MODES
 from torchgpu.train.config import (
     DEFAULT_PROFILE_STEPS,
     EXAMPLES,
@@ -88,9 +89,17 @@ def _parser() -> ArgumentParser:
                      "(pipeline; 1f1b kinds need --nproc; default gpipe)")
     run.add_argument("--accumulate", type=int, default=1, metavar="K",
                      help="micro-batches per optimizer step (default 1)")
-    run.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction,
-                     default=False,
-                     help="recompute activations in backward to save memory")
+    run.add_argument("--activation-checkpointing", nargs="?", const=True, default=False,
+                     metavar="CLASS", help="recompute activations in backward to save "
+                     "memory: the model's repeated block, or the block class named (e.g. "
+                     "T5Block, BasicBlock)")
+    run.add_argument("--no-activation-checkpointing", dest="activation_checkpointing",
+                     action="store_false", help=argparse.SUPPRESS)
+    run.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
+                     help="torch.compile the model (compiled at the first step; where it "
+                     "cannot compile, the run says why and continues eager)")
+    run.add_argument("--compile-mode", metavar="MODE", help=f"{'|'.join(COMPILE_MODES)} "
+                     "(torch.compile's mode=, with --compile; default default)")
     run.add_argument("--precision", default="fp32", help=f"{'|'.join(PRECISIONS)} "
                      "(default fp32)")
     run.add_argument("--epochs", type=int, metavar="E")

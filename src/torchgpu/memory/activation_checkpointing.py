@@ -3,7 +3,9 @@
 :func:`apply_activation_checkpointing` keeps only the inputs of a few segments or
 blocks during the forward and recomputes the rest during backward
 (``torch.utils.checkpoint`` with ``use_reentrant=False``, RNG state preserved, so
-gradients are bitwise those of the plain model, dropout included), through
+gradients are bitwise those of the plain model, dropout included; where one tensor feeds
+several blocks, as T5's position bias does, its gradients are summed in another order,
+equal up to float rounding), through
 :func:`~torchgpu.memory.recompute.checkpointed`: each piece runs on a copy of its
 input (an in-place first layer such as ``ReLU(inplace=True)`` works), a recompute
 leaves BatchNorm's running statistics alone, and nothing is recomputed in eval mode.
@@ -15,7 +17,11 @@ leaves BatchNorm's running statistics alone, and nothing is recomputed in eval m
   an ``nn.ModuleList`` / ``nn.Sequential`` that holds the largest share of the
   parameters (a transformer block, a ResNet bottleneck;
   :func:`~torchgpu.memory.repeated_blocks.find_repeated_blocks`).
-  ``blocks=`` names the class (or a predicate) instead.
+  ``blocks=`` names the class (or a predicate) instead (a run's
+  ``--activation-checkpointing CLASS`` names it: :mod:`~torchgpu.memory.block_names`).
+- A key/value cache passed to a block (Hugging Face's ``use_cache``) is turned off
+  while it recomputes (:func:`without_cache`): T5 and GPT-2 train as without
+  checkpointing.
 
 The model is changed in place and its ``state_dict`` keys stay the same (no wrapper
 prefixes), so checkpoints load into the plain model and back. It works under DDP;
@@ -37,9 +43,10 @@ from typing import Any
 from torch import nn
 
 from torchgpu.errors import ConfigError
-from torchgpu.memory.recompute import checkpointed
+from torchgpu.memory.recompute import checkpointed, recomputes
 from torchgpu.memory.repeated_blocks import (
     NO_FORWARD,
+    composite_classes,
     find_repeated_blocks,
     outermost,
     unique_numel,
@@ -145,7 +152,29 @@ class _ModuleCheckpointing:
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         owner: nn.Module = self  # type: ignore[assignment]
+        if recomputes(owner):
+            kwargs = without_cache(kwargs)
         return checkpointed(owner, super().forward, *args, **kwargs)  # type: ignore[misc]
+
+
+#: Keyword arguments through which a block reads and appends to a key/value cache
+#: (Hugging Face's names), with the value that turns the cache off.
+CACHE_KWARGS: dict[str, object] = {
+    "use_cache": False, "cache": None, "past_key_values": None, "past_key_value": None,
+    "layer_past": None}
+
+
+def without_cache(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with any key/value cache turned off (:data:`CACHE_KWARGS`).
+
+    A checkpointed block runs twice, and a cache makes the second run differ from the
+    first: the forward appends this step's keys and values to it and marks a decoder's
+    cross-attention as cached, so the recomputation attends over the keys twice and
+    skips the cross-attention projections (T5: "a different number of tensors was saved
+    during the original forward and recomputation"). Training needs no cache, so it is
+    dropped, as Hugging Face's own gradient checkpointing does."""
+    return {key: (CACHE_KWARGS[key] if key in CACHE_KWARGS and value is not None
+                  and value is not False else value) for key, value in kwargs.items()}
 
 
 class CheckpointedSequential(_SegmentCheckpointing, nn.Sequential):
@@ -179,12 +208,15 @@ def _no_block_error(target: nn.Module, segments: object) -> ConfigError:
             f"and {name} is neither: pass blocks=YourBlockClass or a predicate instead, "
             "e.g. segments=lambda name, m: isinstance(m, MyBlock)."
         )
+    found = ", ".join(composite_classes(target)) or "none"
     return ConfigError(
         f"{name} is not sequential and has no repeated block (a module class repeated in an "
-        "nn.ModuleList or nn.Sequential, holding parameters) to checkpoint: name what to "
-        "recompute, blocks=MyBlock (a class) or a predicate, e.g. "
-        "apply_activation_checkpointing(model, lambda name, m: isinstance(m, MyBlock)), or "
-        "give the model as_sequential() returning its layers in order."
+        "nn.ModuleList or nn.Sequential, holding parameters) to checkpoint: name the class "
+        "to recompute, `torchgpu train --activation-checkpointing CLASS`, "
+        "fit(..., activation_checkpointing=\"CLASS\") or "
+        "apply_activation_checkpointing(model, blocks=CLASS) (or a predicate (name, module) "
+        "-> bool); classes in this model with "
+        f"layers of their own: {found}."
     )
 
 

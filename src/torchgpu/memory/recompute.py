@@ -21,6 +21,7 @@ segments and blocks. :func:`checkpointed` runs a function under
   ``num_batches_tracked`` must move once, not again in backward.
 - Outside training mode, or with gradients disabled, nothing is recomputed (as in
   torchgpipe): there is no backward to save memory for, so the piece runs plainly.
+- Under ``torch.compile`` the piece is checkpointed plainly, for the compiler to trace.
 """
 
 from __future__ import annotations
@@ -71,6 +72,12 @@ def checkpointed(owner: nn.Module, function: Callable[..., Any], *args: Any,
     :class:`Recompute` when :func:`recomputes`, else called plainly."""
     if not recomputes(owner):
         return function(*args, **kwargs)
+    if torch.compiler.is_compiling():
+        # Under torch.compile the checkpoint is traced as one operator whose recompute
+        # the compiler plans: a Recompute's call count is a side effect dynamo refuses
+        # (it would run the whole forward eagerly), and the compiled graph needs none of
+        # its fixes (in-place ops and running statistics are functionalised, updated once).
+        return checkpoint(function, *args, use_reentrant=False, **kwargs)
     return checkpoint(Recompute(function, owner), *args, use_reentrant=False,
                       preserve_rng_state=True, **kwargs)
 

@@ -120,3 +120,19 @@ def find_repeated_blocks(model: nn.Module) -> RepeatedBlocks | None:
     cls = key[0] if isinstance(key, tuple) else key
     assert isinstance(cls, type)
     return RepeatedBlocks(cls.__name__, tuple(n for n, _ in members), share)
+
+
+def composite_classes(model: nn.Module, limit: int = 12) -> list[str]:
+    """The classes in ``model`` that could be named as its block (modules with layers of
+    their own, the model itself and containers left out), as ``"Name x count"``: the
+    repeated candidates of :func:`find_repeated_blocks` first, then the rest, most
+    frequent first; at most ``limit``."""
+    model = unwrap(model)
+    counts: dict[str, int] = {}
+    for name, module in model.named_modules():
+        if name and not isinstance(module, NO_FORWARD) and next(module.children(), None):
+            counts[type(module).__name__] = counts.get(type(module).__name__, 0) + 1
+    repeated = {(key[0] if isinstance(key, tuple) else key).__name__  # type: ignore[union-attr]
+                for key, members in _block_candidates(model) if len(members) >= 2}
+    ordered = sorted(counts, key=lambda c: (c not in repeated, -counts[c], c))
+    return [f"{c} x{counts[c]}" for c in ordered[:limit]]

@@ -97,21 +97,28 @@ def wrap_model(
     data: Task,
     device: torch.device,
 ) -> tuple[nn.Module, tuple[str, ...]]:
-    """Activation checkpointing (if asked), then the strategy places and wraps the model.
+    """Activation checkpointing (if asked), then the strategy places and wraps the model,
+    then ``--compile`` compiles what the strategy returned (DDP included).
 
     Returns the model to train and notes to show (e.g. dp falling back to one device).
     """
     notes: tuple[str, ...] = ()
     if config.activation_checkpointing:
-        from torchgpu.memory.activation_checkpointing import (
-            apply_activation_checkpointing,
-            checkpointing_report,
-        )
+        from torchgpu.memory.block_names import checkpoint_for_run
 
-        model = apply_activation_checkpointing(model)
-        notes = (checkpointing_report(model).describe(),)
+        notes = (checkpoint_for_run(model, config.activation_checkpointing),)
     wrapped, more = choice.strategy.wrap(model, config, data, device)
-    return wrapped, notes + more
+    notes += more
+    if config.compile:
+        skipped = choice.strategy.features.compile
+        if skipped is not None:
+            return wrapped, (*notes, f"note: --compile skipped under "
+                                     f"{choice.strategy.described}: {skipped}.")
+        from torchgpu.train.compiling import compile_for_run
+
+        wrapped, note = compile_for_run(wrapped, config.compile_mode)
+        notes += (note,)
+    return wrapped, notes
 
 
 def device_name(device: torch.device) -> str:

@@ -94,7 +94,10 @@ class TrainConfig:
     # accumulation follows (assemble), with auto the search keeps it
     effective_batch_size: int | None = None
     accumulate: int = 1
-    activation_checkpointing: bool = False
+    # True: the model's repeated block (auto-detected); a class name: that block class
+    activation_checkpointing: bool | str = False
+    compile: bool = False  # torch.compile the model (torchgpu.train.compiling)
+    compile_mode: str | None = None  # default | reduce-overhead | max-autotune | ...
     precision: str = "fp32"
     epochs: int | None = None
     # Optimizer steps per epoch of a streamed training set (torchgpu.data.stream).
@@ -334,6 +337,22 @@ def _check_model_flags(config: TrainConfig) -> None:
             )
 
 
+def _check_checkpointing(value: bool | str, strategy: str) -> None:
+    if not isinstance(value, str):
+        return
+    if strategy in ("model", "pipeline"):
+        raise UsageError(
+            f"--activation-checkpointing {value} names a block class, but --strategy "
+            f"{strategy} checkpoints each stage's layers in segments: give the bare "
+            "--activation-checkpointing flag (or use --strategy single/ddp to recompute "
+            f"every {value}).")
+    if not value.replace(".", "_").isidentifier():
+        raise ConfigError(
+            f"--activation-checkpointing {value!r} is not a class name: give the block class "
+            "to recompute by name, e.g. --activation-checkpointing T5Block (fit: "
+            "activation_checkpointing=\"T5Block\"), or the bare flag to detect it.")
+
+
 def validate(config: TrainConfig) -> None:
     """Raise ConfigError / UsageError for the first bad value in ``config``.
 
@@ -439,6 +458,10 @@ def validate(config: TrainConfig) -> None:
             "starts over. Pass one of them."
         )
     _check_autoresume(config)
+    from torchgpu.train.compiling import validate as check_compile
+
+    check_compile(config)
+    _check_checkpointing(config.activation_checkpointing, config.strategy)
     if config.resume == "" and config.out is None:
         raise UsageError(
             "--resume without DIR continues the run in --out, but no --out was given: pass "

@@ -187,7 +187,9 @@ def fit(
       accumulation follows, so a script keeps it under ``launch --nproc N``),
       ``strategy`` (``"auto"``, single, dp, ddp, fsdp, model, pipeline), ``devices``,
       ``chunks``, ``accumulate``,
-      ``precision``, ``activation_checkpointing``, ``clip_norm``, ``lr``, ``out``,
+      ``precision``, ``activation_checkpointing`` (True, or the block class's name,
+      ``"T5Block"``), ``compile`` (True; ``compile_mode="max-autotune"``...),
+      ``clip_norm``, ``lr``, ``out``,
       ``save_every``, ``keep_last``, ``resume`` (``force_resume=True``: although a file
       the run was built from changed since), ``overwrite`` (an ``out`` holding a run's
       files is refused without ``resume`` or it), ``autoresume`` (continue the run in

@@ -165,7 +165,7 @@ def from_estimator(config: TrainConfig, task: Task, mode: str, world: int,
     precision = "fp32" if config.precision == "auto" else config.precision
     estimate = estimate_memory(meta_twin(model), sample, optimizer="adam",
                                precision=precision, strategy=strategy,
-                               activation_checkpointing=config.activation_checkpointing,
+                               activation_checkpointing=bool(config.activation_checkpointing),
                                **options)
     names = [d.device for d in estimate.devices]
     return {"source": "estimate_memory", "strategy": strategy,

@@ -165,6 +165,11 @@ class ModelSteps(RunSteps):
 
     def summarize(self, summary: dict[str, Any], state: TrainState,
                   train_seconds: float) -> None:
+        from torchgpu.train.compiling import compile_summary
+
+        compiled = compile_summary(self.model)
+        if compiled is not None:
+            summary["compile"] = compiled
         backoff = self.parts.backoff
         if backoff is not None:
             summary["oom_backoffs"] = [event.as_dict() for event in backoff.events]

@@ -53,6 +53,7 @@ class Features:
     flags: frozenset[str] = frozenset()
     # The estimator's name for it (torchgpu.estimate_memory's strategy=), None: no model.
     estimate: str | None = None
+    compile: str | None = None  # --compile
 
 
 @dataclass(frozen=True)

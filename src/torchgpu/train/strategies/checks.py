@@ -81,6 +81,10 @@ def _check_features(config: TrainConfig, strategy: Strategy) -> None:
     if features.auto_batch is not None and config.auto_batch_size:
         raise UsageError(
             f"--batch-size auto does not support {strategy.described}: {features.auto_batch}.")
+    if features.compile is not None and config.compile:
+        raise UsageError(
+            f"--compile is not supported by {strategy.described}: {features.compile}; drop "
+            "--compile, or use --strategy single/ddp.")
     if config.precision not in features.precisions:
         raise UsageError(
             f"--precision {config.precision} is not supported by {strategy.described} (it "

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 _CUTS = ("it cuts every batch into micro-batches over its stages itself, so a smaller "
          "retry is the --batch-size/--chunks you pass")
+_NO_COMPILE = ("its stages live on several devices and run under its own schedule, which "
+               "torch.compile does not trace")
 
 
 class ModelSplit(Strategy):
@@ -31,7 +33,7 @@ class ModelSplit(Strategy):
     help = "the model's layers split over --devices, one process"
     processes = "one"
     features = Features(backoff=_CUTS, flags=frozenset({"balance", "devices"}),
-                        estimate="split")
+                        estimate="split", compile=_NO_COMPILE)
 
     def one_process_message(self, world: int) -> str:
         return (f"--strategy {self.name} runs in one process over several devices, but "
@@ -79,7 +81,7 @@ class Pipeline(ModelSplit):
     processes = "any"
     features = Features(backoff=_CUTS, flags=frozenset({"balance", "devices", "chunks",
                                                         "schedule"}),
-                        estimate="pipeline")
+                        estimate="pipeline", compile=_NO_COMPILE)
     schedules: tuple[str, ...] = ("gpipe",)
 
     def for_processes(self, nproc: int) -> Strategy:

@@ -64,7 +64,8 @@ class StagePipeline(Strategy):
                       "a step (and lower its scale) that the others take, and the stages "
                       "would drift apart; use --precision bf16 (no scaler needed) or fp32",
         flags=frozenset({"balance", "devices", "chunks", "schedule"}),
-        estimate="pipeline")
+        estimate="pipeline", compile="its stages run under the pipeline's own schedule, "
+                                     "which torch.compile does not trace")
 
     def shard(self, rank: int, world: int) -> Shard:
         # Every stage steps every batch: each rank walks the one-process order.
