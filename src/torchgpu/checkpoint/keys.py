@@ -25,7 +25,7 @@ from typing import Any, TypeGuard
 import torch
 from torch import nn
 
-from torchgpu.checkpoint.ties import refuse_tie_conflicts, tie_groups, tied_elsewhere
+from torchgpu.checkpoint.ties import tie_groups, tied_elsewhere
 from torchgpu.errors import CheckpointError
 
 _COMPILE = "_orig_mod"
@@ -370,8 +370,6 @@ def load_state_dict(
                                              if k not in legacy and k not in tied))
     if (strict and not expected.exact) or (report.matched == 0 and not expected.exact):
         raise mapping_error(expected if strict else report, source, target, origin)
-    if strict:
-        refuse_tie_conflicts(source, pairs, ties, origin)
     not_tensors = [f"{k} ({type(source[k]).__name__})" for k in source
                    if k in pairs and isinstance(target[pairs[k]], torch.Tensor)
                    and not isinstance(source[k], torch.Tensor)]

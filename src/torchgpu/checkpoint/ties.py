@@ -5,9 +5,8 @@ lists the tensor under every name in its state dict, while savers that keep each
 once (Hugging Face ``save_pretrained`` to safetensors, which drops ``lm_head.weight``)
 store one name only. Loading any one name of a tie group fills them all, so the other
 names are not missing; :func:`tied_elsewhere` says which missing keys are covered that
-way. A checkpoint holding several names of one group with different values (saved from a
-model where they were not tied) cannot be loaded into one tensor:
-:func:`refuse_tie_conflicts`.
+way. A checkpoint holding several names of one group is loaded name after name, as
+``torch.nn.Module.load_state_dict`` does.
 """
 
 from __future__ import annotations
@@ -17,9 +16,7 @@ from collections.abc import Iterable, Mapping
 import torch
 
 from torchgpu.checkpoint.layout import memory_identity
-from torchgpu.errors import CheckpointError
 
-_SHOW = 5
 
 
 def tie_groups(target: Mapping[str, object]) -> list[tuple[str, ...]]:
@@ -42,34 +39,3 @@ def tied_elsewhere(missing: Iterable[str], loaded: Iterable[str],
     done = set(loaded)
     covered = {key for group in groups if done.intersection(group) for key in group}
     return covered.intersection(missing)
-
-
-def refuse_tie_conflicts(source: Mapping[str, object], pairs: Mapping[str, str],
-                         groups: list[tuple[str, ...]], origin: str) -> None:
-    """Raise :class:`CheckpointError` when source keys loaded (``pairs``: source key ->
-    target key) into one tie group hold different values: only the last would survive
-    the load, silently. ``origin`` names the checkpoint in the message."""
-    group_of = {key: index for index, group in enumerate(groups) for key in group}
-    first: dict[int, str] = {}
-    conflicts: list[str] = []
-    for key, real in pairs.items():
-        index = group_of.get(real)
-        value = source[key]
-        if index is None or not isinstance(value, torch.Tensor):
-            continue
-        seen = first.setdefault(index, key)
-        other = source[seen]
-        if seen != key and isinstance(other, torch.Tensor) and not _same(other, value):
-            conflicts.append(f"{seen} and {key}")
-    if conflicts:
-        shown = ", ".join(conflicts[:_SHOW]) + (
-            f" and {len(conflicts) - _SHOW} more" if len(conflicts) > _SHOW else "")
-        raise CheckpointError(
-            f"the weights in {origin} hold different values for {shown}, which are one "
-            "(tied) tensor in the model, so only one could be kept; nothing was loaded. "
-            "Load them into a model built without tied weights, or pass strict=False to "
-            "keep the last of each")
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and torch.equal(a, b.to(a.device, a.dtype))

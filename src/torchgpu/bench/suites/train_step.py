@@ -9,8 +9,10 @@ example's MSE unless another is given), the label device from ``output_device``,
 loader's shard layout, and the OOM back-off from
 ``train.backoff.for_run`` (armed for strategy "single": every window's batches are held
 for a replay). :func:`TrainEpoch`
-calls ``run_epoch`` with what the runner passes per epoch: the stop flag, the checkpoint
-step hook (None without ``--save-every``), a progress sink and the step-record buffer;
+calls ``run_epoch`` with what the runner passes per epoch: the stop flag, the per-step
+hook (the LR record, no checkpoint without ``--save-every``, the timed flush of step
+records to a metrics.jsonl in a temporary directory), a progress sink and the
+step-record buffer;
 on CUDA the batches go through the ``Prefetcher``, as in the runner.
 
 Left out, because they run once per epoch or per run, not per step: evaluation, metrics
@@ -21,6 +23,7 @@ field with the ones a real ``train()`` call builds, so the two cannot drift apar
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -101,6 +104,19 @@ class TrainEpoch:
         self.device = device
         self.stop = StopFlag()
         self.buffer = MetricsBuffer()
+        import tempfile
+
+        from torchgpu.train import schedule
+        from torchgpu.train.step_log import StepLog
+
+        # the runner's on_step without --save-every: the LR record and the timed flush
+        self._out = tempfile.TemporaryDirectory(prefix="torchgpu-bench-")
+        from torchgpu.accumulate import GradAccumulator
+
+        accumulator = self.parts.accumulator
+        assert isinstance(accumulator, GradAccumulator)  # loop_parts builds one
+        self.on_step = StepLog(Path(self._out.name), self.buffer, None, lambda: None).wrap(
+            schedule.step_hook(accumulator.optimizer, None, None))
         # `--progress auto` off a terminal and `--json` runs get a sink whose update does
         # nothing; the loop still reads the clock for it every step, as here.
         self.progress = NullProgress()
@@ -116,6 +132,6 @@ class TrainEpoch:
         if self.device.type == "cuda":  # copies overlap compute on a side stream
             batches = iter(Prefetcher(batches, self.device))
         run_epoch(self.parts, batches, state, batches_per_epoch=len(self.batches),
-                  stop=self.stop, on_step=None, progress=self.progress,
+                  stop=self.stop, on_step=self.on_step, progress=self.progress,
                   records=self.buffer.steps)
         state.begin_epoch(state.epoch + 1)
