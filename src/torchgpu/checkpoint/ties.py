@@ -18,7 +18,6 @@ import torch
 from torchgpu.checkpoint.layout import memory_identity
 
 
-
 def tie_groups(target: Mapping[str, object]) -> list[tuple[str, ...]]:
     """The groups of two or more keys of ``target`` (a model's ``state_dict()``) that are
     one tensor (:func:`~torchgpu.checkpoint.layout.memory_identity`). Meta and empty
