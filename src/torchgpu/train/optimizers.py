@@ -10,6 +10,12 @@ or a function ``params -> torch.optim.Optimizer`` (``fit(optimizer=...)``, or a
 ``module:function`` spec resolved by :func:`resolve`), which sets its own learning rate;
 a spec naming an Optimizer class gets ``lr=--lr``. A :class:`~torchgpu.train.task.Task`
 carries its default choice; ``--optimizer`` replaces it.
+
+A built-in name gets the kernel that suits the parameters' device (:func:`kernel_options`):
+on CUDA the fused one (one kernel for every parameter, instead of torch's default
+multi-tensor ``foreach`` launches per group of tensors); elsewhere torch's default, which
+keeps CPU runs bitwise equal to a hand-written loop's ``torch.optim.AdamW(params, lr)``.
+A user's factory or class is left as it is.
 """
 
 from __future__ import annotations
@@ -56,13 +62,25 @@ def resolve(value: str) -> OptimizerChoice:
     return found
 
 
+def kernel_options(params: list[nn.Parameter]) -> dict[str, bool]:
+    """Keyword arguments for a built-in optimizer over ``params``: ``{"fused": True}`` when
+    every parameter is a floating-point tensor on one CUDA device (torch's fused Adam,
+    AdamW and SGD kernels), else none (torch's default)."""
+    devices = {p.device for p in params}
+    if (len(devices) == 1 and next(iter(devices)).type == "cuda"
+            and all(p.is_floating_point() for p in params)):
+        return {"fused": True}
+    return {}
+
+
 def make(choice: OptimizerChoice, params: list[nn.Parameter], lr: float) -> torch.optim.Optimizer:
     """The optimizer ``choice`` makes over ``params`` (a name or class at ``lr``).
 
     Raises UsageError when a factory fails or returns something that is not an Optimizer.
     """
     if isinstance(choice, str):
-        built: torch.optim.Optimizer = _BUILT_IN[choice](params, lr=lr)
+        built: torch.optim.Optimizer = _BUILT_IN[choice](params, lr=lr,
+                                                         **kernel_options(params))
         return built
     made: Any
     factory: Any = choice
