@@ -126,7 +126,7 @@ from torchgpu.train.faults import CrashPlan, HangPlan
 from torchgpu.train.heartbeat import Heartbeat
 from torchgpu.train.outputs import EpochRecord, MetricsBuffer
 from torchgpu.train.resume_plan import FIXED, ResumePlan, cannot_resume, checkpoints_dir
-from torchgpu.train.saved_position import check_steps_asked, saved_position
+from torchgpu.train.saved_position import check_steps_asked, epoch_record, saved_position
 from torchgpu.train.schedule import FIXED as SCHEDULE_FIXED
 from torchgpu.train.state import StopFlag, TrainState
 
@@ -195,23 +195,10 @@ def epoch_records(path: Path) -> list[EpochRecord]:
         try:
             data = json.loads(line)
             if isinstance(data, dict) and data.get("kind") == "epoch":
-                records.append(_record(data))
+                records.append(epoch_record(data))
         except (ValueError, TypeError):
             continue
     return records
-
-
-def _record(data: Mapping[str, Any]) -> EpochRecord:
-    """The EpochRecord that ``record.as_dict()`` saved: its ``test_<name>`` entries are the
-    task's metrics again (``None`` ones left out: checkpoints written before metrics were
-    plug-ins hold ``test_r2: None`` / ``test_accuracy: None`` for tasks without them)."""
-    names = {f.name for f in dataclasses.fields(EpochRecord)}
-    values = {k: v for k, v in data.items() if k in names}
-    for key in ("train_loss", "test_loss", "samples_per_s", "seconds"):
-        values[key] = math.nan if values.get(key) is None else float(values[key])
-    values["metrics"] = {k[len("test_"):]: float(v) for k, v in data.items()
-                         if k.startswith("test_") and k != "test_loss" and v is not None}
-    return EpochRecord(**values)
 
 
 class RunCheckpoints:
