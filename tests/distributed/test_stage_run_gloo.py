@@ -308,7 +308,7 @@ def test_a_checkpoint_of_another_model_or_strategy_is_refused() -> None:
 def test_a_hang_in_a_stage_step_names_that_step() -> None:
     """The stage pipeline's heartbeat phase ("stages") is a step in progress, as DDP's
     "training" is: the paragraph says "of step N + 1" and where the missing rank was."""
-    from torchgpu.train.hang_watch import diagnose
+    from torchgpu.launch.hang_watch import diagnose
 
     now = time.time()
     beats = {

@@ -18,8 +18,8 @@ import pytest
 import torch.distributed as dist
 
 from torchgpu.errors import ConfigError
-from torchgpu.train import hang_watch as hw
-from torchgpu.train import heartbeat as hb
+from torchgpu.launch import hang_watch as hw
+from torchgpu.launch import heartbeat as hb
 from torchgpu.train.faults import HangPlan, hang_plan_from_env
 
 

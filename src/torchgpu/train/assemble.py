@@ -34,7 +34,7 @@ from torch import nn
 from torchgpu.devices.cuda_status import cuda_device_count
 from torchgpu.distributed import DistEnv
 from torchgpu.errors import UsageError
-from torchgpu.launcher import check_process_count
+from torchgpu.launch.run import check_process_count
 from torchgpu.precision import resolve_mode
 from torchgpu.train import build, strategies
 from torchgpu.train.auto_batch import fixed_effective, simulated_limit

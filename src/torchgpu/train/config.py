@@ -397,7 +397,7 @@ def validate(config: TrainConfig) -> None:
     check_schedule(config)
     _at_least("profile", config.profile, 1, " (optimizer steps to trace)")
     _at_least("nproc", config.nproc, 1, " (the number of processes on this node)")
-    from torchgpu.launcher import check_nodes
+    from torchgpu.launch.run import check_nodes
 
     check_nodes(config.nnodes, config.node_rank, config.rdzv_endpoint)  # as `launch` does
     _at_least("max_restarts", config.max_restarts, 0)

@@ -51,9 +51,10 @@ import torch
 from torch import Tensor, nn
 
 from torchgpu.data.batches import batch_rows
+from torchgpu.launch.stop_record import StopFlag
 from torchgpu.train.agreement import FiniteGuard, NonFiniteGradients, RankAgreement
 from torchgpu.train.micro_step import MicroStep
-from torchgpu.train.state import StopFlag, TrainState
+from torchgpu.train.state import TrainState
 from torchgpu.train.tail import TailWindows
 from torchgpu.train.window import WindowLosses
 from torchgpu.transfer import to_device

@@ -34,15 +34,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from torchgpu.launch.stop_record import StopFlag
 from torchgpu.train.evaluation import EvalResult, evaluate
 from torchgpu.train.loop import LoopParts
-from torchgpu.train.state import StopFlag, TrainState
+from torchgpu.train.state import TrainState
 
 if TYPE_CHECKING:
+    from torchgpu.launch.heartbeat import Heartbeat
     from torchgpu.precision import Precision
     from torchgpu.train.config import TrainConfig
     from torchgpu.train.faults import HangPlan
-    from torchgpu.train.heartbeat import Heartbeat
     from torchgpu.train.strategies import Strategy
     from torchgpu.train.task import Task
 

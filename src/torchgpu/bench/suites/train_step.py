@@ -93,9 +93,10 @@ class TrainEpoch:
 
     def __init__(self, model: nn.Module, device: torch.device, batches: Batches, *,
                  batch_size: int, lr: float) -> None:
+        from torchgpu.launch.stop_record import StopFlag
         from torchgpu.train.outputs import MetricsBuffer
         from torchgpu.train.progress import NullProgress
-        from torchgpu.train.state import StopFlag, TrainState
+        from torchgpu.train.state import TrainState
 
         self.state = TrainState()
         self.parts = loop_parts(model, device, batch_size=batch_size, lr=lr, state=self.state,
