@@ -51,7 +51,8 @@ def worker(args: argparse.Namespace) -> None:
     from torchgpu.precision import Precision
     from torchgpu.train.agreement import RankAgreement
     from torchgpu.train.backoff import LoopBackoff
-    from torchgpu.train.loop import LoopParts, run_epoch
+    from torchgpu.train.loop import run_epoch
+    from torchgpu.train.loop_parts import LoopParts
     from torchgpu.train.state import TrainState
 
     torch.set_num_threads(1)

@@ -159,7 +159,8 @@ def test_bf16_runs_the_stages_forward_under_autocast(tmp_path: Path) -> None:
 
 def test_fp16_is_refused_with_the_reason() -> None:
     from torchgpu.errors import UsageError
-    from torchgpu.train.config import TrainConfig, validate
+    from torchgpu.train.config import TrainConfig
+    from torchgpu.train.config_checks import validate
 
     with pytest.raises(UsageError) as error:
         validate(TrainConfig(strategy="pipeline", nproc=2, precision="fp16"))

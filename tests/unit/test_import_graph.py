@@ -4,14 +4,14 @@ under ``if TYPE_CHECKING:``, and the launcher never imports the training engine.
 Every ``import`` / ``from ... import`` in src/torchgpu is read with ``ast`` (module
 level, inside functions and classes, and under ``if TYPE_CHECKING:`` alike: an import
 only the type checker runs still ties the two modules' concepts together, and a cycle
-there is one a refactor can turn into a run-time cycle). ``from pkg import name`` is an edge to ``pkg.name`` when that
-is a module, else to ``pkg`` (its ``__init__``). Imports that hide count too:
-``importlib.import_module("torchgpu....")`` / ``__import__`` with a literal name, and
-names of a package that exports lazily (:mod:`torchgpu._lazy`: its ``TYPE_CHECKING``
-block is resolved at run time): ``from pkg import name`` is an edge to the module that
-defines ``name``, and ``import pkg`` an edge to every module it exports from. A
-strongly connected component of more than one module is a cycle: it fails the test with
-the modules and the edges that close it.
+there is one a refactor can turn into a run-time cycle). ``from pkg import name`` is an
+edge to ``pkg.name`` when that is a module, else to ``pkg`` (its ``__init__``).
+Imports that hide count too: ``importlib.import_module("torchgpu....")`` /
+``__import__`` with a literal name, and names of a package that exports lazily
+(:mod:`torchgpu._lazy`: its ``TYPE_CHECKING`` block is resolved at run time): ``from pkg
+import name`` is an edge to the module that defines ``name``, and ``import pkg`` an edge
+to every module it exports from. A strongly connected component of more than one module
+is a cycle: it fails the test with the modules and the edges that close it.
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ from torchgpu.launch.stop_record import StopFlag
 from torchgpu.models import HousingNet
 from torchgpu.precision import Precision
 from torchgpu.train.agreement import FiniteGuard, NonFiniteGradients, RankAgreement
-from torchgpu.train.loop import LoopParts, run_epoch
+from torchgpu.train.loop import run_epoch
+from torchgpu.train.loop_parts import LoopParts
 from torchgpu.train.state import TrainState
 
 

@@ -19,7 +19,8 @@ from torchgpu.models import HousingNet
 from torchgpu.precision import Precision
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.evaluation import evaluate
-from torchgpu.train.loop import LoopParts, run_epoch, start_epoch
+from torchgpu.train.loop import run_epoch, start_epoch
+from torchgpu.train.loop_parts import LoopParts
 from torchgpu.train.progress import NullProgress, PlainProgress, make_progress
 from torchgpu.train.runner import train
 from torchgpu.train.state import TrainState

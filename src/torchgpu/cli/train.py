@@ -24,7 +24,6 @@ from torchgpu.train.config import (
     ON_NONFINITE,
     PRECISIONS,
     PROGRESS_MODES,
-    STRATEGIES,
     TrainConfig,
 )
 from torchgpu.train.config_file import FileSettings
@@ -32,6 +31,7 @@ from torchgpu.train.optimizers import OPTIMIZER_NAMES
 from torchgpu.train.schedule import SCHEDULES
 from torchgpu.train.split_flags import parse_batch_size, parse_chunks, parse_num_workers
 from torchgpu.train.strategies.registry import describe as strategy_help
+from torchgpu.train.strategies.registry import names as strategy_names
 
 if TYPE_CHECKING:
     from torchgpu.launch.stop_record import StopFlag
@@ -76,7 +76,7 @@ def _parser() -> ArgumentParser:
     dev.add_argument("--max-restarts", type=int, default=0, metavar="R",
                      help="torchrun restarts of failed workers (default 0)")
     run = p.add_argument_group("training")
-    run.add_argument("--strategy", default="auto", help=f"{'|'.join(STRATEGIES)} "
+    run.add_argument("--strategy", default="auto", help=f"{'|'.join(strategy_names())} "
                      "(auto: ddp with several processes, else single, unless the planner "
                      f"finds the model does not fit one device; {strategy_help()})")
     run.add_argument("--chunks", type=parse_chunks, metavar="M|auto",
