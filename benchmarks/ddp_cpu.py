@@ -47,11 +47,13 @@ def worker(args: argparse.Namespace) -> None:
 
     from torchgpu.accumulate import GradAccumulator
     from torchgpu.bench.timer import measure_interleaved
+    from torchgpu.launch.stop_record import StopFlag
     from torchgpu.precision import Precision
     from torchgpu.train.agreement import RankAgreement
     from torchgpu.train.backoff import LoopBackoff
-    from torchgpu.train.loop import LoopParts, run_epoch
-    from torchgpu.train.state import StopFlag, TrainState
+    from torchgpu.train.loop import run_epoch
+    from torchgpu.train.loop_parts import LoopParts
+    from torchgpu.train.state import TrainState
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

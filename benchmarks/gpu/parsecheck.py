@@ -100,7 +100,7 @@ def check_torchgpu(argv: Sequence[str], repo: Path = HERE.parent.parent
     try:
         if argv[0] == "train":
             from torchgpu.cli.train import config_from_argv
-            from torchgpu.train.config import validate
+            from torchgpu.train.config_checks import validate
 
             validate(config_from_argv(list(argv[1:])))
         elif argv[0] == "bench":

@@ -17,8 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from torchgpu._lazy import exports
-
-__version__ = "0.1.0"
+from torchgpu.version import __version__ as __version__
 
 if TYPE_CHECKING:  # the public API, one name per line (read by torchgpu._lazy)
     from torchgpu.accumulate import GradAccumulator as GradAccumulator

@@ -267,7 +267,7 @@ def test_launch_refuses_a_rendezvous_id_torchrun_cannot_name_a_directory_after(
 
 
 def test_launch_accepts_a_scheduler_job_id(monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchgpu import launcher
+    from torchgpu.launch import run as launcher
 
     for rdzv_id in ("12345", "job-42", "run_7.a"):
         launcher.check_rdzv_id(rdzv_id)

@@ -335,7 +335,7 @@ def test_overhead_loop_is_the_loop_torchgpu_train_runs(tmp_path: Path,
     from torchgpu.bench.suites.train_step import TrainEpoch
     from torchgpu.train import runner
     from torchgpu.train.config import TrainConfig
-    from torchgpu.train.loop import LoopParts
+    from torchgpu.train.loop_parts import LoopParts
 
     seen: list[tuple[Any, dict[str, Any]]] = []
     real = runner.run_epoch

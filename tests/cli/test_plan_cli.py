@@ -337,7 +337,7 @@ def test_plan_with_model_and_data_specs_prints_a_train_command_that_validates() 
 
     from tests.procs import REPO, run_cli
     from torchgpu.cli.train import config_from_argv
-    from torchgpu.train.config import validate
+    from torchgpu.train.config_checks import validate
 
     done = run_cli(["plan", "--model", "tests.user_models:lm_factory", "--data",
                     "tests.user_models:lm_data", "--batch-size", "32", "--devices", "1x1GiB"],

@@ -180,7 +180,7 @@ def test_settings_a_file_turns_on_can_be_turned_off_on_the_command_line(
         tmp_path: Path) -> None:
     """--no-NAME puts a setting back to its default: switches (BooleanOptionalAction) and
     optional values alike."""
-    from torchgpu.train.config import validate
+    from torchgpu.train.config_checks import validate
 
     path = tmp_path / "c.toml"
     path.write_text("profile = 3\nsave_every = 5\nkeep_last = 2\nclip_norm = 1.0\n"

@@ -23,7 +23,7 @@ import pytest
 from tests.distributed.proctree import Session, running
 from tests.procs import HEAVY, SRC, START_S
 from torchgpu.checkpoint import verify_checkpoint
-from torchgpu.train.heartbeat import FLIGHT_RECORDER_PREFIX
+from torchgpu.launch.heartbeat import FLIGHT_RECORDER_PREFIX
 
 # a start (START_S at most) and a bounded end
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -96,7 +96,8 @@ def test_torchrun_leaves_sigterm_and_sigint_to_the_launcher() -> None:
     tears the workers down on SIGTERM); the agent keeps the other signals."""
     from torch.distributed.run import get_args_parser
 
-    from torchgpu.launcher import LaunchSpec, agent_signals, torchrun_args
+    from torchgpu.launch.run import LaunchSpec, torchrun_args
+    from torchgpu.launch.stop import agent_signals
 
     args = get_args_parser().parse_args(torchrun_args(LaunchSpec(nproc=2), "x.py", []))
     assert hasattr(args, "signals_to_handle")

@@ -159,7 +159,8 @@ def test_bf16_runs_the_stages_forward_under_autocast(tmp_path: Path) -> None:
 
 def test_fp16_is_refused_with_the_reason() -> None:
     from torchgpu.errors import UsageError
-    from torchgpu.train.config import TrainConfig, validate
+    from torchgpu.train.config import TrainConfig
+    from torchgpu.train.config_checks import validate
 
     with pytest.raises(UsageError) as error:
         validate(TrainConfig(strategy="pipeline", nproc=2, precision="fp16"))
@@ -308,7 +309,7 @@ def test_a_checkpoint_of_another_model_or_strategy_is_refused() -> None:
 def test_a_hang_in_a_stage_step_names_that_step() -> None:
     """The stage pipeline's heartbeat phase ("stages") is a step in progress, as DDP's
     "training" is: the paragraph says "of step N + 1" and where the missing rank was."""
-    from torchgpu.train.hang_watch import diagnose
+    from torchgpu.launch.hang_watch import diagnose
 
     now = time.time()
     beats = {

@@ -78,7 +78,8 @@ def test_default_chunks_prefer_an_equal_split() -> None:
 
 def test_chunks_without_a_pipeline_names_the_fix() -> None:
     from torchgpu.errors import UsageError
-    from torchgpu.train.config import TrainConfig, validate
+    from torchgpu.train.config import TrainConfig
+    from torchgpu.train.config_checks import validate
 
     with pytest.raises(UsageError, match=r"--chunks 4 only applies to --strategy pipeline "
                        r"\(got --strategy model\).*Use --strategy pipeline .* or drop --chunks"):

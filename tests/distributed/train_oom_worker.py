@@ -18,12 +18,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from torchgpu.accumulate import GradAccumulator
 from torchgpu.errors import NonFiniteLossError
+from torchgpu.launch.stop_record import StopFlag
 from torchgpu.models import HousingNet
 from torchgpu.precision import Precision
 from torchgpu.train import loop
 from torchgpu.train.backoff import LoopBackoff
-from torchgpu.train.loop import LoopParts, run_epoch
-from torchgpu.train.state import StopFlag, TrainState
+from torchgpu.train.loop import run_epoch
+from torchgpu.train.loop_parts import LoopParts
+from torchgpu.train.state import TrainState
 
 
 def batches(rank: int, batch: int, samples: int = 128) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -22,7 +22,8 @@ from torchgpu.data import make_loader
 from torchgpu.data import workers as workers_mod
 from torchgpu.data.workers import MAX_AUTO_WORKERS, WorkerChoice, auto_choice, worker_choice
 from torchgpu.errors import ConfigError
-from torchgpu.train.config import TrainConfig, validate
+from torchgpu.train.config import TrainConfig
+from torchgpu.train.config_checks import validate
 from torchgpu.train.runner import train
 from torchgpu.train.task import as_factory, seeded, user_task
 

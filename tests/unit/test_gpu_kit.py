@@ -124,7 +124,8 @@ def planner_consulted(argv: list[str], tmp_path: Path) -> bool:
 
     from torchgpu.cli.train import config_from_argv
     from torchgpu.train.auto_strategy import decide_strategy
-    from torchgpu.train.config import resolve, validate
+    from torchgpu.train.config import resolve
+    from torchgpu.train.config_checks import validate
     from torchgpu.train.plugin import task_for_config
 
     class Asked(Exception):

@@ -18,8 +18,8 @@ import pytest
 import torch.distributed as dist
 
 from torchgpu.errors import ConfigError
-from torchgpu.train import hang_watch as hw
-from torchgpu.train import heartbeat as hb
+from torchgpu.launch import hang_watch as hw
+from torchgpu.launch import heartbeat as hb
 from torchgpu.train.faults import HangPlan, hang_plan_from_env
 
 
@@ -377,7 +377,8 @@ def test_collective_timeout_must_be_positive_seconds_within_torchs_range(value: 
     (3e6 s wrapped to a negative wait, 1e10 s failed the rendezvous, 1e15 s overflowed
     Python's timedelta in every worker)."""
     from torchgpu.cli.train import config_from_argv
-    from torchgpu.train.config import MAX_COLLECTIVE_TIMEOUT_S, validate
+    from torchgpu.train.config import MAX_COLLECTIVE_TIMEOUT_S
+    from torchgpu.train.config_checks import validate
 
     assert MAX_COLLECTIVE_TIMEOUT_S == 2147483
     config = config_from_argv(["--collective-timeout", value])

@@ -1,15 +1,17 @@
-"""The package's import graph has no cycles, counting imports inside functions.
+"""The package's import graph has no cycles, counting imports inside functions and
+under ``if TYPE_CHECKING:``, and the launcher never imports the training engine.
 
 Every ``import`` / ``from ... import`` in src/torchgpu is read with ``ast`` (module
-level, inside functions and classes alike); only ``if TYPE_CHECKING:`` blocks are left
-out, since they never run. ``from pkg import name`` is an edge to ``pkg.name`` when that
-is a module, else to ``pkg`` (its ``__init__``). Imports that hide count too:
-``importlib.import_module("torchgpu....")`` / ``__import__`` with a literal name, and
-names of a package that exports lazily (:mod:`torchgpu._lazy`: its ``TYPE_CHECKING``
-block is resolved at run time): ``from pkg import name`` is an edge to the module that
-defines ``name``, and ``import pkg`` an edge to every module it exports from. A
-strongly connected component of more than one module is a cycle: it fails the test with
-the modules and the edges that close it.
+level, inside functions and classes, and under ``if TYPE_CHECKING:`` alike: an import
+only the type checker runs still ties the two modules' concepts together, and a cycle
+there is one a refactor can turn into a run-time cycle). ``from pkg import name`` is an
+edge to ``pkg.name`` when that is a module, else to ``pkg`` (its ``__init__``).
+Imports that hide count too: ``importlib.import_module("torchgpu....")`` /
+``__import__`` with a literal name, and names of a package that exports lazily
+(:mod:`torchgpu._lazy`: its ``TYPE_CHECKING`` block is resolved at run time): ``from pkg
+import name`` is an edge to the module that defines ``name``, and ``import pkg`` an edge
+to every module it exports from. A strongly connected component of more than one module
+is a cycle: it fails the test with the modules and the edges that close it.
 """
 
 from __future__ import annotations
@@ -33,14 +35,11 @@ def _modules() -> dict[str, tuple[Path, bool]]:
     return found
 
 
-def _runtime_imports(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Import statements that can run: all of them but those under ``if TYPE_CHECKING``."""
-    skipped: set[int] = set()
+def _imports(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement of ``tree``: at module level, in functions and classes,
+    and under ``if TYPE_CHECKING:``."""
     for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skipped.update(id(sub) for stmt in node.body for sub in ast.walk(stmt))
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import | ast.ImportFrom) and id(node) not in skipped:
+        if isinstance(node, ast.Import | ast.ImportFrom):
             yield node
 
 
@@ -81,7 +80,7 @@ def import_graph() -> dict[str, set[str]]:
         package = name if is_package else name.rpartition(".")[0]
         tree = ast.parse(file.read_text(), str(file))
         targets = list(_string_imports(tree))
-        for node in _runtime_imports(tree):
+        for node in _imports(tree):
             if isinstance(node, ast.Import):
                 targets += [alias.name for alias in node.names]
                 targets += [module for alias in node.names
@@ -157,6 +156,18 @@ def test_graph_sees_imports_inside_functions() -> None:
                for target in targets)
 
 
+def test_imports_under_type_checking_are_read() -> None:
+    source = ast.parse(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from torchgpu.train.state import TrainState\n"
+        "def f():\n"
+        "    import torchgpu.errors\n")
+    found = [ast.unparse(node) for node in _imports(source)]
+    assert "from torchgpu.train.state import TrainState" in found
+    assert "import torchgpu.errors" in found
+
+
 def test_graph_sees_imports_hidden_in_strings() -> None:
     graph = import_graph()
     # a name from a lazy package is an edge to its defining module; doctor's
@@ -175,3 +186,38 @@ def test_no_import_cycles() -> None:
         for component in found
     ]
     assert not found, "import cycles:\n" + "\n".join(detail)
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> dict[str, str]:
+    """``{module: the module that imports it}`` for every module ``start`` reaches."""
+    via: dict[str, str] = {}
+    todo = [start]
+    while todo:
+        module = todo.pop()
+        for target in sorted(graph[module]):
+            if target not in via and target != start:
+                via[target] = module
+                todo.append(target)
+    return via
+
+
+def _chain(via: dict[str, str], start: str, end: str) -> str:
+    path = [end]
+    while path[-1] != start:
+        path.append(via[path[-1]])
+    return " -> ".join(reversed(path))
+
+
+def test_launch_never_imports_train() -> None:
+    """torchgpu.launch starts and keeps the processes the engine runs in: the engine
+    imports it (heartbeats, the stop flag), never the other way round, directly or
+    through another module."""
+    graph = import_graph()
+    launch = sorted(name for name in graph if name.split(".")[:2] == ["torchgpu", "launch"])
+    assert "torchgpu.launch.run" in launch
+    found = []
+    for start in launch:
+        via = _reachable(graph, start)
+        found += [_chain(via, start, target) for target in sorted(via)
+                  if target.split(".")[:2] == ["torchgpu", "train"]]
+    assert not found, "torchgpu.launch imports torchgpu.train:\n" + "\n".join(found)

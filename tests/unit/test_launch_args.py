@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from torchgpu import launcher
+from torchgpu.launch import run as launcher
 
 
 def test_worker_flags_that_abbreviate_torchrun_options_pass_through(

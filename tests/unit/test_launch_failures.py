@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from torchgpu import launcher
+from torchgpu.launch import run as launcher
 
 
 def test_every_failed_rank_is_named_with_its_signal(
@@ -54,8 +54,8 @@ def test_what_torchruns_teardown_caused_is_no_stop(
     import sys
     from pathlib import Path
 
-    from torchgpu.launch_stop import StopForwarder, StopJudge
-    from torchgpu.train.state import STOP_FILE_ENV, record_stop, recorded_stop
+    from torchgpu.launch.stop import StopForwarder, StopJudge
+    from torchgpu.launch.stop_record import STOP_FILE_ENV, record_stop, recorded_stop
 
     record = Path(str(tmp_path)) / "stop.json"
     monkeypatch.setenv(STOP_FILE_ENV, str(record))

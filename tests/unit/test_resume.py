@@ -31,11 +31,12 @@ from torchgpu.errors import (
     ResumeError,
 )
 from torchgpu.examples import housing
+from torchgpu.launch.stop_record import StopFlag
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.faults import crash_plan_from_env
 from torchgpu.train.report import TrainResult
 from torchgpu.train.runner import train
-from torchgpu.train.state import StopFlag, TrainState
+from torchgpu.train.state import TrainState
 
 BUILTIN_MODEL = housing.build_model
 # 100 samples -> 80 train rows, batch 16 -> 5 micro-batches per epoch.

@@ -73,7 +73,7 @@ def test_missing_tensorboard_refused_before_writing(tmp_path: Path,
 
 
 def test_unknown_log_format_refused() -> None:
-    from torchgpu.train.config import validate
+    from torchgpu.train.config_checks import validate
 
     with pytest.raises(ConfigError, match="unknown log 'csv'"):
         validate(TrainConfig(log="csv"))

@@ -14,11 +14,13 @@ import torch.distributed as dist
 from torch import nn
 
 from torchgpu.accumulate import GradAccumulator
+from torchgpu.launch.stop_record import StopFlag
 from torchgpu.models import HousingNet
 from torchgpu.precision import Precision
 from torchgpu.train.agreement import FiniteGuard, NonFiniteGradients, RankAgreement
-from torchgpu.train.loop import LoopParts, run_epoch
-from torchgpu.train.state import StopFlag, TrainState
+from torchgpu.train.loop import run_epoch
+from torchgpu.train.loop_parts import LoopParts
+from torchgpu.train.state import TrainState
 
 
 def _acc(clip_norm: float | None = None) -> tuple[nn.Module, GradAccumulator]:

@@ -13,10 +13,10 @@ import torch
 from torch import nn
 
 from torchgpu.errors import UsageError
-from torchgpu.planning.decide import Workload
 from torchgpu.planning.footprint import Footprint, LayerFootprint
 from torchgpu.planning.planner import plan_from_footprint
 from torchgpu.planning.targets import parse_devices
+from torchgpu.planning.workload import Workload
 from torchgpu.train.auto_batch import (
     SIMULATE_ENV,
     apply_auto_batch,

@@ -9,7 +9,8 @@ import pytest
 
 from torchgpu.cli.train import config_from_argv, worker_argv
 from torchgpu.errors import ConfigError, TorchGpuError, UsageError
-from torchgpu.train.config import EXAMPLE_DEFAULTS, TrainConfig, resolve, validate
+from torchgpu.train.config import EXAMPLE_DEFAULTS, TrainConfig, resolve
+from torchgpu.train.config_checks import validate
 
 BAD = [
     (TrainConfig(example="mnist"), ConfigError, "mnist"),

@@ -14,14 +14,16 @@ from torch import nn
 
 from torchgpu.accumulate import GradAccumulator
 from torchgpu.errors import NonFiniteLossError
+from torchgpu.launch.stop_record import StopFlag
 from torchgpu.models import HousingNet
 from torchgpu.precision import Precision
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.evaluation import evaluate
-from torchgpu.train.loop import LoopParts, run_epoch, start_epoch
+from torchgpu.train.loop import run_epoch, start_epoch
+from torchgpu.train.loop_parts import LoopParts
 from torchgpu.train.progress import NullProgress, PlainProgress, make_progress
 from torchgpu.train.runner import train
-from torchgpu.train.state import StopFlag, TrainState
+from torchgpu.train.state import TrainState
 
 
 def _weights(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -14,7 +14,8 @@ from torch import nn
 from torchgpu.accumulate import GradAccumulator
 from torchgpu.precision import Precision
 from torchgpu.train.backoff import LoopBackoff, WindowRandomState
-from torchgpu.train.loop import LoopParts, run_epoch
+from torchgpu.train.loop import run_epoch
+from torchgpu.train.loop_parts import LoopParts
 from torchgpu.train.state import TrainState
 
 Batches = list[tuple[torch.Tensor, torch.Tensor]]

@@ -19,9 +19,11 @@ from torchgpu.models import HousingNet
 from torchgpu.parallel.model import SplitModel
 from torchgpu.parallel.pipeline import Pipeline
 from torchgpu.precision import Precision
-from torchgpu.train.config import TrainConfig, validate
+from torchgpu.train.config import TrainConfig
+from torchgpu.train.config_checks import validate
 from torchgpu.train.evaluation import evaluate
-from torchgpu.train.loop import LoopParts, run_epoch
+from torchgpu.train.loop import run_epoch
+from torchgpu.train.loop_parts import LoopParts
 from torchgpu.train.metrics import Accuracy
 from torchgpu.train.runner import train
 from torchgpu.train.split_flags import parse_balance

@@ -14,7 +14,8 @@ from torch.utils.data import TensorDataset
 import torchgpu
 from torchgpu.errors import UsageError
 from torchgpu.train import strategies
-from torchgpu.train.config import TrainConfig, validate
+from torchgpu.train.config import TrainConfig
+from torchgpu.train.config_checks import validate
 from torchgpu.train.strategies import Features, Strategy
 from torchgpu.train.strategies.stages import STAGES
 

@@ -12,7 +12,8 @@ from torchgpu.data.shards import ShardLayout
 from torchgpu.models import HousingNet
 from torchgpu.precision import Precision
 from torchgpu.train.backoff import LoopBackoff
-from torchgpu.train.loop import LoopParts, run_epoch
+from torchgpu.train.loop import run_epoch
+from torchgpu.train.loop_parts import LoopParts
 from torchgpu.train.state import TrainState
 from torchgpu.train.tail import EmptySafeLoss, TailWindows
 

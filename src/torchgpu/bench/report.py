@@ -84,7 +84,7 @@ def git_revision(where: Path | None = None) -> str | None:
 
 
 def torchgpu_version() -> str:
-    from torchgpu import __version__
+    from torchgpu.version import __version__
 
     return str(__version__)
 

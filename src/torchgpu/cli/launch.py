@@ -23,7 +23,7 @@ import os
 
 from torchgpu.cli.common import ArgumentParser, int_in
 from torchgpu.errors import UsageError
-from torchgpu.launcher import DEFAULT_STOP_TIMEOUT_S
+from torchgpu.launch.run import DEFAULT_STOP_TIMEOUT_S
 from torchgpu.user_files import check_file
 
 #: Largest --max-restarts: train's bound for counts (torchgpu.train.config.MAX_COUNT).
@@ -93,7 +93,7 @@ def check_module(name: str) -> None:
 
 def main(argv: list[str]) -> int:
     """``torchgpu launch [flags] SCRIPT [ARGS]``; returns the first failed worker's code."""
-    from torchgpu.launcher import LaunchSpec, check_spec, run
+    from torchgpu.launch.run import LaunchSpec, check_spec, run
 
     ns = _parser().parse_args(argv)
     spec = LaunchSpec(

@@ -17,11 +17,11 @@ imported, and the handler's answer depends on where the command is:
   printed ("Exception ignored in ...") and lost: such a :class:`Stopped` is caught by
   this module's ``sys.unraisablehook`` and the signal is raised again, to land in the
   code that runs next. A verb that stops gracefully (``train``'s
-  :class:`~torchgpu.train.state.StopFlag`, ``launch``'s forwarder) installs its own
+  :class:`~torchgpu.launch.stop_record.StopFlag`, ``launch``'s forwarder) installs its own
   handlers over these while it runs.
 - **A worker** of a torchgpu launcher (``torchgpu train`` under torchrun): signals are
   only recorded, from the first line on, in this process and in the run's stop record
-  (:func:`torchgpu.train.state.record_stop`); the worker's stop flag takes them up and
+  (:func:`torchgpu.launch.stop_record.record_stop`); the worker's stop flag takes them up and
   it stops cleanly, also before its process group exists. Its launcher starts it with
   both signals blocked, so one sent before :func:`install` runs waits for the handler
   instead of killing the process (:func:`install` unblocks them).
@@ -77,7 +77,7 @@ def install() -> None:
     _state.worker = is_worker()
     _state.mode = "recording" if _state.worker else "starting"
     if _state.worker:  # imported now: not from a handler that may interrupt an import
-        from torchgpu.train.state import record_stop
+        from torchgpu.launch.stop_record import record_stop
 
         _state.record = record_stop
     for sig in STOP_SIGNALS:

@@ -24,7 +24,6 @@ from torchgpu.train.config import (
     ON_NONFINITE,
     PRECISIONS,
     PROGRESS_MODES,
-    STRATEGIES,
     TrainConfig,
 )
 from torchgpu.train.config_file import FileSettings
@@ -32,10 +31,11 @@ from torchgpu.train.optimizers import OPTIMIZER_NAMES
 from torchgpu.train.schedule import SCHEDULES
 from torchgpu.train.split_flags import parse_batch_size, parse_chunks, parse_num_workers
 from torchgpu.train.strategies.registry import describe as strategy_help
+from torchgpu.train.strategies.registry import names as strategy_names
 
 if TYPE_CHECKING:
+    from torchgpu.launch.stop_record import StopFlag
     from torchgpu.train.assemble import Assembly
-    from torchgpu.train.state import StopFlag
 
 
 def _parser() -> ArgumentParser:
@@ -76,7 +76,7 @@ def _parser() -> ArgumentParser:
     dev.add_argument("--max-restarts", type=int, default=0, metavar="R",
                      help="torchrun restarts of failed workers (default 0)")
     run = p.add_argument_group("training")
-    run.add_argument("--strategy", default="auto", help=f"{'|'.join(STRATEGIES)} "
+    run.add_argument("--strategy", default="auto", help=f"{'|'.join(strategy_names())} "
                      "(auto: ddp with several processes, else single, unless the planner "
                      f"finds the model does not fit one device; {strategy_help()})")
     run.add_argument("--chunks", type=parse_chunks, metavar="M|auto",
@@ -284,7 +284,7 @@ def _check_gpus(config: TrainConfig) -> None:
 
 
 def _relaunch(config: TrainConfig, nproc: int, on_cuda: bool) -> int:
-    from torchgpu.launcher import DEFAULT_STOP_TIMEOUT_S, LaunchSpec, run
+    from torchgpu.launch.run import DEFAULT_STOP_TIMEOUT_S, LaunchSpec, run
 
     spec = LaunchSpec(
         nproc=nproc, nnodes=config.nnodes, node_rank=config.node_rank,
@@ -339,8 +339,8 @@ def main(argv: list[str]) -> int:
     """``torchgpu train [flags]``; returns the exit code (2 for bad input)."""
     config, from_file = _parse(argv)
     from torchgpu.cli import signals
+    from torchgpu.launch.stop_record import StopFlag
     from torchgpu.train.runner import train
-    from torchgpu.train.state import StopFlag
 
     stop = StopFlag()
     if _under_torchrun():  # a worker: the launcher checked everything; train() assembles
@@ -464,8 +464,8 @@ def _exit_worker(code: int) -> None:
     ``os._exit``, skipping the interpreter's teardown of torch (seconds under load, after
     a stop that must end within a bound). Not when the worker still has child processes
     (they are ended by the normal exit), nor under a launcher other than torchgpu's."""
-    from torchgpu.launcher import child_pids
-    from torchgpu.train.state import stop_file
+    from torchgpu.launch.stop import child_pids
+    from torchgpu.launch.stop_record import stop_file
 
     if stop_file() is None:
         return

@@ -31,13 +31,11 @@ import dataclasses
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torchgpu.planning.strategies import Candidate
 from torchgpu.planning.targets import DeviceTarget
-
-if TYPE_CHECKING:
-    from torchgpu.planning.decide import Workload
+from torchgpu.planning.workload import Workload
 
 
 @dataclass(frozen=True)

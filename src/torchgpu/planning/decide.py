@@ -42,29 +42,6 @@ _SIMPLICITY = {"single": 0, "ddp": 1, "fsdp": 2, "pipeline": 3, "model": 4}
 
 
 @dataclass(frozen=True)
-class Workload:
-    """What is being planned, for the command line: a built-in ``example`` or a custom
-    ``model`` spec (``module:factory``) with its ``data`` spec when one was given, the
-    requested ``batch_size`` (samples per optimizer step), ``precision``, ``optimizer``;
-    ``loss``, ``pairs``, ``optimizer_given`` and ``collate_fn`` for the ``torchgpu
-    train`` line."""
-
-    batch_size: int
-    example: str | None = None
-    model: str | None = None
-    precision: str = "fp32"
-    optimizer: str = "adam"
-    data: str | None = None  # the data spec planned with a custom model (--data)
-    # What the run line needs besides: the loss spec (--loss), whether the data yields
-    # (inputs, target) pairs (then train needs a loss), and whether --optimizer was
-    # given (then the run line trains with the optimizer planned, not train's default).
-    loss: str | None = None
-    pairs: bool = False
-    optimizer_given: bool = False
-    collate_fn: str | None = None  # the --collate-fn spec batching the data's items
-
-
-@dataclass(frozen=True)
 class Plan:
     """The chosen way to train, with the evidence.
 

@@ -35,10 +35,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from torchgpu.planning.decide import Plan, Workload
+from torchgpu.planning.decide import Plan
 from torchgpu.planning.footprint import Footprint
 from torchgpu.planning.strategies import Candidate
 from torchgpu.planning.targets import HEADROOM, DeviceTarget
+from torchgpu.planning.workload import Workload
 
 SCHEMA_VERSION = 1
 

@@ -42,8 +42,9 @@ from typing import Any
 
 import torch
 
-from torchgpu.train.heartbeat import Heartbeat
-from torchgpu.train.state import PEER_STOP, StopFlag, TrainState
+from torchgpu.launch.heartbeat import Heartbeat
+from torchgpu.launch.stop_record import PEER_STOP, StopFlag
+from torchgpu.train.state import TrainState
 
 StepRecords = list[tuple[int, int, float]]
 

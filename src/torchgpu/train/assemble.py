@@ -34,13 +34,14 @@ from torch import nn
 from torchgpu.devices.cuda_status import cuda_device_count
 from torchgpu.distributed import DistEnv
 from torchgpu.errors import UsageError
-from torchgpu.launcher import check_process_count
+from torchgpu.launch.run import check_process_count
 from torchgpu.precision import resolve_mode
 from torchgpu.train import build, strategies
 from torchgpu.train.auto_batch import fixed_effective, simulated_limit
 from torchgpu.train.auto_strategy import decide_strategy
 from torchgpu.train.checkpointing import RunStart
-from torchgpu.train.config import TrainConfig, resolve, validate
+from torchgpu.train.config import TrainConfig, resolve
+from torchgpu.train.config_checks import validate
 from torchgpu.train.faults import crash_plan_from_env, hang_plan_from_env
 from torchgpu.train.memory_snapshot import refuse_off_cuda
 from torchgpu.train.out_dir import check_creatable, check_out_dir

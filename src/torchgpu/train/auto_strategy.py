@@ -33,7 +33,8 @@ from torch import nn
 
 from torchgpu.errors import UsageError
 from torchgpu.train import strategies
-from torchgpu.train.config import TrainConfig, validate
+from torchgpu.train.config import TrainConfig
+from torchgpu.train.config_checks import validate
 from torchgpu.train.optimizers import planned_name
 from torchgpu.train.task import Task
 

@@ -119,16 +119,17 @@ from torchgpu.errors import (
     CheckpointCorruptError,
     ResumeError,
 )
+from torchgpu.launch.heartbeat import Heartbeat
+from torchgpu.launch.stop_record import StopFlag
 from torchgpu.train import loop, outputs
 from torchgpu.train.autoresume import continue_hint
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.faults import CrashPlan, HangPlan
-from torchgpu.train.heartbeat import Heartbeat
 from torchgpu.train.outputs import EpochRecord, MetricsBuffer
 from torchgpu.train.resume_plan import FIXED, ResumePlan, cannot_resume, checkpoints_dir
 from torchgpu.train.saved_position import check_steps_asked, epoch_record, saved_position
 from torchgpu.train.schedule import FIXED as SCHEDULE_FIXED
-from torchgpu.train.state import StopFlag, TrainState
+from torchgpu.train.state import TrainState
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from torchgpu.train.agreement import FiniteGuard, NonFiniteGradients
 from torchgpu.train.backoff import BatchOutcome
 
 if TYPE_CHECKING:
-    from torchgpu.train.loop import LoopParts
+    from torchgpu.train.loop_parts import LoopParts
 
 LossFn = Callable[[Any, Any], Tensor]
 Result = tuple[float, bool, bool, "BatchOutcome | None"]

@@ -147,7 +147,7 @@ def versions() -> dict[str, str]:
     """Versions of python, torch, torchgpu and the platform, for the summary."""
     import torch
 
-    from torchgpu import __version__
+    from torchgpu.version import __version__
 
     return {
         "torchgpu": __version__,

@@ -19,13 +19,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from torchgpu.launch.stop_record import StopFlag
 from torchgpu.train import outputs
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.config_file import write_config as write_config_file
 from torchgpu.train.evaluation import EvalResult
 from torchgpu.train.outputs import EpochRecord
 from torchgpu.train.progress import read_process_rss
-from torchgpu.train.state import StopFlag, TrainState
+from torchgpu.train.state import TrainState
 
 if TYPE_CHECKING:
     from torchgpu.train.task import Task

@@ -7,7 +7,7 @@ loaders, checkpoints (:class:`~torchgpu.train.checkpointing.RunCheckpoints`), ob
 summary and the outputs. What differs between strategies is what the object from
 :meth:`Strategy.steps <torchgpu.train.strategies.Strategy.steps>` supplies:
 
-- ``parts``: the loop's pieces (:class:`~torchgpu.train.loop.LoopParts`);
+- ``parts``: the loop's pieces (:class:`~torchgpu.train.loop_parts.LoopParts`);
 - ``stop``: the flag the loop and the checkpoints read (the run's own flag, or one the
   ranks agree on);
 - ``model``, ``optimizer`` and :meth:`~RunSteps.before_save`: what a checkpoint saves
@@ -34,16 +34,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from torchgpu.launch.stop_record import StopFlag
 from torchgpu.train.evaluation import EvalResult, evaluate
-from torchgpu.train.loop import LoopParts
-from torchgpu.train.state import StopFlag, TrainState
+from torchgpu.train.loop_parts import LoopParts
+from torchgpu.train.state import TrainState
 
 if TYPE_CHECKING:
+    from torchgpu.launch.heartbeat import Heartbeat
     from torchgpu.precision import Precision
     from torchgpu.train.config import TrainConfig
     from torchgpu.train.faults import HangPlan
-    from torchgpu.train.heartbeat import Heartbeat
-    from torchgpu.train.strategies import Strategy
     from torchgpu.train.task import Task
 
 
@@ -114,9 +114,19 @@ class RunSteps:
 
 
 class ModelSteps(RunSteps):
-    """The default steps: one model object, its optimizer and the engine's accumulator."""
+    """The default steps: one model object, its optimizer and the engine's accumulator.
 
-    def __init__(self, strategy: Strategy, ctx: StepContext) -> None:
+    What they need of the strategy (:meth:`Strategy.steps
+    <torchgpu.train.strategies.Strategy.steps>` passes it) comes as arguments:
+    ``backoff``: whether the engine's OOM back-off may run (False: the strategy refuses
+    it); ``target_device``: where the output lives when not on the run's device (labels
+    go there); ``eval_model``: the module evaluation calls; ``full_state``: the whole
+    model's weights under canonical keys, from the wrapped model.
+    """
+
+    def __init__(self, ctx: StepContext, *, backoff: bool,
+                 target_device: torch.device | None, eval_model: nn.Module,
+                 full_state: Callable[[nn.Module], dict[str, Tensor]]) -> None:
         from torchgpu.accumulate import GradAccumulator
         from torchgpu.parallel.data import unwrap
         from torchgpu.train.agreement import RankAgreement
@@ -131,10 +141,9 @@ class ModelSteps(RunSteps):
         if ctx.hang is not None:  # test-only: block before a step's gradient all-reduce
             position = ctx.position
             loss_fn = ctx.hang.wrap(loss_fn, lambda: position()[0])
-        target_device = strategy.output_device(model)  # model/pipeline: labels go there
         if target_device == device:
             target_device = None
-        backoff = None if strategy.features.backoff is not None else backoff_for_run(
+        run_backoff = None if not backoff else backoff_for_run(
             model, acc, loss_fn, ctx.precision, batch_size=config.batch_size,
             accumulate=config.accumulate, device=device, distributed=ctx.agree,
             out_dir=ctx.out_dir, position=ctx.position)
@@ -143,16 +152,16 @@ class ModelSteps(RunSteps):
             device=device, accumulate=config.accumulate,
             move_batches=device.type not in ("cpu", "cuda"),
             on_nonfinite=config.on_nonfinite, rank=ctx.rank, agree=ctx.agree,
-            target_device=target_device, backoff=backoff,
+            target_device=target_device, backoff=run_backoff,
             agreement=RankAgreement(ctx.world, heartbeat=ctx.heartbeat) if ctx.agree else None,
             layout=ctx.layout)
         self.config, self.stop, self.optimizer = config, ctx.stop, optimizer
         self.model = self.observed = model
         self.result_model = unwrap(model)
         self.record_world = ctx.world
-        self._strategy, self._task, self._device = strategy, task, device
+        self._full_state, self._task, self._device = full_state, task, device
         self._precision, self._target_device = ctx.precision, target_device
-        self._eval_model = strategy.eval_model(model)
+        self._eval_model = eval_model
 
     def evaluate(self, batches: Iterable[Any]) -> EvalResult:
         task = self._task
@@ -161,7 +170,7 @@ class ModelSteps(RunSteps):
                         target_device=self._target_device, metrics=task.metrics)
 
     def full_state(self) -> dict[str, Tensor]:
-        return self._strategy.full_state(self.model)
+        return self._full_state(self.model)
 
     def summarize(self, summary: dict[str, Any], state: TrainState,
                   train_seconds: float) -> None:

@@ -32,6 +32,8 @@ from torchgpu.errors import (
     TorchGpuError,
     first_line,
 )
+from torchgpu.launch.heartbeat import Heartbeat, collective_failure
+from torchgpu.launch.stop_record import StopFlag
 from torchgpu.train import build, outputs, schedule, stream_run
 from torchgpu.train.agreement import share_stop
 from torchgpu.train.assemble import Assembly, assemble, settle, with_stop_at
@@ -42,7 +44,6 @@ from torchgpu.train.config import TrainConfig
 from torchgpu.train.data_wait import DataWait
 from torchgpu.train.fingerprints import fingerprints
 from torchgpu.train.finished import finished_result
-from torchgpu.train.heartbeat import Heartbeat, collective_failure
 from torchgpu.train.loop import agreed_steps, run_epoch, sync_now
 from torchgpu.train.observers import Observers
 from torchgpu.train.out_dir import clear_run
@@ -58,7 +59,7 @@ from torchgpu.train.report import (
     write_config,
 )
 from torchgpu.train.run_steps import StepContext
-from torchgpu.train.state import StopFlag, TrainState
+from torchgpu.train.state import TrainState
 from torchgpu.train.step_log import StepLog
 from torchgpu.train.stop_deadline import StopDeadline
 from torchgpu.train.strategies import Strategy

@@ -3,7 +3,7 @@
 ``--devices``, ``--balance``, ``--schedule``, ``--chunks M|auto`` and ``--batch-size
 auto`` are parsed here (pure: no torch, no device, no file); the strategies check them
 (:mod:`torchgpu.train.strategies.checks`, from each strategy's declared flags and
-features), so :func:`torchgpu.train.config.validate` refuses a bad combination before
+features), so :func:`torchgpu.train.config_checks.validate` refuses a bad combination before
 anything is created. Rules:
 
 - ``--devices LIST`` (``cpu,cpu``, ``cuda:0,cuda:1``, ``cuda:0,cuda:0``) only with

@@ -50,13 +50,14 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from torchgpu.errors import first_line
+from torchgpu.launch.stop_record import StopFlag
 from torchgpu.train.evaluation import EvalResult, evaluate
-from torchgpu.train.loop import LoopParts
+from torchgpu.train.loop_parts import LoopParts
 from torchgpu.train.run_steps import RunSteps, StepContext
 from torchgpu.train.split_flags import parse_balance, stages_per_rank
 from torchgpu.train.split_strategies import check_splittable, default_chunks, sample_batch
 from torchgpu.train.stage_state import StageOptimizers, gather_weights
-from torchgpu.train.state import StopFlag, TrainState
+from torchgpu.train.state import TrainState
 
 if TYPE_CHECKING:
     from torchgpu.precision import Precision

@@ -1,6 +1,6 @@
 """A stop that ends: the bound between a stop signal and the step boundary it waits for.
 
-A SIGTERM/SIGINT sets the run's :class:`~torchgpu.train.state.StopFlag`, which the loop
+A SIGTERM/SIGINT sets the run's :class:`~torchgpu.launch.stop_record.StopFlag`, which the loop
 honours at its next optimizer-step boundary (it saves there and returns). A step that
 never ends -- a DataLoader worker stuck in ``__getitem__``, a data source that never
 answers -- would make that wait endless. :class:`StopDeadline` bounds it: once the flag
@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
-from torchgpu.launch_stop import child_pids
-from torchgpu.train.state import StopFlag
+from torchgpu.launch.stop import child_pids
+from torchgpu.launch.stop_record import StopFlag
 
 #: After a second stop signal, the most the run may still take to reach a step boundary.
 SECOND_SIGNAL_S = 5.0

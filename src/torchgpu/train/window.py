@@ -25,7 +25,7 @@ from torchgpu.train.backoff import BatchOutcome
 from torchgpu.train.state import TrainState
 
 if TYPE_CHECKING:
-    from torchgpu.train.loop import Accumulator
+    from torchgpu.train.loop_parts import Accumulator
 
 StepRecords = list[tuple[int, int, float]]
 

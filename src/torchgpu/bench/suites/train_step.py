@@ -1,7 +1,7 @@
 """What ``torchgpu train`` runs per step, assembled the way ``train/runner.py`` assembles it,
 for the ``overhead`` suite.
 
-:func:`loop_parts` builds :class:`~torchgpu.train.loop.LoopParts` with the same calls and
+:func:`loop_parts` builds :class:`~torchgpu.train.loop_parts.LoopParts` with the same calls and
 arguments as the runner's ``_run`` for one process: the built-in examples' optimizer
 (Adam, :mod:`torchgpu.examples.common`, made by :func:`torchgpu.train.optimizers.make`),
 ``GradAccumulator`` with the Precision and clip norm, the example's loss (the housing
@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
-    from torchgpu.train.loop import LoopParts
+    from torchgpu.train.loop_parts import LoopParts
     from torchgpu.train.state import TrainState
 
 Batches = Sequence[tuple[Tensor, Tensor]]
@@ -52,7 +52,7 @@ def loop_parts(model: nn.Module, device: torch.device, *, batch_size: int, lr: f
     from torchgpu.precision import Precision
     from torchgpu.train import optimizers, strategies
     from torchgpu.train.backoff import for_run as backoff_for_run
-    from torchgpu.train.loop import LoopParts
+    from torchgpu.train.loop_parts import LoopParts
     from torchgpu.train.split_strategies import output_device
     from torchgpu.train.state import TrainState
 
@@ -93,9 +93,10 @@ class TrainEpoch:
 
     def __init__(self, model: nn.Module, device: torch.device, batches: Batches, *,
                  batch_size: int, lr: float) -> None:
+        from torchgpu.launch.stop_record import StopFlag
         from torchgpu.train.outputs import MetricsBuffer
         from torchgpu.train.progress import NullProgress
-        from torchgpu.train.state import StopFlag, TrainState
+        from torchgpu.train.state import TrainState
 
         self.state = TrainState()
         self.parts = loop_parts(model, device, batch_size=batch_size, lr=lr, state=self.state,

@@ -172,4 +172,6 @@ class Strategy:
         the engine's accumulator (:class:`~torchgpu.train.run_steps.ModelSteps`)."""
         from torchgpu.train.run_steps import ModelSteps
 
-        return ModelSteps(self, ctx)
+        return ModelSteps(ctx, backoff=self.features.backoff is None,
+                          target_device=self.output_device(ctx.model),
+                          eval_model=self.eval_model(ctx.model), full_state=self.full_state)

@@ -1,6 +1,6 @@
 """The strategy flags of a config, checked from the strategies' declarations (pure).
 
-:func:`check_config` runs inside :func:`torchgpu.train.config.validate`: the strategy's
+:func:`check_config` runs inside :func:`torchgpu.train.config_checks.validate`: the strategy's
 name, the strategy-only flags (``--chunks``, ``--schedule``, ``--balance``,
 ``--devices``: refused by a strategy whose :attr:`Features.flags` lacks them), the
 process count (a one-process strategy with ``--nproc``), the features it lacks

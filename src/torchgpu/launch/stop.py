@@ -1,4 +1,4 @@
-"""How a launcher (:func:`torchgpu.launcher.run`) stops its workers, and what a stop is.
+"""How a launcher (:func:`torchgpu.launch.run.run`) stops its workers, and what a stop is.
 
 - :class:`StopForwarder`: SIGTERM/SIGINT sent to the launcher (to it alone, or to its
   process group: torchrun starts each worker in a session of its own, so a group signal
@@ -34,9 +34,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from torchgpu.launch.stop_record import clear_stop, record_stop, recorded_stop
 from torchgpu.stop_signals import STOP_SIGNALS as STOP_SIGNALS
 from torchgpu.stop_signals import routed_to
-from torchgpu.train.state import clear_stop, record_stop, recorded_stop
 
 #: Worker exit codes that mean a stop signal ended it: killed by one (negative, as
 #: torchrun reports them), or exited with the shell's 128 + its number.
@@ -221,7 +221,7 @@ class StopJudge:
     """Whether a round of workers ended by a deliberate stop or by a failure.
 
     A stop is a signal from outside the launcher: :attr:`forwarder`'s (the launcher
-    got it), a worker's stop record (:func:`~torchgpu.train.state.recorded_stop`), or a
+    got it), a worker's stop record (:func:`~torchgpu.launch.stop_record.recorded_stop`), or a
     worker ended by SIGTERM/SIGINT (:func:`stopped_by_signal`). torchrun's agent, once
     a worker failed, ends the others with a SIGTERM of its own (its teardown), which
     they record and die of like any SIGTERM; :meth:`teardown` is called just before

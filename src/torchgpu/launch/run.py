@@ -6,7 +6,7 @@ port by default (c10d rendezvous), or the multi-node flags passed through
 runs the elastic agent here and turns a worker failure into an exit code with a
 one-line reason instead of torchrun's traceback. No home-made transport.
 
-Signals (:mod:`torchgpu.launch_stop`): while :func:`run` runs, SIGTERM and SIGINT sent
+Signals (:mod:`torchgpu.launch.stop`): while :func:`run` runs, SIGTERM and SIGINT sent
 to the launcher (to it alone, or to its process group: torchrun starts each worker in a
 session of its own, so a group signal reaches the launcher only) are forwarded to the
 workers by :class:`StopForwarder`, and the launcher keeps watching them: workers that
@@ -14,13 +14,13 @@ stop cleanly (``torchgpu train`` saves at its next step and exits 0) make it exi
 whatever still runs ``LaunchSpec.stop_timeout_s`` after the signal is SIGKILLed with its
 process group. Every exit of :func:`run` (a return, an exception) ends the workers. A
 stop signal -- to the launcher or to any worker, at any time -- is recorded in the run's
-stop record (:data:`torchgpu.train.state.STOP_FILE_ENV`), and a round that a stop ended
+stop record (:data:`torchgpu.launch.stop_record.STOP_FILE_ENV`), and a round that a stop ended
 is never restarted (``--max-restarts`` is for failures); a worker a stop signal ended is
 reported as stopped, not failed, with exit code 128 + the signal's number. The SIGTERM
 torchrun's agent sends the other workers after one failed is no stop
-(:class:`~torchgpu.launch_stop.StopJudge`): the round failed, and is restarted.
+(:class:`~torchgpu.launch.stop.StopJudge`): the round failed, and is restarted.
 
-Hangs: the workers keep heartbeats (:mod:`torchgpu.train.heartbeat`); when a rank's
+Hangs: the workers keep heartbeats (:mod:`torchgpu.launch.heartbeat`); when a rank's
 collective times out (``--collective-timeout``), :class:`HangWatch` ends every worker
 at once, in every round torchrun runs (``--max-restarts``), and :func:`run` prints one
 paragraph naming the rank(s) that did not arrive, the step and collective, where every
@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from torchgpu.errors import UsageError
-from torchgpu.launch_stop import (
-    STOP_SIGNALS,
+from torchgpu.launch.hang_watch import HangWatch, kill_children
+from torchgpu.launch.stop import (
     StopForwarder,
     StopJudge,
     agent_signals,
@@ -52,11 +52,10 @@ from torchgpu.launch_stop import (
     signal_in,
     stop_aware_agent,
 )
-from torchgpu.train.hang_watch import HangWatch, kill_children
-from torchgpu.train.state import STOP_FILE_ENV
+from torchgpu.launch.stop_record import STOP_FILE_ENV
 
-__all__ = ["STOP_SIGNALS", "LaunchSpec", "StopForwarder", "agent_signals", "check_endpoint",
-           "check_process_count", "check_spec", "child_pids", "run", "torchrun_args"]
+__all__ = ["LaunchSpec", "check_endpoint", "check_process_count", "check_spec", "run",
+           "torchrun_args"]
 
 LOOPBACK = "127.0.0.1"
 DEFAULT_STOP_TIMEOUT_S = 60.0  # seconds
@@ -237,7 +236,7 @@ def run(spec: LaunchSpec, target: str, target_args: Sequence[str]) -> int:
         os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     forwarder = StopForwarder(spec.stop_timeout_s)
     # Workers write heartbeats; a rank's collective timeout ends every worker at once
-    # (not after torchrun's 30 s grace) and the hang is named (torchgpu.train.heartbeat).
+    # (not after torchrun's 30 s grace) and the hang is named (torchgpu.launch.heartbeat).
     recorder = spec.flight_recorder
     if recorder is None:
         import torch

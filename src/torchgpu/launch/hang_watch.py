@@ -1,6 +1,6 @@
 """The launcher's side of the heartbeats: a hung collective named in one paragraph.
 
-:class:`HangWatch` gives the workers a heartbeat directory (:mod:`torchgpu.train.heartbeat`
+:class:`HangWatch` gives the workers a heartbeat directory (:mod:`torchgpu.launch.heartbeat`
 writes one file per rank there) and polls it. When a rank records a collective timeout
 it waits briefly for the other ranks to record theirs, names the rank(s) that did not
 arrive, the step and collective, where every rank was and each one's last line
@@ -26,7 +26,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from torchgpu.train.heartbeat import (
+from torchgpu.launch.heartbeat import (
     FLIGHT_RECORDER_ENV,
     FLIGHT_RECORDER_FILE_ENV,
     FLIGHT_RECORDER_PREFIX,

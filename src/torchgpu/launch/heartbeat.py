@@ -1,6 +1,6 @@
 """Heartbeats: where every rank is, so a hung collective is named instead of waited out.
 
-A multi-process run started by :func:`torchgpu.launcher.run` gets a directory in
+A multi-process run started by :func:`torchgpu.launch.run.run` gets a directory in
 ``TORCHGPU_HEARTBEAT_DIR``; each rank's :class:`Heartbeat` keeps one small JSON file
 there (``rank<R>.json``, replaced atomically), written by a background thread about
 four times a second from values the training loop already keeps (``state.step``), so
@@ -19,7 +19,7 @@ the loop itself does no extra work per step. A file holds:
 - ``failure``: what a rank records when one of its collectives failed (``kind``
   ``timeout`` or ``peer``, the phase and step, the error's first line).
 
-The launcher's :class:`~torchgpu.train.hang_watch.HangWatch` reads the files and names
+The launcher's :class:`~torchgpu.launch.hang_watch.HangWatch` reads the files and names
 the hang. A rank whose collective timed out waits briefly for it to end every worker
 (:meth:`Heartbeat.failed`), so that its paragraph is the run's last word. Files only, in
 a directory on this node: no home-made transport.
