@@ -196,7 +196,8 @@ def test_model_without_a_repeated_block_says_what_to_pass() -> None:
         with pytest.raises(ConfigError) as info:
             apply_activation_checkpointing(target)
         text = str(info.value)
-        assert "no repeated block" in text and "blocks=MyBlock" in text and "predicate" in text
+        assert "no repeated block" in text and "blocks=CLASS" in text and "predicate" in text
+        assert "--activation-checkpointing CLASS" in text and "activation_checkpointing=" in text
         assert checkpointing_report(target).mode == "none"
 
 
