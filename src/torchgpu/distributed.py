@@ -16,6 +16,7 @@ import atexit
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -285,14 +286,28 @@ def init_distributed(
     joining = startup_timeout if startup_timeout is not None else timeout
 
     def form() -> None:
+        # The ranks first meet on the rendezvous store, waiting up to ``joining`` for a
+        # peer still building its model; the group is then formed with ``timeout``, so
+        # every operation of it (gloo's point-to-point sends too, which keep the timeout
+        # the group was formed with) waits the collective timeout, not the start-up one.
+        from torch.distributed.distributed_c10d import PrefixStore
+        from torch.distributed.rendezvous import rendezvous
+
+        store, rank, world = next(rendezvous("env://", env.rank, env.world_size,
+                                             timeout=joining))
+        _await_peers(store, world, joining)
+        store.set_timeout(timeout)
+        store = PrefixStore("default_pg", store)  # as init_process_group's own
         if chosen == "nccl":
             torch.cuda.set_device(env.local_rank)  # the current device is per thread
             # Binding the group to the device lets NCCL connect eagerly and stops barrier()
             # from guessing a device.
-            dist.init_process_group(backend=chosen, timeout=joining,
+            dist.init_process_group(backend=chosen, store=store, rank=rank, world_size=world,
+                                    timeout=timeout,
                                     device_id=torch.device("cuda", env.local_rank))
         else:
-            dist.init_process_group(backend=chosen, timeout=joining)
+            dist.init_process_group(backend=chosen, store=store, rank=rank, world_size=world,
+                                    timeout=timeout)
 
     try:
         _form_watching(form, stop)
@@ -305,8 +320,6 @@ def init_distributed(
             f"MASTER_PORT={os.environ.get('MASTER_PORT')!r}): {exc}. Check that every rank "
             "was started by the same torchrun and can reach MASTER_ADDR:MASTER_PORT."
         ) from exc
-    if joining != timeout:
-        _set_timeout(timeout)
     if keep:
         _kept.group = dist.distributed_c10d._get_default_group()
         if not _kept.hooked:
@@ -316,6 +329,26 @@ def init_distributed(
         env.rank, env.local_rank, env.world_size, env.local_world_size,
         backend=chosen, owns_group=True, kept=keep,
     )
+
+
+_formed = [0]  # groups this process has formed: each meets its peers under its own key
+
+
+def _await_peers(store: dist.distributed_c10d.Store, world: int, timeout: timedelta) -> None:
+    """Wait until ``world`` ranks have arrived on ``store`` for this formation (every rank
+    forms its groups in the same order, so the n-th formation's key is the same on each),
+    or raise a timeout naming how many came within ``timeout``."""
+    _formed[0] += 1
+    key = f"torchgpu/joined/{_formed[0]}"
+    arrived = store.add(key, 1)
+    deadline = time.monotonic() + timeout.total_seconds()
+    while arrived < world:
+        if time.monotonic() >= deadline:
+            raise DistributedError(
+                f"timed out waiting {int(timeout.total_seconds() * 1000)} ms for the other "
+                f"ranks to form the process group: {arrived} of {world} arrived")
+        time.sleep(0.02)
+        arrived = store.add(key, 0)
 
 
 def _set_timeout(timeout: timedelta) -> None:
