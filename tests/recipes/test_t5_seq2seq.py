@@ -4,13 +4,14 @@ and the same recipe through ``torchgpu.fit(activation_checkpointing="T5Block")``
 the same step and validation losses.
 
 Not bitwise, to float rounding: the data order, weights, dropout masks, collator and
-optimizer are the same, and both recompute each ``T5Block`` under
-``torch.utils.checkpoint`` (non-reentrant, RNG replayed), so the first step's loss is
-bitwise equal; but Hugging Face binds a block's keyword tensors (the encoder output, the
-position bias every block shares) into the checkpointed function while torchgpu passes
-them through ``checkpoint``, so autograd sums the gradients meeting at those shared
-tensors in another order (encoder weights differ in the last bits, ~1e-8). AdamW
-carries that forward: the losses then agree to ~1e-7, checked at rtol 1e-5.
+optimizer are the same, and both recompute each ``T5Block`` under non-reentrant
+``torch.utils.checkpoint`` with the RNG replayed, so the first step's loss is bitwise
+equal; but torchgpu runs each checkpointed block on copies of its input tensors (so an
+in-place first layer cannot corrupt the saved input), which adds a copy node where the
+encoder output and the shared position bias enter each block, and autograd then sums
+the gradients meeting at those tensors in another order (the encoder weights' gradients
+differ in the last bits, ~1e-8; without the copies they are bitwise Hugging Face's).
+AdamW carries that forward: the losses agree to ~1e-7, checked at rtol 1e-5.
 """
 
 from __future__ import annotations
