@@ -212,6 +212,8 @@ def fit(
     _refuse_split_pair(train_data)
     name = type(model).__name__ if isinstance(model, nn.Module) else getattr(
         model, "__name__", "model")
+    if not name.isidentifier():  # "<lambda>": no name for runs/<name>-<time> or messages
+        name = "model"
     if isinstance(optimizer, str):  # a name (or spec): a setting, recorded in config.toml
         settings = {**settings, "optimizer": optimizer}
     if isinstance(scheduler, str):  # a spec: a setting, as --scheduler

@@ -158,7 +158,7 @@ def make(factory: SchedulerFactory, optimizer: torch.optim.Optimizer, named: str
     if missing:
         raise UsageError(
             f"the scheduler factory {named} returned a {type(made).__name__}, not a learning-"
-            f"rate scheduler (it has no {', '.join(missing)}): {fix}")
+            f"rate scheduler (it has no {', '.join(missing)}){_hint(made)}: {fix}")
     if isinstance(made, torch.optim.lr_scheduler.ReduceLROnPlateau):
         raise UsageError(
             f"the scheduler factory {named} returned a ReduceLROnPlateau, which steps on a "
@@ -176,6 +176,19 @@ def make(factory: SchedulerFactory, optimizer: torch.optim.Optimizer, named: str
             f"the scheduler factory {named} returned a {type(made).__name__} whose state "
             f"cannot be saved in a checkpoint: {error}") from None
     return made
+
+
+def _hint(made: object) -> str:
+    """What a factory's usual wrong return value means (the common slips of a recipe)."""
+    if made is None:
+        return "; it returned nothing: add `return scheduler` at its end"
+    if isinstance(made, dict) and "scheduler" in made:  # Lightning's configure_optimizers
+        return ("; a Lightning-style {'scheduler': ...} dict: return its scheduler itself, "
+                "which torchgpu steps once per optimizer step (interval 'step')")
+    if callable(made):  # the LR factor function rather than a scheduler of it
+        return ("; a function: if it is the learning-rate factor of a step, return "
+                "torch.optim.lr_scheduler.LambdaLR(optimizer, that_function)")
+    return ""
 
 
 def built_in(config: TrainConfig, optimizer: torch.optim.Optimizer, total: int,

@@ -218,10 +218,15 @@ def check_pair(batch: object, label: str) -> None:
     dict nor an ``(inputs, target)`` pair (the two shapes the engine trains on)."""
     if isinstance(batch, tuple | list) and len(batch) == 2 and not hasattr(batch, "_fields"):
         return
+    # A callable batch is a collator: a one-argument factory (`def collate(tokenizer)`)
+    # was taken for the collate function itself and called with the items.
+    hint = (" (a function: a factory taking an argument is called as the collate function, "
+            "with the list of items; name the collate function itself or a zero-argument "
+            "factory returning it)" if callable(batch) else "")
     raise UsageError(
         f"{label or 'the collate function'} returned a {type(batch).__name__}"
-        f"{f' of {len(batch)} elements' if isinstance(batch, tuple | list) else ''}, which "
-        "the model cannot take: a collate function must return a dict of tensors "
+        f"{f' of {len(batch)} elements' if isinstance(batch, tuple | list) else ''}{hint}, "
+        "which the model cannot take: a collate function must return a dict of tensors "
         "(model(**batch), e.g. input_ids, attention_mask, labels) or an (inputs, target) "
         "pair; fix what it returns."
     )
