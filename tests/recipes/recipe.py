@@ -16,7 +16,11 @@ RECIPES = REPO / "examples" / "recipes"
 
 
 def load(name: str) -> ModuleType:
-    """``examples/recipes/<name>.py`` imported as a module (its ``__main__`` not run)."""
+    """``examples/recipes/<name>.py`` imported as a module (its ``__main__`` not run),
+    with examples/recipes/ on ``sys.path`` as when the script runs (``import
+    nanogpt_model``)."""
+    if str(RECIPES) not in sys.path:
+        sys.path.insert(0, str(RECIPES))
     path = RECIPES / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"recipe_{name}", path)
     assert spec is not None and spec.loader is not None
