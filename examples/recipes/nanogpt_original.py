@@ -14,10 +14,9 @@ import argparse
 import math
 
 import torch
+from nanogpt_model import GPT, GPTConfig, char_splits, configure_optimizers, lm_loss
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
-
-from nanogpt_model import GPT, GPTConfig, char_splits, configure_optimizers, lm_loss
 
 
 def lr_factor(step: int, warmup: int, total: int) -> float:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 from functools import partial
 
+from nanogpt_model import GPT, GPTConfig, char_splits, configure_optimizers, lm_loss
 from torch import nn
 
-from nanogpt_model import GPT, GPTConfig, char_splits, configure_optimizers, lm_loss
 from torchgpu import fit
 
 
