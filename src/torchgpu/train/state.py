@@ -4,8 +4,10 @@ record that a launcher and its workers share.
 ``TrainState`` is everything a resumed run needs besides the weights, optimizer and
 RNG: which epoch, how many optimizer steps, how many micro-batches of the current
 epoch were consumed, and the loss history. The data order of an epoch is a function
-of ``(seed, epoch)`` (see :func:`torchgpu.train.loop.epoch_seed`), so a resumed run
-re-creates the epoch's order and skips ``batch_in_epoch`` micro-batches.
+of ``(seed, epoch)`` (a run's training set: ``randperm`` seeded with ``seed + epoch``,
+DistributedSampler's order, :mod:`torchgpu.data.shards`; a generator-shuffled loader:
+:func:`torchgpu.train.loop.epoch_seed`), so a resumed run re-creates the epoch's order
+and skips ``batch_in_epoch`` micro-batches.
 
 **The stop record.** A launcher (:mod:`torchgpu.launcher`) names a file in
 :data:`STOP_FILE_ENV` for its workers. The first stop signal any of them (or the
