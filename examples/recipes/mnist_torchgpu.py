@@ -58,4 +58,5 @@ if __name__ == "__main__":
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--samples", type=int, default=256)
     parser.add_argument("--out", default=None)
-    train(**vars(parser.parse_args()))
+    losses, _ = train(**vars(parser.parse_args()))
+    print(f"{len(losses)} steps: first loss {losses[0]:.4f}, last loss {losses[-1]:.4f}")
