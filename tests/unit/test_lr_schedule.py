@@ -87,6 +87,30 @@ def test_lambda_lr_matches_hugging_face_at_every_step(kind: str) -> None:
     assert ours == pytest.approx(theirs, rel=1e-12, abs=1e-15)
 
 
+@pytest.mark.parametrize("base", [1.0, 0.3])
+def test_step_schedule_is_torchs_step_lr_per_epoch_bitwise(base: float) -> None:
+    """torch/examples' StepLR(step_size=1, gamma=0.7) stepped once per epoch, against the
+    built-in step schedule stepped once per optimizer step (3 a epoch): the same LR at
+    every step of 8 epochs, to the last bit (0.7 ** 4 is not 0.7 * 0.7 * 0.7 * 0.7)."""
+    per_epoch, epochs = 3, 8
+    torch_opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=base)
+    step_lr = torch.optim.lr_scheduler.StepLR(torch_opt, step_size=1, gamma=0.7)
+    expected = []
+    for _ in range(epochs):
+        expected += [torch_opt.param_groups[0]["lr"]] * per_epoch
+        torch_opt.step()
+        step_lr.step()
+    ours_opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=base)
+    config = TrainConfig(lr_schedule="step", lr_gamma=0.7, epochs=epochs)
+    scheduler = schedule.built_in(config, ours_opt, per_epoch * epochs, per_epoch)
+    got = []
+    for _ in range(per_epoch * epochs):
+        got.append(ours_opt.param_groups[0]["lr"])
+        ours_opt.step()
+        scheduler.step()
+    assert got == expected
+
+
 # -- the engine steps it once per applied optimizer step --------------------------------
 
 @pytest.mark.parametrize("accumulate", [1, 2])

@@ -13,7 +13,9 @@ Face's ``get_*_schedule_with_warmup`` compute it:
 - ``cosine``: ``0.5 * (1 + cos(pi * (t - W) / (T - W)))``, down to 0 at the run's end;
 - ``step``: ``gamma ** (e // S)`` where ``e`` is the epoch step ``t`` falls in,
   ``S = --lr-step-size`` epochs (default 1) and ``gamma = --lr-gamma`` (default 0.1), as
-  ``StepLR(step_size=S, gamma=gamma)`` stepped once per epoch does.
+  ``StepLR(step_size=S, gamma=gamma)`` stepped once per epoch does (without warm-up it
+  is that ``StepLR``, over ``S`` epochs of optimizer steps, so its LRs are bitwise
+  torch's: each decay multiplies the current LR by ``gamma``).
 
 Or a factory ``optimizer -> LRScheduler`` (``fit(scheduler=...)``, or ``--scheduler
 module:function`` / ``path.py:function``, resolved as ``--optimizer`` specs are). It is
@@ -193,12 +195,21 @@ def _hint(made: object) -> str:
 
 def built_in(config: TrainConfig, optimizer: torch.optim.Optimizer, total: int,
              steps_per_epoch: int) -> Any:
-    """The LambdaLR of ``config``'s built-in schedule over ``optimizer``."""
+    """The LambdaLR of ``config``'s built-in schedule over ``optimizer`` (the ``step``
+    schedule without warm-up: a ``StepLR`` of ``lr_step_size`` epochs of optimizer
+    steps, bitwise the LRs of torch's ``StepLR`` stepped once per epoch)."""
     import torch
 
     kind, warmup = config.lr_schedule, config.warmup_steps
     step_size = config.lr_step_size or DEFAULT_STEP_SIZE
     gamma = config.lr_gamma if config.lr_gamma is not None else DEFAULT_GAMMA
+    if kind == "step" and not warmup:
+        # torch's own StepLR, over optimizer steps: it multiplies the current LR by gamma
+        # at each decay, so the LRs are StepLR's stepped per epoch to the last bit (the
+        # factor gamma ** k of a LambdaLR differs from that product in the last bit from
+        # the fourth decay by 0.7 on).
+        return torch.optim.lr_scheduler.StepLR(
+            optimizer, step_size=step_size * max(1, steps_per_epoch), gamma=gamma)
 
     # A plain function (not a callable object): LambdaLR saves no state for it, so a
     # resume keeps this run's total (a resume may add epochs).
