@@ -15,7 +15,7 @@ from torch.utils.data import TensorDataset
 import torchgpu
 from torchgpu.cli.main import main
 from torchgpu.examples import housing
-from torchgpu.train import assemble, auto_strategy, build, config, plugin
+from torchgpu.train import assemble, auto_strategy, build, config, config_checks, plugin
 
 
 def _count(monkeypatch: pytest.MonkeyPatch, events: list[str], name: str, module: Any,
@@ -33,7 +33,7 @@ def _count(monkeypatch: pytest.MonkeyPatch, events: list[str], name: str, module
 @pytest.fixture
 def events(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
-    _count(monkeypatch, seen, "validate", config, "validate", assemble, auto_strategy)
+    _count(monkeypatch, seen, "validate", config_checks, "validate", assemble, auto_strategy)
     _count(monkeypatch, seen, "resolve", config, "resolve", assemble)
     _count(monkeypatch, seen, "data", housing, "load")
     _count(monkeypatch, seen, "task", plugin, "task_for_config", assemble)
