@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import random
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -204,7 +207,27 @@ def test_workers_end_with_the_run_on_error_and_on_stop(tmp_path: Path) -> None:
     assert _children() == []
 
 
+#: Set in the child pytest that runs a test in an interpreter of its own.
+ISOLATED_ENV = "TORCHGPU_TEST_ISOLATED"
+
+
+@pytest.mark.timeout(420)
 def test_resume_with_workers_is_bitwise_with_random_augmentation(tmp_path: Path) -> None:
+    """Runs in a fresh interpreter (a child pytest, bounded): it forks DataLoader workers
+    in four runs, and a fork copies whatever locks the threads other tests left in a
+    shared xdist worker hold at that moment."""
+    if os.environ.get(ISOLATED_ENV) != "1":
+        from tests.procs import REPO, test_env
+
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
+             f"{__file__}::test_resume_with_workers_is_bitwise_with_random_augmentation",
+             "--basetemp", str(tmp_path / "child")],
+            env=test_env(**{ISOLATED_ENV: "1"}), cwd=REPO, capture_output=True, text=True,
+            timeout=360, check=False)
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+        return
+
     def model() -> nn.Module:
         return nn.Sequential(nn.Linear(FEATURES, 8), nn.ReLU(), nn.Linear(8, 1))
 
