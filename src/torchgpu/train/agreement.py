@@ -75,7 +75,7 @@ class FiniteGuard:
     loss). Call :meth:`remove` when done.
     """
 
-    def __init__(self, accumulator: Any) -> None:
+    def __init__(self, accumulator: Any, *, hook: bool = True) -> None:
         optimizer = getattr(accumulator, "optimizer", None)
         if optimizer is None:
             raise TypeError(
@@ -91,25 +91,50 @@ class FiniteGuard:
         self._sentinel: torch.Tensor = max(params, key=lambda p: p.shape[0] if p.dim() else 0)
         self._accumulator = accumulator
         self._clipped = getattr(accumulator, "clip_norm", None) is not None
-        self._handle = optimizer.register_step_pre_hook(self._check)
+        # hook=False: the caller reads probes() with its own data in one transfer and
+        # asks judge() (torchgpu.train.loss_reader, on accelerators).
+        self._handle = optimizer.register_step_pre_hook(self._check) if hook else None
 
     def poison(self, loss: torch.Tensor) -> torch.Tensor:
         """``loss`` plus a term whose gradient is NaN in every sentinel element."""
         return loss + self._sentinel.sum() * math.nan
 
-    def _check(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def poison_if_nonfinite(self, loss: torch.Tensor) -> torch.Tensor:
+        """:meth:`poison` decided on the device: the term's factor is 0 for a finite
+        ``loss`` (its gradient then adds nothing), NaN otherwise. No host sync."""
+        factor = torch.where(torch.isfinite(loss.detach()), 0.0, math.nan)
+        return loss + self._sentinel.sum() * factor
+
+    def probes(self) -> list[torch.Tensor]:
+        """The values :meth:`judge` decides on, still on the device: the sentinel
+        gradient's first element (this rank's shard under FSDP2) and the clip norm."""
+        found: list[torch.Tensor] = []
         grad = self._sentinel.grad
         if grad is not None:
             local = grad.to_local() if hasattr(grad, "to_local") else grad  # FSDP2: own shard
-            if local.numel() and math.isnan(local.flatten()[0].item()):
-                raise NonFiniteGradients
+            if local.numel():
+                found.append(local.detach().flatten()[:1])
         if self._clipped:
             norm = self._accumulator.last_grad_norm
-            if norm is not None and not math.isfinite(float(norm)):
-                raise NonFiniteGradients
+            if isinstance(norm, torch.Tensor):
+                found.append(norm.detach())
+            elif norm is not None:
+                found.append(torch.tensor(float(norm)))
+        return found
+
+    @staticmethod
+    def judge(values: list[float]) -> bool:
+        """True when the step may go on: every probe read is finite (a NaN sentinel means
+        some rank's loss was not; a non-finite clip norm, its gradients)."""
+        return all(math.isfinite(v) for v in values)
+
+    def _check(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self.judge([probe.item() for probe in self.probes()]):
+            raise NonFiniteGradients
 
     def remove(self) -> None:
-        self._handle.remove()
+        if self._handle is not None:
+            self._handle.remove()
 
 
 class RankAgreement:

@@ -34,9 +34,10 @@ a resumed run recreates it and skips ``state.batch_in_epoch`` micro-batches.
 Hot path rules (the loop must stay within 2% of a hand-written loop): every decision
 that does not change per step (transfer or not, distributed or not, progress or not)
 is made before the loop; per step there is no I/O, no import, no capability probe, and
-no module-level state. The loss is read with one ``.item()`` per micro-batch (a host
-sync on GPU) because the value feeds both the loss history and the non-finite check.
-Two clock reads per batch time the wait for the next batch (``EpochTotals.data_wait_s``).
+no module-level state. On an accelerator the loss is read once per optimizer step
+(:mod:`torchgpu.train.loss_reader`: one host sync per step, none per micro-batch); on
+the CPU, where a read is no sync, once per micro-batch. Two clock reads per batch time
+the wait for the next batch (``EpochTotals.data_wait_s``).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from torchgpu.data.batches import batch_rows
 from torchgpu.launch.stop_record import StopFlag
 from torchgpu.train.agreement import FiniteGuard, NonFiniteGradients
 from torchgpu.train.loop_parts import Accumulator, LoopParts, ProgressSink
+from torchgpu.train.loss_reader import LossReader, per_step_optimizer
 from torchgpu.train.micro_step import MicroStep
 from torchgpu.train.state import TrainState
 from torchgpu.train.tail import TailWindows
@@ -187,10 +189,13 @@ def run_epoch(
     acc, device, target_device = parts.accumulator, parts.device, parts.target_device
     move = parts.move_batches
     records = [] if records is None else records
-    guard, stop_here, stop_at_end = _agreement(parts, state, records, stop)
-    step = MicroStep(parts, guard).run  # forward, backward; OOM back-off and guard inside
+    hooked = per_step_optimizer(device, acc)  # None: the loss is read per micro-batch
+    guard, stop_here, stop_at_end = _agreement(parts, state, records, stop,
+                                               hook=hooked is None)
+    reader = LossReader(hooked, guard) if hooked is not None else None
+    step = MicroStep(parts, guard, reader).run  # forward, backward; back-off, guard inside
     losses = WindowLosses(state, records, acc, on_step=on_step, on_nonfinite=parts.on_nonfinite,
-                          rank=parts.rank, distributed=guard is not None)
+                          rank=parts.rank, distributed=guard is not None, reader=reader)
     window = parts.accumulate
     tail = TailWindows(parts.layout, window, batches_per_epoch, parts.loss_fn)
     tail_from = tail.start  # sys.maxsize: no short batch in this epoch
@@ -239,7 +244,7 @@ def run_epoch(
                 now = time.perf_counter()
                 if now >= next_ui:
                     next_ui = now + UI_INTERVAL_S
-                    progress.update(state, value, (state.samples - first_sample)
+                    progress.update(state, losses.last, (state.samples - first_sample)
                                     / max(now - started, 1e-9))
         if acc.pending:  # a loader that yielded fewer batches than batches_per_epoch
             losses.close(_flush(acc, losses))
@@ -250,21 +255,24 @@ def run_epoch(
     finally:
         if guard is not None:
             guard.remove()
+        if reader is not None:
+            reader.remove()
 
 
 def _agreement(parts: LoopParts, state: TrainState, records: list[tuple[int, int, float]],
-               stop: StopFlag | None) -> tuple[FiniteGuard | None, Callable[[], bool],
-                                               Callable[[], bool]]:
+               stop: StopFlag | None, *, hook: bool) -> tuple[
+                   FiniteGuard | None, Callable[[], bool], Callable[[], bool]]:
     """The epoch's stop checks, at each boundary and at the end, and DDP's finite guard.
 
     One process: the stop flag, read. DDP: the ranks' agreement (a collective only when
-    one is due at a boundary, always at the end) and the guard on the optimizer step."""
+    one is due at a boundary, always at the end) and the guard on the optimizer step
+    (``hook``: its own step pre-hook; else the loss reader asks it)."""
     agreement = parts.agreement if parts.agree else None
     if agreement is None:
         flag = stop.is_set if stop is not None else _never
         return None, flag, flag
     agreement.begin(state, records, stop)
-    return FiniteGuard(parts.accumulator), agreement.boundary, agreement.agree
+    return FiniteGuard(parts.accumulator, hook=hook), agreement.boundary, agreement.agree
 
 
 def _never() -> bool:

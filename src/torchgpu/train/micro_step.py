@@ -1,28 +1,23 @@
-"""One micro-batch through the model, and the two things that may take it over.
+"""One micro-batch through the model: forward and loss under autocast, then backward
+through the accumulator, which steps the optimizer at the window's boundary.
 
-:class:`MicroStep` is what the loop (:func:`torchgpu.train.loop.run_epoch`) calls per
-micro-batch: forward and loss under autocast (inside the accumulator's ``micro_step``
-when a window holds several micro-batches), the loss read once (``.item()``), then
-backward through the accumulator, which steps the optimizer at the window's boundary.
-A non-finite loss gets no backward in one process (the loop decides); under DDP it is
-backpropagated poisoned (:meth:`~torchgpu.train.agreement.FiniteGuard.poison`) so the
-all-reduce carries the decision to every rank.
+The loss is read on the host once per micro-batch on the CPU (no sync there: a
+non-finite loss then gets no backward), and once per optimizer step on an accelerator
+(:class:`~torchgpu.train.loss_reader.LossReader`: the loss stays on the device, the
+window is read and judged in the step's pre-hook). Under DDP a non-finite loss is
+backpropagated poisoned, so the all-reduce carries the decision to every rank and
+:class:`~torchgpu.train.agreement.FiniteGuard` stops the step on all of them.
 
-What may take a micro-batch over, both decided here so the loop stays one path:
+What may take a micro-batch over: the OOM back-off (``parts.backoff``: an
+out-of-memory error halves the micro-batch and replays the window from the random
+state kept at its start) and a boundary whose gradients are non-finite
+(:class:`~torchgpu.train.agreement.NonFiniteGradients`: the window is dropped, or,
+with the back-off armed under DDP, the ranks first agree whether one ran out of memory).
 
-- **OOM back-off** (``parts.backoff``, :class:`torchgpu.train.backoff.LoopBackoff`): an
-  out-of-memory error in forward or backward is handed to the back-off with the window's
-  batches (held until the boundary), which halves the micro-batch and replays the window
-  from the random state kept at the window's start (same dropout masks); once backed
-  off, batches run through the back-off's pieces.
-- **DDP's finite guard** (:class:`~torchgpu.train.agreement.FiniteGuard`): non-finite
-  all-reduced gradients at a boundary end the window (dropped), or, with back-off armed,
-  first ask every rank whether one ran out of memory (then the window is replayed).
-
-Each call of :attr:`MicroStep.run` returns ``(value, bad, stepped, outcome)``: the
-loss, whether it was non-finite here, whether the optimizer stepped, and the back-off's
-or guard's :class:`~torchgpu.train.backoff.BatchOutcome` when one took over (None
-otherwise).
+:attr:`MicroStep.run` returns ``(value, bad, stepped, outcome)``: the loss (None while
+it is still on the device), whether it was non-finite, whether the optimizer stepped,
+and the back-off's or the guard's :class:`~torchgpu.train.backoff.BatchOutcome` when
+one took over (None otherwise).
 """
 
 from __future__ import annotations
@@ -40,9 +35,10 @@ from torchgpu.train.backoff import BatchOutcome
 
 if TYPE_CHECKING:
     from torchgpu.train.loop_parts import LoopParts
+    from torchgpu.train.loss_reader import LossReader
 
 LossFn = Callable[[Any, Any], Tensor]
-Result = tuple[float, bool, bool, "BatchOutcome | None"]
+Result = tuple["float | None", bool, bool, "BatchOutcome | None"]
 
 DROPPED = BatchOutcome(math.nan, False, dropped=True)
 
@@ -50,13 +46,15 @@ DROPPED = BatchOutcome(math.nan, False, dropped=True)
 class MicroStep:
     """Runs micro-batches for one epoch of the loop (see the module docstring).
 
-    Everything that does not change per step (contexts to enter, whether a guard or a
-    back-off watches) is decided here, once: a plain fp32 run without back-off calls
-    :meth:`compute` directly.
+    What does not change per step (contexts to enter, whether a guard or a back-off
+    watches, where the loss is read) is decided here, once: a plain fp32 CPU run
+    without back-off calls :meth:`compute` directly.
     """
 
-    def __init__(self, parts: LoopParts, guard: FiniteGuard | None) -> None:
-        self.model, self.acc, self.guard = parts.model, parts.accumulator, guard
+    def __init__(self, parts: LoopParts, guard: FiniteGuard | None,
+                 reader: LossReader | None = None) -> None:
+        self.model, self.acc, self.guard, self.reader = (
+            parts.model, parts.accumulator, guard, reader)
         # fp32 and 1-micro-batch windows need no context: nullcontext is ~5x cheaper than
         # a generator-based one, and this runs every step.
         precision = parts.precision
@@ -75,41 +73,45 @@ class MicroStep:
         # The random state a replay starts from, kept at each window's start.
         self._random = backoff.random_state if backoff is not None else None
         self._value: float | None = None  # this micro-batch's loss, once read
+        self._forwarded = False  # this micro-batch's forward ended (a failure is in backward)
         #: ``run(x, y, n, loss_fn)``: one micro-batch of ``n`` samples.
         self.run: Callable[[Any, Any, int, LossFn], Result] = (
-            self._watched if backoff is not None or guard is not None else self._direct)
+            self._watched if backoff is not None or guard is not None or reader is not None
+            else self._direct)
 
-    def compute(self, x: Any, y: Any, n: int, loss_fn: LossFn) -> tuple[float, bool]:
-        """Forward, loss, backward: ``(loss value, stepped)``."""
-        acc = self.acc
-        if self._plain:
-            loss = loss_fn(self.model(x), y)
-            value = self._value = loss.item()
-            if math.isfinite(value):
-                return value, acc.backward(loss, n)
-            return value, self._backward_bad(loss)
+    def compute(self, x: Any, y: Any, n: int, loss_fn: LossFn) -> tuple[float | None, bool]:
+        """Forward, loss, backward: ``(loss value or None while on the device, stepped)``."""
+        if self._plain:  # no context to enter: this runs every step
+            return self._backward(loss_fn(self.model(x), y), n)
         with self._micro():
             with self._autocast():
                 loss = loss_fn(self.model(x), y)
-            value = self._value = loss.item()
-            if math.isfinite(value):
-                return value, acc.backward(loss, n)
-            return value, self._backward_bad(loss)
+            return self._backward(loss, n)
+
+    def _backward(self, loss: Tensor, n: int) -> tuple[float | None, bool]:
+        self._forwarded = True
+        reader = self.reader
+        if reader is not None:  # on the device until the step's pre-hook reads the window
+            reader.add(loss)
+            if self.guard is not None:
+                loss = self.guard.poison_if_nonfinite(loss)
+            return None, self.acc.backward(loss, n)
+        value = self._value = loss.item()
+        if math.isfinite(value):
+            return value, self.acc.backward(loss, n)
+        # One process decides on a non-finite loss before its backward (none runs). Under
+        # DDP every rank must run backward (the all-reduce needs all): poisoned, so the
+        # guard stops the step on every rank at the boundary.
+        if self.guard is None:
+            return value, False
+        return value, self.acc.backward(self.guard.poison(loss))
 
     def _direct(self, x: Any, y: Any, n: int, loss_fn: LossFn) -> Result:
         value, stepped = self.compute(x, y, n, loss_fn)
-        return value, not math.isfinite(value), stepped, None
-
-    def _backward_bad(self, loss: Tensor) -> bool:
-        """A non-finite loss. One process decides on it before backward (no backward).
-        Under DDP every rank must run backward (the all-reduce needs all): with the
-        guard's poison, so the guard stops the step on every rank at the boundary."""
-        if self.guard is None:
-            return False
-        return self.acc.backward(self.guard.poison(loss))
+        return value, value is not None and not math.isfinite(value), stepped, None
 
     def _watched(self, x: Any, y: Any, n: int, loss_fn: LossFn) -> Result:
-        """:meth:`compute` with the back-off and the guard watching."""
+        """:meth:`compute` with the back-off, the guard or the reader watching."""
         backoff, held = self.backoff, self.held
         if self.acc.pending == 0:  # a window starts: the last one's batches are done
             if held is not None:
@@ -119,43 +121,40 @@ class MicroStep:
                 random.mark()
         if held is not None:
             held.append((x, y))
-        self._value = None
-        loss: Tensor | None = None
+        self._value, self._forwarded = None, False
         try:
             if not self._routed:
-                if self._plain:  # compute(), inlined: this runs every step
-                    loss = loss_fn(self.model(x), y)
-                    value = self._value = loss.item()
-                    stepped = (self.acc.backward(loss, n) if math.isfinite(value)
-                               else self._backward_bad(loss))
-                else:
-                    value, stepped = self.compute(x, y, n, loss_fn)
+                value, stepped = self.compute(x, y, n, loss_fn)
+                bad = value is not None and not math.isfinite(value)
                 if stepped or self.acc.pending or backoff is None or self.guard is None:
-                    return value, not math.isfinite(value), stepped, None
+                    return value, bad, stepped, None
                 return self._settle(value, False, None, x, y)  # a step the scaler skipped
             # backed off (or poisoned): the pieces run in the back-off
             assert backoff is not None  # routed only through an armed back-off
             outcome = backoff.run_batch(x, y)
-        except NonFiniteGradients:  # DDP: the boundary's all-reduced grads are not finite
+        except NonFiniteGradients:  # the boundary's losses or gradients are not finite
             self.acc.reset()
-            outcome = (backoff.after_nonfinite(self._window(x, y)) if backoff is not None
-                       else None) or DROPPED
+            outcome = (backoff.after_nonfinite(self._window(x, y))
+                       if backoff is not None and self.guard is not None else None) or DROPPED
         except Exception as error:
             if backoff is None or not is_oom(error):
                 raise
-            loss = None  # the failed try's graph (and its activations): freed before the replay
-            # the loss was read: the failure was in backward
-            outcome = backoff.recover(error, self._window(x, y), self._value is not None)
-        return self._settle(math.nan, False, outcome, x, y)
+            if self.reader is not None:
+                self.reader.clear()  # the back-off replays the window and reads it itself
+            # the failed try's graph (and its activations) is freed before the replay
+            outcome = backoff.recover(error, self._window(x, y), self._forwarded)
+        if self.reader is not None and not outcome.dropped:
+            self.reader.clear()  # replayed: the back-off read the window's losses itself
+        return self._settle(None, False, outcome, x, y)
 
     def _window(self, x: Any, y: Any) -> list[tuple[Any, Any]]:
         return self.held or [(x, y)]
 
-    def _settle(self, value: float, stepped: bool, outcome: BatchOutcome | None, x: Any,
-                y: Any) -> Result:
+    def _settle(self, value: float | None, stepped: bool, outcome: BatchOutcome | None,
+                x: Any, y: Any) -> Result:
         """The result once the back-off or the guard took over (``outcome``), or after a
         step skipped by the GradScaler under DDP with back-off armed."""
-        local = self._value  # the loss this rank computed, if it got that far
+        local = self._value  # the loss this rank read, if it got that far
         bad = local is not None and not math.isfinite(local)
         if outcome is not None:
             self._routed = self.backoff is not None and self.backoff.active
@@ -163,7 +162,7 @@ class MicroStep:
             if not outcome.dropped:
                 value = outcome.value
                 bad = not math.isfinite(value)
-            elif local is not None:
+            else:
                 value = local
         backoff = self.backoff
         if (not stepped and self.guard is not None and backoff is not None
@@ -174,4 +173,6 @@ class MicroStep:
             self._routed = backoff.active
             if again is not None:
                 outcome, stepped = again, again.stepped
+                if self.reader is not None and not again.dropped:
+                    self.reader.clear()
         return value, bad, stepped, outcome
