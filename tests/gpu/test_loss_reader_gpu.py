@@ -1,0 +1,83 @@
+"""Host syncs per optimizer step on a real CUDA GPU, counted by CUDA itself
+(``torch.cuda.set_sync_debug_mode("warn")`` warns at every synchronising call). The CPU
+stand-in, counting host reads through a TorchFunctionMode: tests/unit/test_loss_reader.py."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from torchgpu.bench.suites.train_step import loop_parts
+from torchgpu.errors import NonFiniteLossError
+from torchgpu.train.loop import run_epoch
+from torchgpu.train.state import TrainState
+
+pytestmark = pytest.mark.gpu
+
+
+def _batches(count: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(32, 64, generator=g).cuda(), torch.randn(32, 1, generator=g).cuda())
+            for _ in range(count)]
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 1)).cuda()
+
+
+def _syncs(accumulate: int, precision: str) -> tuple[int, int]:
+    device = torch.device("cuda")
+    batches = _batches(4 * accumulate * 3)
+    parts = loop_parts(_model(), device, batch_size=32, lr=1e-3, accumulate=accumulate,
+                       precision=precision, samples=32 * len(batches))
+    state = TrainState()
+    run_epoch(parts, batches[: 4 * accumulate], state,  # warm-up: kernels, cuBLAS, Adam state
+              batches_per_epoch=4 * accumulate)
+    torch.cuda.synchronize()
+    before = state.step
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run_epoch(parts, batches[4 * accumulate:], state,
+                      batches_per_epoch=len(batches) - 4 * accumulate)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    syncs = [w for w in seen if "synchroniz" in str(w.message)]
+    return len(syncs), state.step - before
+
+
+@pytest.mark.parametrize(("accumulate", "precision"), [(1, "fp32"), (4, "bf16")])
+def test_at_most_one_host_sync_per_optimizer_step(accumulate: int, precision: str) -> None:
+    if precision == "bf16" and not torch.cuda.is_bf16_supported():
+        pytest.skip("this GPU has no bf16")
+    syncs, steps = _syncs(accumulate, precision)
+    assert steps == 8
+    assert syncs <= steps, f"{syncs} synchronising calls in {steps} optimizer steps"
+
+
+def test_a_nan_loss_on_cuda_never_reaches_the_weights() -> None:
+    device = torch.device("cuda")
+    calls = 0
+
+    def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        nonlocal calls
+        calls += 1
+        loss = nn.functional.mse_loss(out, y)
+        return loss * math.nan if calls == 5 else loss
+
+    model = _model()
+    parts = loop_parts(model, device, batch_size=32, lr=1e-3, accumulate=2, loss_fn=loss_fn,
+                       samples=32 * 8)
+    kept: list[list[torch.Tensor]] = []
+    with pytest.raises(NonFiniteLossError, match="at step 3 "):
+        run_epoch(parts, _batches(8), TrainState(), batches_per_epoch=8,
+                  on_step=lambda s: kept.append([p.detach().clone() for p in model.parameters()]))
+    assert len(kept) == 2
+    for before, now in zip(kept[-1], model.parameters(), strict=True):
+        assert torch.equal(before, now.detach())
