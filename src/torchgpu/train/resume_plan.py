@@ -31,7 +31,8 @@ from torchgpu.train.world_change import LAYOUT, WorldChange
 from torchgpu.train.world_change import plan as plan_world_change
 
 RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
-# Settings that give the saved position its meaning; a resume must not change them.
+# Settings that give the saved position its meaning; a resume must not change them (but
+# for a world change, which keeps the effective batch: torchgpu.train.world_change).
 FIXED = ("run_name", "example", "data", "target", "data_size", "seed", "batch_size",
           "accumulate", "lr", "world_size", "batches_per_epoch")
 
