@@ -107,8 +107,10 @@ class WorldChange:
 
 
 def _int(value: object) -> int | None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
-    return value if ok else None  # type: ignore[return-value]
+    """``value`` when it is a positive int (a saved count), else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return None
 
 
 def _fits(change: WorldChange) -> WorldChange:
