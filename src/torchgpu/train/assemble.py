@@ -50,6 +50,7 @@ from torchgpu.train.resume_plan import plan_resume
 from torchgpu.train.schedule import check as check_schedule
 from torchgpu.train.stream_run import check_stream
 from torchgpu.train.task import Task, probe
+from torchgpu.train.world_change import check_asked
 
 
 @dataclass(frozen=True)
@@ -166,9 +167,14 @@ def assemble(config: TrainConfig, *, task: Task | None = None, launching: bool =
         _check_launch(nproc, device)
     choice = build.choose_strategy(config, here, device)
     # --effective-batch-size with a fixed --batch-size: the accumulation, for this world
-    config = fixed_effective(config, choice.strategy.shard(here.rank, here.world_size).world_size)
+    ranks = choice.strategy.shard(here.rank, here.world_size).world_size
+    asked = config.effective_batch_size
+    config = fixed_effective(config, ranks)
     # ResumeError (exit 2) before anything is written; the files are hashed by one process
-    plan = plan_resume(config, check_files=here.rank == 0)
+    plan = plan_resume(config, check_files=here.rank == 0, world=ranks,
+                       strategy=choice.strategy.name)
+    if plan.change is not None:  # another world size: the accumulation keeps the batch
+        config = plan.change.apply(check_asked(plan.change, asked, config))
     # holds a run: refused, unless continued or (--autoresume, no checkpoint) started over
     out_dir = check_out_dir(config, resuming=plan.continuing or plan.start_over)
     if task is None:

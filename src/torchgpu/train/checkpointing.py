@@ -42,7 +42,9 @@ iterator was created), for a stream with its own state ``data_position_per_rank`
 (every rank's loader state after the trained batches, :mod:`torchgpu.data.stream_loader`)
 and ``run`` (what must match for the position to mean the same
 thing: seed, batch size, accumulation, lr, world size, data, batches per epoch; a resume
-that changes one of them is refused with the differences named).
+that changes one of them is refused with the differences named, except that a ``single``
+or ``ddp`` run may change the world size, per-process batch and accumulation together
+where the effective batch stays: :mod:`torchgpu.train.world_change`).
 
 **How a run resumes.** The model, optimizer and loaders are built exactly as in a fresh
 run (that consumes RNG), then the checkpoint's weights, optimizer and scaler states are
@@ -121,7 +123,7 @@ from torchgpu.errors import (
 )
 from torchgpu.launch.heartbeat import Heartbeat
 from torchgpu.launch.stop_record import StopFlag
-from torchgpu.train import loop, outputs
+from torchgpu.train import loop, outputs, world_change
 from torchgpu.train.autoresume import continue_hint
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.faults import CrashPlan, HangPlan
@@ -332,12 +334,17 @@ class RunCheckpoints:
                 "of `torchgpu train`, or load its weights with torchgpu.load_checkpoint."
             )
         saved = dict(extra.get("run") or {})
+        # another number of data-parallel processes: the effective batch must stay
+        change = world_change.at_load(loaded.path, saved, self.fingerprint,
+                                      loaded.meta.get("strategy"), self.mode,
+                                      bool(extra.get("data_position_per_rank")))
+        keep = world_change.LAYOUT if change is not None else ()
         changed = [f"{key} {saved.get(key)!r} -> {self.fingerprint[key]!r}"
                    for key in (*FIXED, *SCHEDULE_FIXED)
-                   if key in saved and saved[key] != self.fingerprint[key]]
+                   if key in saved and key not in keep and saved[key] != self.fingerprint[key]]
         if changed:
             raise cannot_resume(loaded.path, changed)
-        state = self._saved_state(loaded.path, extra)
+        state = self._saved_state(loaded.path, extra, change, saved)
         check_steps_asked(loaded.path, state, self.config, self.batches_per_epoch)
         rngs = list(extra.get("rng_per_rank") or [])
         epoch_rngs = list(extra.get("epoch_rng_per_rank") or [])
@@ -351,16 +358,27 @@ class RunCheckpoints:
         self.last_saved, self.last_saved_step = loaded.path, state.step
         self.resumed_from = loaded.path
         if self.out_dir is not None:
+            if change is not None:
+                print(change.line(), file=sys.stderr)
             print(f"resuming from {loaded.path}: step {state.step}, epoch {state.epoch + 1}, "
                   f"batch {state.batch_in_epoch}", file=sys.stderr)
             self._set_aside_later(loaded.path, state.step)
         return state
 
-    def _saved_state(self, path: Path, extra: Mapping[str, Any]) -> TrainState:
+    def _saved_state(self, path: Path, extra: Mapping[str, Any],
+                     change: world_change.WorldChange | None = None,
+                     saved: Mapping[str, Any] | None = None) -> TrainState:
         """The checkpoint's position, checked (:func:`saved_position`); its epoch records
-        go into ``self.records``."""
-        state, records = saved_position(path, extra, self.batches_per_epoch,
-                                        self.config.accumulate, self.optimizer)
+        go into ``self.records``. With a world ``change`` the position is checked in the
+        saved run's micro-batches (``saved``: its fingerprint), then converted."""
+        if change is None or saved is None:
+            state, records = saved_position(path, extra, self.batches_per_epoch,
+                                            self.config.accumulate, self.optimizer)
+        else:
+            saved_batches = int(saved["batches_per_epoch"])
+            state, records = saved_position(path, extra, saved_batches,
+                                            change.saved_accumulate, self.optimizer)
+            state = change.convert(state, saved_batches, self.batches_per_epoch)
         self.records[:] = records
         return state
 

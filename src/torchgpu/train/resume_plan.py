@@ -27,9 +27,12 @@ from torchgpu.train.fingerprints import changed_files
 from torchgpu.train.outputs import CHECKPOINTS_DIR as CHECKPOINTS_DIR
 from torchgpu.train.outputs import run_entries
 from torchgpu.train.schedule import FIXED as SCHEDULE_FIXED
+from torchgpu.train.world_change import LAYOUT, WorldChange
+from torchgpu.train.world_change import plan as plan_world_change
 
 RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
-# Settings that give the saved position its meaning; a resume must not change them.
+# Settings that give the saved position its meaning; a resume must not change them (but
+# for a world change, which keeps the effective batch: torchgpu.train.world_change).
 FIXED = ("run_name", "example", "data", "target", "data_size", "seed", "batch_size",
           "accumulate", "lr", "world_size", "batches_per_epoch")
 
@@ -56,13 +59,17 @@ class ResumePlan:
     given explicitly (``--resume CHECKPOINT_DIR``), not found through ``latest``, so a
     damaged one is an error rather than a fallback. ``start_over``: ``--out`` holds a
     run that cannot be continued (``--autoresume``, no checkpoint): its entries are
-    removed before the run writes, as ``--overwrite`` does."""
+    removed before the run writes, as ``--overwrite`` does. ``change``: ``source`` was
+    saved by another number of processes (apply it to the config)."""
 
     source: Path | None = None
     continuing: bool = False
     notes: tuple[str, ...] = ()
     named: bool = False
     start_over: bool = False
+    # ``source`` was saved by another number of data-parallel processes: the accumulation
+    # that keeps its effective batch (:mod:`torchgpu.train.world_change`)
+    change: WorldChange | None = None
 
 
 def _find(where: Path) -> tuple[Path | None, tuple[str, ...]]:
@@ -73,11 +80,14 @@ def _find(where: Path) -> tuple[Path | None, tuple[str, ...]]:
 
 
 def plan_resume(config: TrainConfig, environ: Mapping[str, str] | None = None, *,
-                check_files: bool = True) -> ResumePlan:
+                check_files: bool = True, world: int | None = None,
+                strategy: str | None = None) -> ResumePlan:
     """Decide where the run (``config`` resolved: ``out`` set) starts; touches nothing but
     orphan temporaries. Raises :class:`ResumeError` when ``--resume`` finds no checkpoint
     or its run's files changed (``check_files``: hash them; False where another process
-    of the run has checked them).
+    of the run has checked them). ``world`` and ``strategy``: the run's data-parallel
+    processes and strategy; a checkpoint of another world size is continued when both
+    are ``single``/``ddp`` and the effective batch can be kept (the plan's ``change``).
 
     ``--resume``: ``OUT/checkpoints``; ``--resume DIR``: DIR. Under a torchrun restart the
     run's own newest checkpoint wins (it is newer than DIR); without one, ``--resume`` is
@@ -90,13 +100,14 @@ def plan_resume(config: TrainConfig, environ: Mapping[str, str] | None = None, *
         found, notes = _find(own)
         if found is not None:
             return ResumePlan(found, True, (
-                *notes, f"note: torchrun restart {restarts}: resuming from {found}"))
+                *notes, f"note: torchrun restart {restarts}: resuming from {found}"),
+                change=plan_world_change(found, config, world, strategy))
         if config.resume is None:
             return ResumePlan(None, True, (
                 f"note: torchrun restart {restarts}: no checkpoint in {own} yet; "
                 "starting the run over",))
     if config.autoresume:
-        return _autoresume(config, own)
+        return _autoresume(config, own, world, strategy)
     if config.resume is None:
         return ResumePlan()
     where = Path(config.resume) if config.resume else own
@@ -109,22 +120,25 @@ def plan_resume(config: TrainConfig, environ: Mapping[str, str] | None = None, *
             "--resume DIR naming a run, its checkpoints/ directory or one checkpoint, or "
             "drop --resume to start from scratch."
         )
-    _check_saved_settings(config, found)
+    change = _check_saved_settings(config, found, world, strategy)
     if check_files:
         notes += _check_files(config, found)
-    return ResumePlan(found, True, notes, named=found.resolve() == where.resolve())
+    return ResumePlan(found, True, notes, named=found.resolve() == where.resolve(),
+                      change=change)
 
 
-def _autoresume(config: TrainConfig, own: Path) -> ResumePlan:
+def _autoresume(config: TrainConfig, own: Path, world: int | None,
+                strategy: str | None) -> ResumePlan:
     """``--autoresume`` (:mod:`torchgpu.train.autoresume`): a finished run raises
     RunFinished; the newest complete checkpoint is continued; a run without one starts
     over (its entries removed); no run starts."""
     found, notes = _find(own)
     check_finished(config, found is not None)
     if found is not None:
-        _check_saved_settings(config, found)
+        change = _check_saved_settings(config, found, world, strategy)
         return ResumePlan(found, True, (
-            *notes, f"note: --autoresume: continuing the run in {config.out} from {found}"))
+            *notes, f"note: --autoresume: continuing the run in {config.out} from {found}"),
+            change=change)
     entries = run_entries(Path(str(config.out)))
     if entries:
         return ResumePlan(None, False, (
@@ -134,25 +148,34 @@ def _autoresume(config: TrainConfig, own: Path) -> ResumePlan:
         f"note: --autoresume: no checkpoint in {own} yet: starting the run",))
 
 
-def saved_changes(config: TrainConfig, found: Path) -> list[tuple[str, Any, Any]]:
+def saved_changes(config: TrainConfig, found: Path, *,
+                  keep: tuple[str, ...] = ()) -> list[tuple[str, Any, Any]]:
     """``(setting, saved value, value in config)`` for each setting the saved position of
     checkpoint ``found`` depends on that ``config`` changes, as far as the checkpoint's
     meta.json and ``config`` tell it now (the rest -- world size, batches per epoch, a
-    searched batch size -- is checked when the checkpoint is loaded)."""
+    searched batch size -- is checked when the checkpoint is loaded); the settings in
+    ``keep`` are not compared."""
     saved = read_meta(found).get("config")
     if not isinstance(saved, dict):
         return []
     return [(key, saved[key], getattr(config, key)) for key in (*FIXED, *SCHEDULE_FIXED)
-            if key in saved and getattr(config, key, None) is not None
+            if key in saved and key not in keep and getattr(config, key, None) is not None
             and saved[key] != getattr(config, key)]
 
 
-def _check_saved_settings(config: TrainConfig, found: Path) -> None:
+def _check_saved_settings(config: TrainConfig, found: Path, world: int | None = None,
+                          strategy: str | None = None) -> WorldChange | None:
     """Refuse, before anything is written, a resume that changes a setting the saved
-    position depends on (:func:`saved_changes`)."""
-    changed = [f"{key} {was!r} -> {now!r}" for key, was, now in saved_changes(config, found)]
+    position depends on (:func:`saved_changes`); on another world size (``world``,
+    ``strategy``: :func:`torchgpu.train.world_change.plan`) the per-process batch and
+    accumulation may change where the effective batch stays: the change, returned."""
+    change = plan_world_change(found, config, world, strategy)
+    keep = LAYOUT if change is not None else ()
+    changed = [f"{key} {was!r} -> {now!r}"
+               for key, was, now in saved_changes(config, found, keep=keep)]
     if changed:
         raise cannot_resume(found, changed)
+    return change
 
 
 def _check_files(config: TrainConfig, found: Path) -> tuple[str, ...]:
