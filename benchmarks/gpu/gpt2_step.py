@@ -41,6 +41,7 @@ import argparse
 import gc
 import sys
 import time
+import traceback
 import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -88,6 +89,8 @@ TINY = Size(layers=2, width=64, heads=2, vocab=512, seq=64, batch=2)
 class LogitsOnly(nn.Module):
     """The language model as a plain ``inputs -> logits`` module."""
 
+    attention = "?"  # the attention implementation transformers picked (sdpa, eager)
+
     def __init__(self, lm: nn.Module) -> None:
         super().__init__()
         self.lm = lm
@@ -110,7 +113,9 @@ def make_model(size: Size, device: torch.device) -> nn.Module:
                         n_layer=size.layers, n_head=size.heads,
                         bos_token_id=size.vocab - 1, eos_token_id=size.vocab - 1)
     torch.manual_seed(0)
-    return LogitsOnly(GPT2LMHeadModel(config)).to(device)
+    lm = GPT2LMHeadModel(config)
+    LogitsOnly.attention = str(getattr(lm.config, "_attn_implementation", None))
+    return LogitsOnly(lm).to(device)
 
 
 def make_batches(size: Size, count: int, device: torch.device) -> Batches:
@@ -305,7 +310,7 @@ def result(args: Args, measurements: Sequence[Measurement], ratios: Sequence[Rat
                 else "torchgpu loop / raw loop")
         verdicts.append(f"{r.numerator} / {r.denominator}: {r.median:.3f}x "
                         f"[{r.min:.3f}x .. {r.max:.3f}x] ({what})")
-    for mode, info in infos.items():
+    for info in infos.values():
         for key, s in info.get("syncs", {}).items():
             per = s["syncs_per_step"]
             verdicts.append(f"{key}: " + (f"{per:.2f} host syncs per optimizer step"
@@ -326,13 +331,24 @@ def result(args: Args, measurements: Sequence[Measurement], ratios: Sequence[Rat
     return SuiteResult(
         suite="gpt2-step", quick=tiny, devices=(str(args.device),),
         measurements=tuple(measurements), ratios=tuple(ratios), notes=tuple(notes),
-        config={"model": "transformers GPT2LMHeadModel", "layers": size.layers,
+        config={"model": "transformers GPT2LMHeadModel",
+                "transformers": _version("transformers"), "attention": LogitsOnly.attention,
+                "layers": size.layers,
                 "width": size.width, "heads": size.heads, "vocab": size.vocab,
                 "seq": size.seq, "batch_size": size.batch, "steps_per_sample": args.steps,
                 "rounds": args.rounds, "warmup": args.warmup, "log_every": args.log_every,
                 "precision": args.precision, "optimizer": "Adam (engine kernel options)",
                 "modes": infos, "skipped": skipped},
         verdicts=tuple(verdicts))
+
+
+def _version(package: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -381,6 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ratios: list[Ratio] = []
     infos: dict[str, Any] = {}
     skipped: dict[str, str] = {}
+    failed: dict[str, str] = {}
     argv_seen = ["benchmarks/gpu/gpt2_step.py", *(argv if argv is not None else sys.argv[1:])]
     for mode in modes:
         elapsed = time.perf_counter() - started
@@ -391,7 +408,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"skipping {mode}: {skipped[mode]}", flush=True)
             continue
         print(f"== {mode}", flush=True)
-        found, rows, info = run_mode(mode, args, batches)
+        try:
+            found, rows, info = run_mode(mode, args, batches)
+        except Exception as error:  # e.g. the raw loop's compile: keep the other mode's rows
+            traceback.print_exc()
+            failed[mode] = f"{type(error).__name__}: {str(error).strip()[:300]}"
+            skipped[mode] = f"failed: {failed[mode]}"
+            free(device)
+            continue
         free(device)  # this mode's models and optimizers, before the next mode's
         measurements += found
         ratios += rows
@@ -405,7 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for verdict in doc["verdicts"]:
         print(verdict)
     print(f"results: {a.out / 'results.json'}")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

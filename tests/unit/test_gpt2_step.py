@@ -36,6 +36,7 @@ def run_blocked(code: str, timeout: float = 240) -> subprocess.CompletedProcess[
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
+@pytest.mark.slow
 def test_gpt2_step_runs_tiny_on_the_cpu_without_torchdata_or_datasets(tmp_path: Path
                                                                       ) -> None:
     out = tmp_path / "gpt2-step"
@@ -68,6 +69,23 @@ def test_the_compiled_mode_is_skipped_when_the_time_limit_is_short(tmp_path: Pat
     assert any("mode compile skipped" in note for note in doc["notes"])
 
 
+def test_a_mode_that_fails_keeps_the_others_rows_and_exits_1(tmp_path: Path,
+                                                             monkeypatch: Any) -> None:
+    real = gpt2_step.run_mode
+
+    def run_mode(mode: str, *args: Any) -> Any:
+        if mode == "compile":
+            raise RuntimeError("inductor: no C++ compiler")
+        return real(mode, *args)
+
+    monkeypatch.setattr(gpt2_step, "run_mode", run_mode)
+    assert gpt2_step.main(["--device", "cpu", "--tiny", "--steps", "2", "--rounds", "1",
+                           "--warmup", "0", "--out", str(tmp_path)]) == 1
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert [m["extra"]["mode"] for m in doc["measurements"]] == ["eager"] * 3
+    assert "no C++ compiler" in doc["config"]["skipped"]["compile"]
+
+
 @pytest.mark.parametrize("engine", [False, True], ids=["raw", "torchgpu"])
 def test_host_syncs_are_counted_per_optimizer_step(monkeypatch: Any, engine: bool) -> None:
     """count_syncs with CPU stand-ins for CUDA's synchronize and sync debug mode: one
@@ -98,6 +116,7 @@ def test_host_syncs_are_counted_per_optimizer_step(monkeypatch: Any, engine: boo
     assert variant.on_step is hook
 
 
+@pytest.mark.slow
 def test_default_part_commands_work_without_torchdata_or_datasets() -> None:
     """Every script and torchgpu command of the default part imports and parses its
     arguments with torchdata and datasets unimportable, and so do the modules its

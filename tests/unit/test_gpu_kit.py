@@ -194,9 +194,11 @@ def test_budgets_fit_nine_minutes_and_each_part_a_device_call() -> None:
         if "pytest" in step.argv:  # a hung test fails alone, well inside the step
             timeout = int(step.argv[step.argv.index("--timeout") + 1])
             assert timeout == steps.TEST_TIMEOUT_S and 2 * timeout <= step.budget_s
-    # PART=all: the priority-1 steps' expected times fit its deadline with room to spare
+    # PART=all: the priority-1 steps' expected times (and GPU detection) fit its deadline
+    # with room to spare (GPT-2's compile, ~150 s, is the largest)
     first = [s for s in steps.make_plan("all").steps if s.priority == 1]
-    assert sum(s.expect_s for s in first) <= (steps.ALL_DEADLINE_S - steps.RESERVE_S) / 2
+    all_usable = steps.ALL_DEADLINE_S - steps.RESERVE_S - steps.STOP_GRACE_S
+    assert steps.START_S + sum(s.expect_s for s in first) <= 0.9 * all_usable
     assert len({s.name for s in steps.STEPS}) == len(steps.STEPS)
 
 
