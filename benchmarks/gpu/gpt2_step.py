@@ -136,7 +136,7 @@ def adam(model: nn.Module) -> torch.optim.Optimizer:
     from torchgpu.train.optimizers import kernel_options
 
     params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.Adam(params, lr=LR, **kernel_options(params))
+    return torch.optim.Adam(params, lr=LR, fused=kernel_options(params).get("fused"))
 
 
 @dataclass
