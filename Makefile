@@ -35,9 +35,10 @@ lint: $(STAMP)
 bench: $(STAMP)
 	bash benchmarks/run.sh
 
-# The GPU check on a GPU machine with nothing installed (no venv): PART=tests|bench|train|
-# multi|all, DRY_RUN=1 prints the commands, OUT=DIR packs the results (benchmarks/gpu/).
-PART ?= all
+# The GPU check on a GPU machine with nothing installed (no venv): PART=default|rest|all|
+# tests|bench|lm|train|multi, DRY_RUN=1 prints the commands, OUT=DIR packs the results
+# (benchmarks/gpu/).
+PART ?= default
 gpu-check:
 	PART=$(PART) DRY_RUN=$(DRY_RUN) bash benchmarks/gpu.sh
 

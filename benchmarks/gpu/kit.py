@@ -504,8 +504,11 @@ def run_plan(plan: Plan, ctx: Ctx, results: Path, machine: Machine,
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="benchmarks/gpu/kit.py", description=__doc__.split(
         "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--part", default="all", choices=(*plan_mod.PARTS, "all"),
-                   help="which part to run (all = tests, bench and train; multi needs 2 GPUs)")
+    p.add_argument("--part", default="default",
+                   choices=(*plan_mod.PARTS, *plan_mod.SELECTIONS),
+                   help="which part to run (default: the most important steps within 8 "
+                        "minutes; rest: every other one-GPU step; all: every one-GPU step "
+                        "by priority; multi needs 2 GPUs)")
     p.add_argument("--only", default="", metavar="STEP,...", help="only these steps")
     p.add_argument("--dry-run", action="store_true", help="print every command, run nothing")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
@@ -531,6 +534,11 @@ def _rel(path: Path) -> str:
         return str(path)
 
 
+def plan_label(plan: Plan) -> tuple[str, ...]:
+    """What names the archive: the selection (default, rest) or the parts."""
+    return (plan.name,) if plan.name in ("default", "rest") else plan.parts
+
+
 def dry_run(plan: Plan, ctx: Ctx, out: Path | None) -> str:
     """The text ``--dry-run`` prints: every command in the order it runs, with its budget
     (one part alone: and the limit it gets when every step before it uses all of its
@@ -539,7 +547,8 @@ def dry_run(plan: Plan, ctx: Ctx, out: Path | None) -> str:
     usable = plan.deadline_s - RESERVE_S - STOP_GRACE_S
     how = (f"budgets scaled by {usable / budgets:.2f} to fill it" if plan.fill and budgets
            else "by priority; a step starts only when its expected time still fits")
-    lines = [f"# GPU check, PART={'+'.join(plan.parts)}: results in {ctx.results}/, deadline "
+    label = plan.name or "+".join(plan.parts)
+    lines = [f"# GPU check, PART={label}: results in {ctx.results}/, deadline "
              f"{plan.deadline_s} s from the kit's start, step budgets add up to {budgets} s "
              f"({how})"]
     expected = 0
@@ -561,7 +570,8 @@ def dry_run(plan: Plan, ctx: Ctx, out: Path | None) -> str:
         lines += [f"  {s.name}: {display(s.command(ctx), s.environment(ctx))}"
                   for s in plan_mod.multi_gpu_steps()]
     lines.append(f"# after each step: summary.json and summary.md in {ctx.results}/"
-                 + (f"; archive {out}/{pack.archive_name(Path(ctx.results).name, plan.parts)}"
+                 + (f"; archive {out}/"
+                    f"{pack.archive_name(Path(ctx.results).name, plan_label(plan))}"
                     if out else "; set OUT=DIR to pack the results into DIR/<name>.tar.gz"))
     return "\n".join(lines)
 
@@ -617,7 +627,7 @@ def _main(args: argparse.Namespace, started: float) -> int:
         return 0
     multi = [(s.name, display(s.command(ctx), s.environment(ctx)), s.note)
              for s in plan_mod.multi_gpu_steps()]
-    archive_name = pack.archive_name(tag, plan.parts)
+    archive_name = pack.archive_name(tag, plan_label(plan))
 
     def refresh(quiet: bool = True) -> dict[str, Any]:
         """summary.json/.md from the results directory, and the archive under OUT."""
@@ -632,7 +642,7 @@ def _main(args: argparse.Namespace, started: float) -> int:
     failed = interrupted = False
     if not args.summary_only:
         results.mkdir(parents=True, exist_ok=True)
-        write_machine(results, machine, args.device, "+".join(plan.parts))
+        write_machine(results, machine, args.device, plan.name or "+".join(plan.parts))
         try:
             records = run_plan(plan, ctx, results, machine, started=started,
                                after_step=lambda _records: refresh())

@@ -22,13 +22,32 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-PARTS = ("tests", "bench", "train", "multi")
-ONE_GPU_PARTS = ("tests", "bench", "train")  # PART=all
+PARTS = ("tests", "bench", "lm", "train", "multi")
+ONE_GPU_PARTS = ("tests", "bench", "lm", "train")  # PART=all
+# Selections across the parts: `default` (what benchmarks/gpu.sh runs with no PART) is
+# the figures we know least about first, in :data:`DEFAULT_STEPS`' order, within
+# DEFAULT_DEADLINE_S; `rest` is every other one-GPU step, for a device call with time
+# left; `all` is every one-GPU step by priority within ALL_DEADLINE_S.
+SELECTIONS = ("default", "rest", "all")
 # PART=all must end within 9 minutes on one H100 (540 s), counted from the kit's start.
 # Its steps' budgets add up to far more (each part fills most of a device call on its
 # own), so `all` runs the steps by priority and skips, with a note, those whose expected
 # time no longer fits: run the part itself for them.
 ALL_DEADLINE_S = 540
+# PART=default must end within 8 minutes of one device call (600 s: the machine's start
+# and the archive's transfer take the rest), counted from the kit's start (GPU detection,
+# ~5-10 s, included). Its steps run in this order, what this engine has never shown on a
+# GPU first; each keeps its own budget as its limit, and one starts only when its expected
+# time still fits. Expected, one H100: detection ~8, tests-gpu ~70, gpt2-step ~120,
+# bench-transfer ~20, bench-resnet50-step ~35, estimate-memory ~30, train-auto-batch ~45,
+# train-oom-backoff ~40: ~370 s of the 454 s a step may use (480 - RESERVE_S -
+# STOP_GRACE_S), then train-fp32/bf16 (~30 s each) in what is left.
+DEFAULT_DEADLINE_S = 480
+DEFAULT_STEPS = ("tests-gpu", "gpt2-step", "bench-transfer", "bench-resnet50-step",
+                 "estimate-memory", "train-auto-batch", "train-oom-backoff", "train-fp32",
+                 "train-bf16")
+# PART=rest: one device call (PART_DEADLINE_S) by priority; its budgets add up to more,
+# its expected times (~425 s) fit.
 # One part per device call: the call's limit is 600 s; 570 s leaves the tool's start-up
 # and the archive's transfer some room. Step budgets are scaled up to fill it.
 PART_DEADLINE_S = 570
@@ -175,6 +194,19 @@ STEPS: tuple[Step, ...] = (
     Step("bench-resnet50-step", "bench", 75, script(
         "benchmarks/gpu/resnet_step.py", "--device", "{dev0}",
         "--out", "{results}/resnet50-step"), expect_s=35, priority=1),
+    # -- lm: GPT-2 small (transformers, 124M) through torchgpu's loop vs a raw loop, eager
+    #    and compiled, bf16, with host syncs per optimizer step counted. --
+    # Run once by hand on an H200 (torch 2.11, transformers 5.17, sdpa attention): steps
+    # of 16 x 1024 tokens took 103 ms eager, 50 ms compiled; the first compile 26 s, the
+    # other two compiled variants ~0.5 s (dynamo's and inductor's caches); 25 GB peak;
+    # 96 s in all, start-up included. Per mode: 3 variants x (first call + 1 warm-up + 5
+    # rounds + the sync count) x 10 steps = 240 steps. An H100 is ~1.2-1.5x slower and may
+    # compile for longer: expect ~120 s. The script skips the compiled mode when less than
+    # 100 s of its 190 s are left after the eager one, and writes its results after each
+    # mode (a stop during the compile keeps the eager rows).
+    Step("gpt2-step", "lm", 200, script(
+        "benchmarks/gpu/gpt2_step.py", "--device", "{dev0}", "--time-limit", "190",
+        "--out", "{results}/gpt2-step"), expect_s=120, priority=1),
     # fp32 and bf16 square products up to 8192 on the GPU (each sample >= 2^33 MACs: ~0.3 ms
     # fp32 at ~50 TFLOP/s) and up to 2048 on the CPU with 16 threads (~35 ms a sample),
     # 12 rounds: a few seconds.
@@ -310,24 +342,33 @@ class Plan:
     steps: tuple[Step, ...]
     deadline_s: int
     parts: tuple[str, ...] = field(default=())
-    # One part per call: the budgets are scaled up to fill the deadline. PART=all: each
-    # step keeps its budget, and one starts only when its expected time still fits.
+    # One part per call: the budgets are scaled up to fill the deadline. PART=all,
+    # default or rest: each step keeps its budget, and one starts only when its expected
+    # time still fits.
     fill: bool = True
+    name: str = ""  # the selection (default, rest, all) or the part
 
 
 def parts_for(part: str) -> tuple[str, ...]:
-    if part == "all":
+    if part in SELECTIONS:
         return ONE_GPU_PARTS
     if part not in PARTS:
-        raise ValueError(f"PART={part!r}: use one of {', '.join(PARTS)} or all")
+        raise ValueError(f"PART={part!r}: use one of {', '.join(PARTS)}, "
+                         f"{', '.join(SELECTIONS)}")
     return (part,)
 
 
 def make_plan(part: str, only: Sequence[str] = (), steps: Iterable[Step] = STEPS) -> Plan:
-    """The steps of ``part`` (``all`` = tests, bench and train), or only those named, in
-    order of priority (listed order within one priority)."""
+    """The steps of ``part`` (``all`` = every one-GPU part), or only those named, in
+    order of priority (listed order within one priority); ``default``: the steps of
+    :data:`DEFAULT_STEPS` in that order, ``rest``: every other one-GPU step by priority."""
     parts = parts_for(part)
     chosen = sorted((s for s in steps if s.part in parts), key=lambda s: s.priority)
+    if part == "default":
+        by_name = {s.name: s for s in chosen}
+        chosen = [by_name[n] for n in DEFAULT_STEPS if n in by_name]
+    elif part == "rest":
+        chosen = [s for s in chosen if s.name not in DEFAULT_STEPS]
     if only:
         known = {s.name for s in chosen}
         unknown = [n for n in only if n not in known]
@@ -335,9 +376,10 @@ def make_plan(part: str, only: Sequence[str] = (), steps: Iterable[Step] = STEPS
             raise ValueError(f"no step named {', '.join(unknown)} in PART={part}: the steps "
                              f"are {', '.join(sorted(known))}")
         chosen = [s for s in chosen if s.name in only]
-    several = len(parts) > 1
-    return Plan(tuple(chosen), ALL_DEADLINE_S if several else PART_DEADLINE_S, parts,
-                fill=not several)
+    deadline = {"default": DEFAULT_DEADLINE_S, "rest": PART_DEADLINE_S,
+                "all": ALL_DEADLINE_S}.get(part, PART_DEADLINE_S)
+    parts = tuple(p for p in parts if any(s.part == p for s in chosen)) or parts
+    return Plan(tuple(chosen), deadline, parts, fill=part not in SELECTIONS, name=part)
 
 
 def multi_gpu_steps(steps: Iterable[Step] = STEPS) -> list[Step]:

@@ -8,6 +8,8 @@ run in separate device calls, unpacked into one directory, add up:
 - ``kit/machine.json``: the GPU, torch, CUDA, driver and git revision the kit ran with;
 - ``transfer/results.json``: pinned H2D GB/s, the share of copy time the Prefetcher hides;
 - ``resnet50-step/results.json``: bf16 vs fp32 ResNet-50 step, torchgpu loop vs raw loop;
+- ``gpt2-step/results.json``: GPT-2 small, torchgpu loop vs raw loop (eager, compiled) and
+  the host syncs per optimizer step;
 - ``memory/estimate.json``: ``estimate_memory`` against ``torch.cuda.max_memory_allocated``;
 - ``train/<step>/summary.json``: the training runs (throughput, batch search, back-off);
 - ``*/results.json``: every suite's verdicts (the seed's claims).
@@ -107,6 +109,40 @@ def step_figures(results: Path) -> list[Doc]:
     return figures
 
 
+def gpt2_figures(results: Path) -> list[Doc]:
+    """GPT-2 small (gpt2_step.py): torchgpu's loop over the raw loop's time, eager and
+    compiled, with the noise floor; the host syncs each optimizer step costs."""
+    doc = _load(results / "gpt2-step" / "results.json")
+    source = "gpt2-step/results.json"
+    missing = "run PART=lm (gpt2-step)"
+    rows = {m["name"]: m for m in (doc or {}).get("measurements", [])}
+    figures = []
+    for mode in ("eager", "compile"):
+        loop = _ratio(doc, f"torchgpu loop ({mode})", f"raw loop ({mode})")
+        noise = _ratio(doc, f"raw loop, second copy ({mode})", f"raw loop ({mode})")
+        detail = f"[{loop['min']:.3f} .. {loop['max']:.3f}] over rounds" if loop else ""
+        if noise:
+            detail += f"; noise floor (raw vs raw) {noise['median']:.3f}x"
+        raw = rows.get(f"raw loop ({mode})", {}).get("extra", {})
+        if raw.get("step_ms"):
+            detail += f"; raw step {raw['step_ms']:.1f} ms"
+        figures.append(_figure(
+            f"loop_overhead_gpt2_{mode}", f"torchgpu loop vs raw loop, GPT-2 small step "
+            f"({mode})", loop["median"] if loop else None, "x the time",
+            f"<= {OVERHEAD_GOAL:g}x", bool(loop and loop["median"] <= OVERHEAD_GOAL), source,
+            missing, detail))
+    ours = rows.get("torchgpu loop (eager)", {}).get("extra", {})
+    per_step = ours.get("syncs_per_step")
+    detail = "; ".join(
+        f"{name}: {rows[name]['extra']['syncs_per_step']:.2f}" for name in rows
+        if name != "torchgpu loop (eager)"
+        and rows[name].get("extra", {}).get("syncs_per_step") is not None)
+    figures.append(_figure(
+        "host_syncs_per_step_gpt2", "host syncs per optimizer step, torchgpu loop (GPT-2, "
+        "eager)", per_step, "syncs", None, None, source, missing, detail))
+    return figures
+
+
 def _train_throughput_ratio(results: Path) -> float | None:
     fp32 = _load(results / "train" / "train-fp32" / "summary.json") or {}
     bf16 = _load(results / "train" / "train-bf16" / "summary.json") or {}
@@ -191,7 +227,7 @@ def build(results: Path, multi: Sequence[tuple[str, str, str]] = (),
                                           None),
         "counts": counts,
         "figures": [*transfer_figures(results), *step_figures(results),
-                    estimate_figure(results)],
+                    *gpt2_figures(results), estimate_figure(results)],
         "train": train_rows(results),
         "claims": claims(results),
         "steps": [{k: v for k, v in r.items() if k != "tail"} for r in steps],
