@@ -21,6 +21,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 CLASSES = 100
+IMAGES_ENV = "TORCHGPU_DECODE_IMAGES"
+SIZE_ENV = "TORCHGPU_DECODE_SIZE"
 DISTINCT = 64  # encoded images kept in memory; item i decodes image i % DISTINCT
 
 
@@ -75,8 +77,8 @@ class JpegImages(Dataset[tuple[torch.Tensor, int]]):
 
 def data() -> tuple[JpegImages, JpegImages]:
     """The (train, eval) pair ``--data`` takes."""
-    count = int(os.environ.get("TORCHGPU_DECODE_IMAGES", "6144"))
-    size = int(os.environ.get("TORCHGPU_DECODE_SIZE", "160"))
+    count = int(os.environ.get(IMAGES_ENV, "6144"))
+    size = int(os.environ.get(SIZE_ENV, "160"))
     held_out = count // 3
     return (JpegImages(count - held_out, size=size, crop=size * 4 // 5, seed=0),
             JpegImages(held_out, size=size, crop=size * 4 // 5, seed=1))

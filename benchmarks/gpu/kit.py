@@ -291,6 +291,15 @@ def check_train(step_dir: Path, log: Path, ctx: Ctx) -> str | None:
     return None
 
 
+def check_data_wait(step_dir: Path, log: Path, ctx: Ctx) -> str | None:
+    """The run must report its data wait (the figure; its size is reported, not judged)."""
+    summary = _train_summary(step_dir)
+    share = summary.get("data_wait_share")
+    if not isinstance(share, (int, float)):
+        return "summary.json has no data_wait_share"
+    return None
+
+
 def check_auto_batch(step_dir: Path, log: Path, ctx: Ctx) -> str | None:
     """The search must have stopped at the memory limit, not at the data's size."""
     summary = _train_summary(step_dir)
@@ -349,7 +358,7 @@ def check_hang(step_dir: Path, log: Path, ctx: Ctx) -> str | None:
 
 
 CHECKS: dict[str, Callable[[Path, Path, Ctx], str | None]] = {
-    "train": check_train, "auto_batch": check_auto_batch, "oom_backoff": check_oom_backoff,
+    "train": check_train, "auto_batch": check_auto_batch, "data_wait": check_data_wait, "oom_backoff": check_oom_backoff,
     "memory_snapshot": check_memory_snapshot, "estimate": check_estimate,
     "devices": check_devices, "hang": check_hang,
 }

@@ -204,9 +204,10 @@ def check_pytest(repo: Path, argv: Sequence[str], timeout_s: float = 120) -> lis
 
 def known_env_names(repo: Path) -> set[str]:
     """The environment variables the code reads by a named constant (``X_ENV = "NAME"``
-    in src/torchgpu and tests/conftest.py), and :data:`STANDARD_ENV`."""
+    in src/torchgpu, benchmarks/gpu and tests/conftest.py), and :data:`STANDARD_ENV`."""
     names = set(STANDARD_ENV)
-    files = [*sorted((repo / "src" / "torchgpu").rglob("*.py")), repo / "tests" / "conftest.py"]
+    files = [*sorted((repo / "src" / "torchgpu").rglob("*.py")),
+             *sorted((repo / "benchmarks" / "gpu").glob("*.py")), repo / "tests" / "conftest.py"]
     for path in files:
         try:
             tree = ast.parse(path.read_text(encoding="utf-8"))

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-PARTS = ("tests", "bench", "lm", "train", "multi")
+PARTS = ("tests", "bench", "lm", "train", "multi")  # lm: the GPT-2 step and the data-wait run
 ONE_GPU_PARTS = ("tests", "bench", "lm", "train")  # PART=all
 # Selections across the parts: `default` (what benchmarks/gpu.sh runs with no PART) is
 # the figures we know least about first, in :data:`DEFAULT_STEPS`' order, within
@@ -44,8 +44,8 @@ ALL_DEADLINE_S = 540
 # STOP_GRACE_S), then train-fp32/bf16 (~30 s each) in what is left.
 DEFAULT_DEADLINE_S = 480
 DEFAULT_STEPS = ("tests-gpu", "gpt2-step", "bench-transfer", "bench-resnet50-step",
-                 "estimate-memory", "train-auto-batch", "train-oom-backoff", "train-fp32",
-                 "train-bf16")
+                 "estimate-memory", "train-auto-batch", "train-oom-backoff", "train-data-wait",
+                 "train-fp32", "train-bf16")
 # PART=rest: one device call (PART_DEADLINE_S) by priority; its budgets add up to more,
 # its expected times (~425 s) fit.
 # One part per device call: the call's limit is 600 s; 570 s leaves the tool's start-up
@@ -265,6 +265,18 @@ STEPS: tuple[Step, ...] = (
          check="oom_backoff", needs="cuda",
          note="8192 images of 128x128 need ~270 GB in fp32: the first step runs out of "
               "memory and the back-off halves the micro-batch until it fits"),
+    # Does --num-workers auto keep the GPU fed when __getitem__ decodes? JPEG decode +
+    # crop + flip of 160px images (benchmarks/gpu/decode_data.py; ~0.3-0.5 ms an image on
+    # one core, so 8 workers give ~15-25k images/s) into ResNet-50 bf16 at 128px, batch
+    # 256 (~3-5k images/s on an H100): 3 epochs of 12288 images (~3-4 s each; the workers'
+    # start at each epoch is in the wait), 4096 held out. summary.json's data_wait_share is
+    # the figure (goal < 5 %); start-up ~10 s, planning ~5 s: ~35-45 s.
+    Step("train-data-wait", "lm", 90, torchgpu(
+        "train", "--model", "benchmarks/gpu/decode_data.py:model", "--data",
+        "benchmarks/gpu/decode_data.py:data", "--loss", "cross_entropy", "--device", "{dev}",
+        "--precision", "bf16", "--batch-size", "256", "--num-workers", "auto", "--epochs", "3",
+        "--progress", "plain", "--out", "{scratch}/{name}"), expect_s=40, outputs="train",
+         check="data_wait", needs="cuda", env=(("TORCHGPU_DECODE_IMAGES", "16384"),)),
     Step("devices", "train", 20, torchgpu("devices", "--json"), expect_s=8, priority=1,
          check="devices", json_stdout=True),
     # --batch-size auto over 9000 images (6000 to train; 1.8 GB made ~3 s), one step of
