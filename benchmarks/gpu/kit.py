@@ -358,7 +358,8 @@ def check_hang(step_dir: Path, log: Path, ctx: Ctx) -> str | None:
 
 
 CHECKS: dict[str, Callable[[Path, Path, Ctx], str | None]] = {
-    "train": check_train, "auto_batch": check_auto_batch, "data_wait": check_data_wait, "oom_backoff": check_oom_backoff,
+    "train": check_train, "auto_batch": check_auto_batch, "data_wait": check_data_wait,
+    "oom_backoff": check_oom_backoff,
     "memory_snapshot": check_memory_snapshot, "estimate": check_estimate,
     "devices": check_devices, "hang": check_hang,
 }
