@@ -14,8 +14,17 @@ from torchgpu.models import resnet50
 pytestmark = pytest.mark.gpu
 
 
-def test_torchvision_weights_load_and_outputs_match() -> None:
+def _relative(ours: torch.Tensor, theirs: torch.Tensor) -> float:
+    return float((ours - theirs).norm() / theirs.norm())
+
+
+def test_torchvision_weights_load_and_outputs_match(monkeypatch: pytest.MonkeyPatch) -> None:
     models = pytest.importorskip("torchvision.models")
+    # cuDNN runs float32 convolutions in TF32 by default: ~1e-3 relative error per layer,
+    # which 50 layers of backward compound (seen on an H200: conv1's gradients differed
+    # beyond 1e-3). The comparison is of the two models, so in full float32.
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     torch.manual_seed(0)
     theirs = models.resnet50(num_classes=1000).cuda().eval()
     ours = resnet50(num_classes=1000).cuda().eval()
@@ -41,5 +50,6 @@ def test_torchvision_weights_load_and_outputs_match() -> None:
     torch.nn.functional.cross_entropy(theirs(x), target).backward()
     torch.nn.functional.cross_entropy(ours(x), target).backward()
     assert theirs.fc.weight.grad is not None and ours.fc.weight.grad is not None
-    assert torch.allclose(ours.fc.weight.grad, theirs.fc.weight.grad, rtol=1e-3, atol=1e-5)
-    assert torch.allclose(ours.conv1.weight.grad, theirs.conv1.weight.grad, rtol=1e-3, atol=1e-4)
+    assert _relative(ours.fc.weight.grad, theirs.fc.weight.grad) < 1e-4
+    # (cuDNN may pick different backward algorithms for the two models: summation order)
+    assert _relative(ours.conv1.weight.grad, theirs.conv1.weight.grad) < 1e-4
