@@ -87,8 +87,8 @@ GIB = 1 << 30
 
 
 @pytest.mark.parametrize(("cores", "processes", "device", "in_memory", "want"), [
-    # CUDA: a worker per core of the process's share but one, pinned, at most 8
-    (16, 1, "cuda", False, WorkerChoice(MAX_AUTO_WORKERS, True, 2, False)),
+    # CUDA: a worker per core of the process's share but one, pinned, at most 16
+    (16, 1, "cuda", False, WorkerChoice(15, True, 2, False)),
     (8, 1, "cuda", False, WorkerChoice(7, True, 2, False)),
     (16, 4, "cuda", False, WorkerChoice(3, True, 2, False)),
     (16, 8, "cuda", False, WorkerChoice(1, True, 4, False)),  # few workers prefetch more
@@ -126,12 +126,12 @@ def test_auto_reads_the_affinity_and_local_world_size(monkeypatch: pytest.Monkey
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")  # torchrun: 3 processes share 12 cores
     assert worker_choice("auto", "cuda") == WorkerChoice(3, True, 2, False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
-    assert worker_choice("auto", "cuda").num_workers == MAX_AUTO_WORKERS
+    assert worker_choice("auto", "cuda").num_workers == 11  # 12 cores, the main process one
     assert worker_choice(3, "cpu") == WorkerChoice(3, False, None, False)  # as given
     # make_loader builds the chosen loader; a plain TensorDataset gets no workers
     loader = make_loader(Rows(32), 8, device="cuda", num_workers="auto")
     assert (loader.num_workers, loader.pin_memory, loader.prefetch_factor,
-            loader.persistent_workers) == (MAX_AUTO_WORKERS, True, 2, False)
+            loader.persistent_workers) == (11, True, 2, False)
     tensors = torch.utils.data.TensorDataset(torch.zeros(32, 2))
     assert make_loader(tensors, 8, device="cuda", num_workers="auto").num_workers == 0
 

@@ -132,7 +132,7 @@ def _parser() -> ArgumentParser:
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--num-workers", type=parse_num_workers, default="auto", metavar="N|auto",
                      help="DataLoader worker processes per training process; auto (the "
-                     "default): one per CPU core of the process's share but one, at most 8, "
+                     "default): one per CPU core of the process's share but one, at most 16, "
                      "on CUDA; 0 on the CPU and for in-memory tensors")
     run.add_argument("--collective-timeout", type=float, default=300.0, metavar="SECONDS",
                      help="with several processes: a rank that waits this long in a "

@@ -13,9 +13,12 @@ from typing import Any
 
 #: ``--num-workers auto``'s value (the default): chosen per run by :func:`auto_choice`.
 AUTO = "auto"
-#: Workers ``auto`` starts per training process at most: past a handful, more workers
-#: only hold more copies of the dataset and more batches in flight.
-MAX_AUTO_WORKERS = 8
+#: Workers ``auto`` starts per training process at most: more only hold more copies of
+#: the dataset and more batches in flight. 8 was too few on an H200 (16 cores, one
+#: process): JPEG decode + crop of 160px images kept ResNet-50 bf16 waiting 19 % of its
+#: step time (benchmarks/results/h200-sxm-141gb, train-data-wait); a process's share of a
+#: 16-core machine, but one, is 15.
+MAX_AUTO_WORKERS = 16
 #: Workers hand batches over in shared memory (``/dev/shm``); below this much of it
 #: (Docker's default is 64 MiB) a few batches in flight fail the run with a bus error, so
 #: ``auto`` loads in the training process instead (a number given is used as given).
