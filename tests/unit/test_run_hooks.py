@@ -1,0 +1,86 @@
+"""The run's hooks (torchgpu.train.run_hooks): what tests plant in a run (a step limit,
+a crash, a hang) comes through one generic hook point, installed by the test or by an
+environment-activated plug-in, never through a parameter of the engine's functions."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import SRC
+from tests.step_limit import StopAt, train_until
+from torchgpu.errors import ConfigError
+from torchgpu.launch.stop_record import StopFlag
+from torchgpu.train.config import TrainConfig
+from torchgpu.train.run_hooks import LossFn, RunHook, RunHooks, installed
+from torchgpu.train.state import TrainState
+
+# 100 samples -> 80 train rows, batch 16 -> 5 steps per epoch.
+BASE: dict[str, Any] = {"example": "housing", "data_size": 100, "epochs": 2,
+                        "batch_size": 16, "progress": "off", "device": "cpu"}
+
+
+class Recorder(RunHook):
+    """Records the steps it sees and the losses its wrapped loss computes."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+        self.losses = 0
+
+    def wrap_loss(self, loss_fn: LossFn, steps_done: Any, before: str) -> LossFn:
+        def loss(out: Any, target: Any) -> Any:
+            self.losses += 1
+            return loss_fn(out, target)
+        return loss
+
+    def after_step(self, state: TrainState, stop: StopFlag) -> None:
+        self.steps.append(state.step)
+
+
+def test_installed_hooks_see_every_step_and_one_stops_the_run(tmp_path: Path) -> None:
+    recorder = Recorder()
+    with installed(recorder):
+        result = train_until(7, TrainConfig(out=str(tmp_path / "run"), **BASE))
+    assert recorder.steps == list(range(1, 8)) and recorder.losses == 7
+    assert result.state.step == 7 and result.summary["stopped_early"]
+    assert result.summary["checkpoints"]["last"].endswith("step-00000007")
+    # outside the ``with`` a run has no hooks
+    assert RunHooks.for_run(0, {}).hooks == ()
+
+
+def test_the_fault_plugin_is_activated_by_its_variables_only() -> None:
+    from torchgpu.train.faults import FaultHook
+
+    assert RunHooks.for_run(0, {"PATH": "/bin"}).hooks == ()
+    env = {"TORCHGPU_FAULT_HANG_AT_STEP": "3", "TORCHGPU_FAULT_RANK": "1"}
+    assert RunHooks.for_run(0, env).hooks == ()  # another rank's fault
+    (hook,) = RunHooks.for_run(1, env).hooks
+    assert isinstance(hook, FaultHook) and hook.hang is not None and hook.hang.step == 3
+    with pytest.raises(ConfigError, match="TORCHGPU_FAULT_HANG_AT_STEP"):
+        RunHooks.for_run(0, {"TORCHGPU_FAULT_HANG_AT_STEP": "soon"})
+    with installed(StopAt(2)):  # the installed ones first, then the plug-ins'
+        kinds = [type(h).__name__ for h in RunHooks.for_run(1, env).hooks]
+    assert kinds == ["StopAt", "FaultHook"]
+
+
+def test_no_engine_signature_carries_a_test_only_parameter() -> None:
+    """The step limit and the planted faults are hooks: no parameter or field of the
+    engine exists for them, and only the plug-in reads the fault variables."""
+    from torchgpu.train.assemble import assemble
+    from torchgpu.train.checkpointing import RunCheckpoints, RunStart
+    from torchgpu.train.run_steps import StepContext
+    from torchgpu.train.runner import train
+
+    test_only = {"stop_at_step", "crash", "hang"}
+    for function in (train, assemble, RunCheckpoints.__init__):
+        assert not test_only & set(inspect.signature(function).parameters), function
+    for kind in (RunStart, StepContext):
+        assert not test_only & {f.name for f in dataclasses.fields(kind)}, kind
+    readers = sorted(path.name for path in SRC.rglob("*.py")
+                     if "TORCHGPU_FAULT" in path.read_text(encoding="utf-8")
+                     or "faults import" in path.read_text(encoding="utf-8"))
+    assert readers == ["faults.py", "run_hooks.py"]
