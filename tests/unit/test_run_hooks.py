@@ -68,19 +68,24 @@ def test_the_fault_plugin_is_activated_by_its_variables_only() -> None:
 
 
 def test_no_engine_signature_carries_a_test_only_parameter() -> None:
-    """The step limit and the planted faults are hooks: no parameter or field of the
-    engine exists for them, and only the plug-in reads the fault variables."""
-    from torchgpu.train.assemble import assemble
+    """The step limit, the planted faults and the simulated memory are hooks: no
+    parameter or field of the engine exists for them, and only their plug-ins read the
+    variables."""
+    from torchgpu.train.assemble import Assembly, assemble
+    from torchgpu.train.auto_batch import apply_auto_batch, make_probe, search_batch_size
     from torchgpu.train.checkpointing import RunCheckpoints, RunStart
     from torchgpu.train.run_steps import StepContext
     from torchgpu.train.runner import train
 
-    test_only = {"stop_at_step", "crash", "hang"}
-    for function in (train, assemble, RunCheckpoints.__init__):
+    test_only = {"stop_at_step", "crash", "hang", "memory_limit", "limit_samples"}
+    for function in (train, assemble, RunCheckpoints.__init__, apply_auto_batch,
+                     search_batch_size, make_probe):
         assert not test_only & set(inspect.signature(function).parameters), function
-    for kind in (RunStart, StepContext):
+    for kind in (RunStart, StepContext, Assembly):
         assert not test_only & {f.name for f in dataclasses.fields(kind)}, kind
-    readers = sorted(path.name for path in SRC.rglob("*.py")
-                     if "TORCHGPU_FAULT" in path.read_text(encoding="utf-8")
-                     or "faults import" in path.read_text(encoding="utf-8"))
-    assert readers == ["faults.py", "run_hooks.py"]
+    for words, plugin in ((("TORCHGPU_FAULT", "faults import"), "faults.py"),
+                          (("TORCHGPU_SIMULATE", "simulated_memory import"),
+                           "simulated_memory.py")):
+        readers = sorted(path.name for path in SRC.rglob("*.py")
+                         if any(w in path.read_text(encoding="utf-8") for w in words))
+        assert readers == sorted([plugin, "run_hooks.py"]), readers

@@ -36,7 +36,7 @@ from torchgpu.errors import UsageError
 from torchgpu.launch.run import check_process_count
 from torchgpu.precision import resolve_mode
 from torchgpu.train import build, strategies
-from torchgpu.train.auto_batch import fixed_effective, simulated_limit
+from torchgpu.train.auto_batch import fixed_effective
 from torchgpu.train.auto_strategy import decide_strategy
 from torchgpu.train.checkpointing import RunStart
 from torchgpu.train.config import TrainConfig, resolve
@@ -74,7 +74,6 @@ class Assembly:
     notes: tuple[str, ...] = ()
     planned: Any = None  # the planner's Plan when it ran: its estimate goes in the summary
     auto_note: str = ""  # --strategy auto's decision, one line ("" when not auto)
-    memory_limit: int | None = None  # test-only simulated memory (auto batch), read once
 
     @property
     def relaunch(self) -> bool:
@@ -187,8 +186,7 @@ def assemble(config: TrainConfig, *, task: Task | None = None, launching: bool =
     return Assembly(config=config, env=here, nproc=nproc, device=device, choice=choice,
                     task=task, model=model, out_dir=out_dir, start=start,
                     notes=notes + choice.notes, planned=planned,
-                    auto_note=auto_notes[0] if auto_notes else "",
-                    memory_limit=simulated_limit(here.rank))
+                    auto_note=auto_notes[0] if auto_notes else "")
 
 
 def _probe(task: Task, model: nn.Module, config: TrainConfig) -> None:

@@ -2,6 +2,8 @@
 
 A :class:`RunHook` may
 
+- wrap the probe step of the ``--batch-size auto`` search (:meth:`RunHook.wrap_probe`:
+  forward and backward of ``n`` samples; ``torch.OutOfMemoryError`` means they do not fit);
 - wrap the loss function each step calls (:meth:`RunHook.wrap_loss`): where a strategy's
   step first waits on the other ranks comes after it (the gradient all-reduce; in the
   one-stage-per-process pipeline, the stage schedule's sends and receives);
@@ -35,14 +37,23 @@ StepHook = Callable[["TrainState"], None]
 
 #: Environment-activated plug-ins: a prefix of variable names -> ``module:function``
 #: (``function(rank, environ)`` returns the hooks this process runs). The plug-in is
-#: imported only when a variable with its prefix is set. ``TORCHGPU_FAULT_*``: the
-#: planted crash or hang of one worker (:mod:`torchgpu.train.faults`) that the restart
-#: and hang tests and the GPU kit set for processes a launcher starts.
-ENV_PLUGINS: dict[str, str] = {"TORCHGPU_FAULT_": "torchgpu.train.faults:hooks_from_env"}
+#: imported only when a variable with its prefix is set. Both are test-only:
+#: ``TORCHGPU_FAULT_*``, the planted crash or hang of one worker
+#: (:mod:`torchgpu.train.faults`) that the restart and hang tests and the GPU kit set for
+#: processes a launcher starts; ``TORCHGPU_SIMULATE_MEMORY_*``, a device that holds N
+#: samples, for the batch-size search without a GPU (:mod:`torchgpu.train.simulated_memory`).
+ENV_PLUGINS: dict[str, str] = {
+    "TORCHGPU_FAULT_": "torchgpu.train.faults:hooks_from_env",
+    "TORCHGPU_SIMULATE_MEMORY_": "torchgpu.train.simulated_memory:hooks_from_env",
+}
 
 
 class RunHook:
-    """One hook into a run (see the module docstring); both methods default to nothing."""
+    """One hook into a run (see the module docstring); every method defaults to nothing."""
+
+    def wrap_probe(self, try_step: Callable[[int], None]) -> Callable[[int], None]:
+        """The batch-size search's probe to call instead of ``try_step``."""
+        return try_step
 
     def wrap_loss(self, loss_fn: LossFn, steps_done: Callable[[], int],
                   before: str) -> LossFn:
@@ -95,6 +106,12 @@ class RunHooks:
         for hook in self.hooks:
             loss_fn = hook.wrap_loss(loss_fn, steps_done, before)
         return loss_fn
+
+    def wrap_probe(self, try_step: Callable[[int], None]) -> Callable[[int], None]:
+        """``try_step`` wrapped by every hook (unchanged without hooks)."""
+        for hook in self.hooks:
+            try_step = hook.wrap_probe(try_step)
+        return try_step
 
     def after_step(self, inner: StepHook | None, stop: StopFlag,
                    sync: Callable[[], bool] | None) -> StepHook | None:

@@ -187,7 +187,7 @@ def _assembled(run: Assembly, agree: bool, model: nn.Module, stop: StopFlag,
     out_dir = run.out_dir if env.is_main else None
     model, wrap_notes = build.wrap_model(model, choice, config, data, device)
     config, batch_note = apply_auto_batch(config, model, data, device, env.world_size,
-                                          run.memory_limit)
+                                          run.start.hooks)
     notes = run.notes + wrap_notes + ((batch_note,) if batch_note else ())
     return _run(config, env.rank, env.world_size, agree, device, choice.strategy, data,
                 model, out_dir, notes, stop, run.start, run.planned, beat)
