@@ -89,3 +89,19 @@ def test_no_engine_signature_carries_a_test_only_parameter() -> None:
         readers = sorted(path.name for path in SRC.rglob("*.py")
                          if any(w in path.read_text(encoding="utf-8") for w in words))
         assert readers == sorted([plugin, "run_hooks.py"]), readers
+
+
+def test_a_hook_that_stops_makes_the_ranks_agree_at_that_step() -> None:
+    """After the checkpoints' own ``on_step``, the hooks run; the ranks sync (DDP's
+    agreement) at the step a hook set the stop flag, and only then."""
+    calls: list[str] = []
+    stop = StopFlag()
+    on_step = RunHooks((StopAt(2),)).after_step(lambda state: calls.append(f"save {state.step}"),
+                                                stop, lambda: calls.append("sync") is None)
+    assert on_step is not None
+    state = TrainState()
+    for step in (1, 2, 3):
+        state.step = step
+        on_step(state)
+    assert calls == ["save 1", "save 2", "sync", "save 3"] and stop.signal_name == "step limit"
+    assert RunHooks().after_step(None, stop, None) is None  # no hooks: no per-step work
