@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tests.procs import run_main
+from tests.step_limit import train_until
 from torchgpu import fit
 from torchgpu.errors import UsageError
 from torchgpu.train.config import TrainConfig
@@ -52,7 +53,7 @@ def test_a_stopped_run_continues_bitwise_with_the_same_command(
     tmp_path: Path, reference: TrainResult, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "run"
-    first = train(_config(out, autoresume=True, save_every=3), stop_at_step=7)
+    first = train_until(7, _config(out, autoresume=True, save_every=3))
     assert first.summary["stopped_early"] and first.state.step == 7
     err = capsys.readouterr().err
     assert "no checkpoint in" in err and "starting the run" in err
@@ -69,7 +70,7 @@ def test_a_corrupt_newest_checkpoint_is_skipped_for_the_previous_good_one(
     tmp_path: Path, reference: TrainResult, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "run"
-    train(_config(out, save_every=3), stop_at_step=7)  # saves steps 3, 6, 7
+    train_until(7, _config(out, save_every=3))  # saves steps 3, 6, 7
     bad = out / "checkpoints" / "step-00000007" / "state.pt"
     data = bytearray(bad.read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -86,7 +87,7 @@ def test_half_written_newest_checkpoint_is_skipped(
     tmp_path: Path, reference: TrainResult
 ) -> None:
     out = tmp_path / "run"
-    train(_config(out, save_every=3), stop_at_step=7)
+    train_until(7, _config(out, save_every=3))
     (out / "checkpoints" / "step-00000007" / "manifest.json").unlink()  # never committed
     resumed = train(_config(out, autoresume=True))
     assert resumed.summary["checkpoints"]["resumed_from"].endswith("step-00000006")
@@ -150,7 +151,7 @@ def test_fit_autoresume_continues_and_then_returns_the_finished_result(
     config = TrainConfig(model="fit:lm_factory", data="fit:TokenDataset", autoresume=True,
                          **{**settings, "out": str(settings["out"])})
     capsys.readouterr()
-    train(config, task=task, stop_at_step=4)
+    train_until(4, config, task=task)
     err = capsys.readouterr().err
     # A fit user is told about fit, not about command-line flags.
     assert "call fit(...) again as it is (autoresume=True continues the run)" in err
@@ -179,8 +180,7 @@ def test_a_fit_stop_without_autoresume_names_resume_true(
     settings = _lm_settings(tmp_path)
     config = TrainConfig(model="fit:lm_factory", data="fit:TokenDataset",
                          **{**settings, "out": str(settings["out"])})
-    train(config, task=user_task(lm_factory, TokenDataset(40), name="lm_factory"),
-          stop_at_step=2)
+    train_until(2, config, task=user_task(lm_factory, TokenDataset(40), name="lm_factory"))
     err = capsys.readouterr().err
     assert "call fit(...) again with resume=True" in err and "--resume" not in err
 

@@ -22,13 +22,13 @@ from tests.collate_models import (
     padding,
     tokenizer,
 )
+from tests.step_limit import train_until
 from torchgpu import fit
 from torchgpu.cli.main import main
 from torchgpu.data.collate import differing_shapes, resolve_collate
 from torchgpu.errors import DataError, UsageError
-from torchgpu.train.auto_batch import SIMULATE_ENV
 from torchgpu.train.config import TrainConfig
-from torchgpu.train.runner import train
+from torchgpu.train.simulated_memory import SIMULATE_ENV
 from torchgpu.train.task import seeded, user_task
 
 SPECS = "tests.collate_models"
@@ -144,7 +144,7 @@ def test_stop_and_resume_with_a_collate_function_is_bitwise(tmp_path: Path) -> N
                      collate_fn=collate)
     config = TrainConfig(model="fit:classifier", data="fit:Sentences",
                          out=str(tmp_path / "cut"), **settings)
-    stopped = train(config, task=task, stop_at_step=3)  # mid-epoch, between checkpoints
+    stopped = train_until(3, config, task=task)  # mid-epoch, between checkpoints
     assert stopped.summary["steps"] == 3 and stopped.summary["stopped_early"]
     resumed = fit(classifier, Sentences(40), collate_fn=collate, out=tmp_path / "cut",
                   resume=True, **settings)

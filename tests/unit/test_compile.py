@@ -14,10 +14,10 @@ from safetensors.torch import load_file
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from tests.step_limit import train_until
 from torchgpu import fit
 from torchgpu.cli.main import main
 from torchgpu.train.config import TrainConfig
-from torchgpu.train.runner import train
 from torchgpu.train.task import user_task
 
 
@@ -81,7 +81,7 @@ def test_compiled_run_resumes_bitwise_and_keeps_canonical_keys(
     task = user_task(_make, _data(), loss=loss, name="_make")
     config = TrainConfig(model="fit:_make", data="fit:TensorDataset", compile=True,
                          out=str(tmp_path / "cut"), **_SETTINGS)
-    assert train(config, task=task, stop_at_step=3).summary["stopped_early"]
+    assert train_until(3, config, task=task).summary["stopped_early"]
     resumed = fit(_make, _data(), loss=loss, compile=True, out=tmp_path / "cut", resume=True,
                   **_SETTINGS)
     assert resumed.summary["steps"] == whole.summary["steps"] == 8
@@ -103,7 +103,7 @@ def test_compiled_run_resumes_bitwise_and_keeps_canonical_keys(
     # An eager run's checkpoint resumes compiled (the same keys).
     config = TrainConfig(model="fit:_make", data="fit:TensorDataset",
                          out=str(tmp_path / "cut_eager"), **_SETTINGS)
-    train(config, task=task, stop_at_step=3)
+    train_until(3, config, task=task)
     mixed = fit(_make, _data(), loss=loss, compile=True, out=tmp_path / "cut_eager",
                 resume=True, **_SETTINGS)
     assert mixed.summary["steps"] == 8 and mixed.summary["compile"]["compiled"]

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from tests.step_limit import train_until
 from torchgpu import fit
 from torchgpu.data import make_loader
 from torchgpu.data import workers as workers_mod
@@ -27,7 +28,6 @@ from torchgpu.data.workers import MAX_AUTO_WORKERS, WorkerChoice, auto_choice, w
 from torchgpu.errors import ConfigError
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.config_checks import validate
-from torchgpu.train.runner import train
 from torchgpu.train.task import as_factory, seeded, user_task
 
 FEATURES = 4
@@ -202,7 +202,7 @@ def test_workers_end_with_the_run_on_error_and_on_stop(tmp_path: Path) -> None:
     task = user_task(as_factory(SlowStep()), Rows(64), loss=nn.functional.mse_loss, name="SlowStep")
     config = TrainConfig(model="fit:SlowStep", data="fit:Rows", out=str(tmp_path / "stop"),
                          epochs=2, batch_size=8, device="cpu", progress="off", num_workers=2)
-    stopped = train(config, task=task, stop_at_step=3)
+    stopped = train_until(3, config, task=task)
     assert stopped.summary["stopped_early"]
     assert _children() == []
 
@@ -240,7 +240,7 @@ def test_resume_with_workers_is_bitwise_with_random_augmentation(tmp_path: Path)
     task = user_task(seeded(model, 5), Augmented(48), loss=nn.functional.mse_loss, name="model")
     config = TrainConfig(model="fit:model", data="fit:Augmented", out=str(tmp_path / "cut"),
                          **settings)
-    train(config, task=task, stop_at_step=8)  # mid-epoch 2 (6 steps an epoch)
+    train_until(8, config, task=task)  # mid-epoch 2 (6 steps an epoch)
     resumed = fit(model, Augmented(48), loss=nn.functional.mse_loss, out=tmp_path / "cut",
                   resume=True, **settings)
     assert resumed.summary["steps"] == whole.summary["steps"] == 12

@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from torch import nn
 from torch.utils.data import IterableDataset, TensorDataset
 
+from tests.step_limit import train_until
 from tests.user_models import (
     BNConvNet,
     CNNDictWrapper,
@@ -29,7 +30,6 @@ from tests.user_models import (
 from torchgpu import fit
 from torchgpu.errors import DataError, UsageError
 from torchgpu.train.config import TrainConfig
-from torchgpu.train.runner import train
 from torchgpu.train.task import user_task
 
 
@@ -124,7 +124,7 @@ def test_stop_and_resume_is_bitwise_on_dict_batches(tmp_path: Path) -> None:
     task = user_task(lm_factory, TokenDataset(40), name="lm_factory")
     config = TrainConfig(model="fit:lm_factory", data="fit:TokenDataset",
                          out=str(tmp_path / "cut"), **settings)
-    stopped = train(config, task=task, stop_at_step=4)
+    stopped = train_until(4, config, task=task)
     assert stopped.summary["steps"] == 4 and stopped.summary["stopped_early"]
     resumed = fit(lm_factory, TokenDataset(40), out=tmp_path / "cut", resume=True, **settings)
     assert resumed.summary["steps"] == whole.summary["steps"]

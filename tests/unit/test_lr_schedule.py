@@ -16,6 +16,7 @@ from PIL import Image
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from tests.step_limit import train_until
 from torchgpu import fit
 from torchgpu.cli.main import main
 from torchgpu.errors import UsageError
@@ -241,7 +242,7 @@ def test_stop_and_resume_with_a_schedule_is_bitwise_identical(
             import dataclasses
 
             task = dataclasses.replace(task_for(resolve(config)), scheduler=factory)
-        return train(config, task=task, stop_at_step=stop_at)
+        return train_until(stop_at, config, task=task)
 
     whole = run(tmp_path / "whole")
     # Step 5: mid-epoch with --accumulate 2; between two decays of the StepLR.
@@ -264,7 +265,7 @@ def test_stop_and_resume_with_a_schedule_is_bitwise_identical(
 def test_resume_with_another_schedule_is_refused(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
-    train(_config(out, epochs=2, lr_schedule="cosine"), stop_at_step=3)
+    train_until(3, _config(out, epochs=2, lr_schedule="cosine"))
     code = main(["train", *CLI, "--epochs", "2", "--lr-schedule", "linear", "--resume",
                  "--out", str(out)])
     err = capsys.readouterr().err

@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from tests.procs import START_S, run_cli, test_env
+from tests.step_limit import train_until
 from torchgpu.checkpoint import atomic, verify_checkpoint
 from torchgpu.cli.main import main
 from torchgpu.errors import (
@@ -100,7 +101,7 @@ def test_stop_and_resume_is_bitwise_identical(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     out = tmp_path / "run"
-    first = train(_config(out, accumulate=accumulate, save_every=3), stop_at_step=stop_at)
+    first = train_until(stop_at, _config(out, accumulate=accumulate, save_every=3))
     assert first.state.step == stop_at and first.summary["stopped_early"]
     assert first.summary["checkpoints"]["last"].endswith(f"step-{stop_at:08d}")
     err = capsys.readouterr().err
@@ -116,8 +117,8 @@ def test_stop_and_resume_is_bitwise_identical(
 
 def test_resume_twice_then_to_the_end(tmp_path: Path, reference: dict[int, TrainResult]) -> None:
     out = tmp_path / "run"
-    train(_config(out), stop_at_step=3)
-    second = train(_config(out, resume=""), stop_at_step=8)
+    train_until(3, _config(out))
+    second = train_until(8, _config(out, resume=""))
     assert second.state.step == 8
     assert _identical(train(_config(out, resume=str(out / "checkpoints"))), reference[1])
 
@@ -126,7 +127,7 @@ def test_resume_dir_into_a_new_out_rebuilds_the_history(
     tmp_path: Path, reference: dict[int, TrainResult]
 ) -> None:
     first = tmp_path / "first"
-    train(_config(first), stop_at_step=7)
+    train_until(7, _config(first))
     step_dir = first / "checkpoints" / "step-00000007"
     resumed = train(_config(tmp_path / "second", resume=str(step_dir)))
     assert _identical(resumed, reference[1])
@@ -138,7 +139,7 @@ def test_resume_on_cuda_matches_to_float_tolerance(tmp_path: Path) -> None:
     """On a GPU the CUDA RNG is restored too; kernels may not be bitwise deterministic."""
     full = train(_config(tmp_path / "full", device="cuda"))
     out = tmp_path / "run"
-    train(_config(out, device="cuda"), stop_at_step=7)
+    train_until(7, _config(out, device="cuda"))
     resumed = train(_config(out, device="cuda", resume=""))
     for key, value in _weights(full).items():
         torch.testing.assert_close(_weights(resumed)[key], value, rtol=1e-4, atol=1e-5)
@@ -153,7 +154,7 @@ def test_negative_controls_make_the_equivalence_fail(
     """Without the RNG state, the data position or the sampler's epoch, resuming differs:
     the equivalence test above can fail, so its passing means something."""
     out = tmp_path / "run"
-    train(_config(out), stop_at_step=7)
+    train_until(7, _config(out))
     from torchgpu.train import checkpointing
 
     if dropped == "rng":
@@ -190,7 +191,7 @@ def test_resume_without_a_checkpoint_exits_2(
 
 def test_changed_settings_are_refused(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    train(_config(out), stop_at_step=2)
+    train_until(2, _config(out))
     with pytest.raises(ResumeError, match=r"batch_size 16 -> 8"):
         train(_config(out, resume="", batch_size=8))
 
@@ -199,7 +200,7 @@ def test_incomplete_latest_falls_back_and_orphans_are_cleaned(
     tmp_path: Path, reference: dict[int, TrainResult], capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "run"
-    train(_config(out, save_every=3), stop_at_step=7)
+    train_until(7, _config(out, save_every=3))
     checkpoints = out / "checkpoints"
     assert (checkpoints / "latest").read_text().strip() == "step-00000007"
     (checkpoints / "step-00000007" / "manifest.json").unlink()  # an interrupted commit
@@ -226,8 +227,8 @@ def test_resume_from_an_earlier_checkpoint_sets_the_abandoned_branch_aside(
     train(_config(out, save_every=3))  # saves steps 3, 6, 9, 12, 15
     checkpoints = out / "checkpoints"
     capsys.readouterr()
-    branch = train(_config(out, save_every=3, keep_last=2,
-                           resume=str(checkpoints / "step-00000006")), stop_at_step=8)
+    branch = train_until(8, _config(out, save_every=3, keep_last=2,
+                                    resume=str(checkpoints / "step-00000006")))
     err = capsys.readouterr().err
     aside = out / "checkpoints-abandoned-after-step-00000006"
     assert "step-00000009, step-00000012, step-00000015" in err and str(aside) in err
@@ -253,7 +254,7 @@ def test_resume_from_a_corrupt_latest_names_or_uses_the_newest_that_verifies(
     Named explicitly, the error names the newest checkpoint that verifies; reached through
     `latest`, the run falls back to it with a note (as for an incomplete one)."""
     out = tmp_path / "run"
-    train(_config(out, save_every=3), stop_at_step=7)  # saves steps 3, 6, 7
+    train_until(7, _config(out, save_every=3))  # saves steps 3, 6, 7
     bad = out / "checkpoints" / "step-00000007"
     data = bytearray((bad / "state.pt").read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -281,7 +282,7 @@ def test_trust_checkpoint_flag_reaches_the_loader(
     assert trusting.trust_checkpoint and "--trust-checkpoint" in worker_argv(trusting)
     assert "--trust-checkpoint" not in worker_argv(config_from_argv(["--out", "x"]))
     out = tmp_path / "run"
-    train(_config(out), stop_at_step=4)
+    train_until(4, _config(out))
     ckpt = out / "checkpoints" / "step-00000004"
     state = torch.load(ckpt / "state.pt", weights_only=True)
     state["extra"]["note"] = fractions.Fraction(1, 3)  # not weights-only loadable
@@ -341,7 +342,7 @@ def test_stop_flag_second_sigint_raises() -> None:
 def test_workers_resume_is_exact_for_the_examples(tmp_path: Path) -> None:
     full = train(_config(tmp_path / "full", epochs=2, num_workers=2))
     out = tmp_path / "run"
-    train(_config(out, epochs=2, num_workers=2), stop_at_step=6)
+    train_until(6, _config(out, epochs=2, num_workers=2))
     resumed = train(_config(out, epochs=2, num_workers=2, resume=""))
     assert _identical(resumed, full)
 

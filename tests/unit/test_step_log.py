@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.procs import run_cli
+from tests.step_limit import train_until
 from torchgpu.train import outputs, step_log
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.outputs import MetricsBuffer
@@ -60,7 +61,7 @@ def test_the_file_is_the_same_and_a_resume_writes_no_step_twice(tmp_path: Path) 
     assert every.out_dir is not None
     assert _lines(every.out_dir) == _lines(ref.out_dir)
     out = tmp_path / "cut"
-    train(_config(out, log_every=2, save_every=3), stop_at_step=7)
+    train_until(7, _config(out, log_every=2, save_every=3))
     train(_config(out, log_every=2, save_every=3, resume=""))
     assert _lines(out) == _lines(ref.out_dir)
 

@@ -15,12 +15,12 @@ import torch
 from torch import nn
 from torch.utils.data import IterableDataset, TensorDataset
 
+from tests.step_limit import train_until
 from tests.user_models import PairStream, SizedPairStream, StatefulPairStream, stream_model
 from torchgpu import fit
 from torchgpu.data.stream import StreamBatches, shards_itself
 from torchgpu.errors import ConfigError, DataError, UsageError
 from torchgpu.train.config import TrainConfig
-from torchgpu.train.runner import train
 from torchgpu.train.task import seeded, user_task
 
 
@@ -131,7 +131,7 @@ def test_stop_and_resume_mid_stream_is_bitwise(tmp_path: Path, accumulate: int,
                      name="_dropout_model")
     config = TrainConfig(model="fit:_dropout_model", data="fit:PairStream",
                          out=str(tmp_path / "cut"), **settings)
-    cut = train(config, task=task, stop_at_step=stop_at)
+    cut = train_until(stop_at, config, task=task)
     assert cut.summary["steps"] == stop_at and cut.summary["stopped_early"]
     resumed = fit(_dropout_model, PairStream(60), loss=nn.MSELoss(), out=tmp_path / "cut",
                   resume=True, **settings)
@@ -236,7 +236,7 @@ def test_a_stream_with_state_resumes_from_it(tmp_path: Path, monkeypatch: pytest
                      name="_dropout_model")
     config = TrainConfig(model="fit:_dropout_model", data="fit:StatefulPairStream",
                          out=str(tmp_path / "cut"), **settings)
-    train(config, task=task, stop_at_step=stop_at)
+    train_until(stop_at, config, task=task)
     data = StatefulPairStream(60)
     resumed = fit(_dropout_model, data, loss=nn.MSELoss(), out=tmp_path / "cut",
                   resume=True, **settings)
@@ -295,7 +295,7 @@ def test_a_datasets_stream_trains_and_resumes_from_its_state(tmp_path: Path) -> 
     task = user_task(seeded(_DictModel, 2), _hf_stream(), loss=_dict_loss, name="_DictModel")
     config = TrainConfig(model="fit:_DictModel", data="fit:IterableDataset",
                          out=str(tmp_path / "cut"), **settings)
-    train(config, task=task, stop_at_step=6)
+    train_until(6, config, task=task)
     resumed = fit(_DictModel, _hf_stream(), loss=_dict_loss, out=tmp_path / "cut",
                   resume=True, **settings)
     assert resumed.summary["stream_resume"] == "state_dict"

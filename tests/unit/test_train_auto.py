@@ -17,15 +17,12 @@ from torchgpu.planning.footprint import Footprint, LayerFootprint
 from torchgpu.planning.planner import plan_from_footprint
 from torchgpu.planning.targets import parse_devices
 from torchgpu.planning.workload import Workload
-from torchgpu.train.auto_batch import (
-    SIMULATE_ENV,
-    apply_auto_batch,
-    search_batch_size,
-    simulated_limit,
-)
+from torchgpu.train.auto_batch import apply_auto_batch, search_batch_size
 from torchgpu.train.auto_strategy import decide_strategy, planner_devices, step_bound_bytes
 from torchgpu.train.config import TrainConfig, resolve
+from torchgpu.train.run_hooks import RunHooks
 from torchgpu.train.runner import train
+from torchgpu.train.simulated_memory import SIMULATE_ENV, SimulatedMemory, simulated_limit
 
 MiB = 1024**2
 
@@ -195,6 +192,11 @@ def test_planner_devices() -> None:
 # ----------------------------------------------------------------------- batch size
 
 
+def _memory(limit: int) -> RunHooks:
+    """The run's hooks of a device that holds ``limit`` samples."""
+    return RunHooks((SimulatedMemory(limit),))
+
+
 def test_simulated_limit_parsing() -> None:
     assert simulated_limit(0, {}) is None
     assert simulated_limit(1, {SIMULATE_ENV: "40"}) == 40
@@ -209,7 +211,7 @@ def test_search_finds_exactly_the_simulated_limit(housing: Any, limit: int) -> N
     model = nn.Sequential(nn.Linear(13, 8), nn.ReLU(), nn.Linear(8, 1))
     before = {k: v.clone() for k, v in model.state_dict().items()}
     found = search_batch_size(model, nn.MSELoss(), housing, torch.device("cpu"),
-                              limit_samples=limit)
+                              hooks=_memory(limit))
     assert found.micro_batch == limit and found.accumulate == 1
     assert not found.search.capped
     assert all(p.grad is None for p in model.parameters())
@@ -222,10 +224,10 @@ def test_search_is_capped_by_the_data_and_keeps_the_effective_batch(housing: Any
     capped = search_batch_size(model, nn.MSELoss(), housing, torch.device("cpu"))
     assert capped.micro_batch == rows and capped.search.capped  # a CPU never OOMs here
     kept = search_batch_size(model, nn.MSELoss(), housing, torch.device("cpu"),
-                             effective_batch=96, limit_samples=37)
+                             effective_batch=96, hooks=_memory(37))
     assert (kept.micro_batch, kept.accumulate) == (32, 3)
     two = search_batch_size(model, nn.MSELoss(), housing, torch.device("cpu"), world_size=2,
-                            effective_batch=96, limit_samples=20)
+                            effective_batch=96, hooks=_memory(20))
     assert two.micro_batch * two.accumulate == 48 and two.micro_batch <= 20
     with pytest.raises(UsageError, match="multiple of 2"):
         search_batch_size(model, nn.MSELoss(), housing, torch.device("cpu"), world_size=2,
@@ -238,8 +240,8 @@ def test_ranks_agree_on_the_smaller_limit(housing: Any) -> None:
     from torchgpu.memory.batch_size_search import find_batch_size
     from torchgpu.train.auto_batch import make_probe
 
-    probe = make_probe(nn.Linear(13, 1), nn.MSELoss(), *housing.train.tensors,
-                       torch.device("cpu"), limit_samples=30)
+    probe = SimulatedMemory(30).wrap_probe(make_probe(
+        nn.Linear(13, 1), nn.MSELoss(), *housing.train.tensors, torch.device("cpu")))
     sizes: list[int] = []
 
     def try_step(n: int) -> None:
@@ -258,7 +260,7 @@ def test_batchnorm_statistics_and_rng_are_restored(housing: Any) -> None:
     torch.manual_seed(5)
     expected = torch.rand(3)
     torch.manual_seed(5)
-    search_batch_size(model, nn.MSELoss(), housing, torch.device("cpu"), limit_samples=9)
+    search_batch_size(model, nn.MSELoss(), housing, torch.device("cpu"), hooks=_memory(9))
     assert torch.equal(torch.rand(3), expected)
     assert all(torch.equal(buffers[k], v) for k, v in model.named_buffers())
 

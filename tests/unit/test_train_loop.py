@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from tests.step_limit import train_until
 from torchgpu.accumulate import GradAccumulator
 from torchgpu.errors import NonFiniteLossError
 from torchgpu.launch.stop_record import StopFlag
@@ -255,7 +256,7 @@ def test_a_stop_after_the_last_step_stops_nothing(tmp_path: Path,
 
 def test_a_stop_reports_its_step(tmp_path: Path) -> None:
     config = TrainConfig(out=str(tmp_path / "run"), data_size=60, epochs=3, progress="off")
-    result = train(config, stop_at_step=2)
+    result = train_until(2, config)
     summary = result.summary
     assert summary["stopped_early"] and summary["stop_reason"] == "step limit"
     assert summary["stopped_at_step"] == 2 == summary["steps"]
@@ -268,7 +269,7 @@ def test_a_stop_agreed_at_the_last_step_finishes_the_run(tmp_path: Path) -> None
     config = TrainConfig(out=str(tmp_path / "run"), data_size=60, epochs=2, progress="off")
     full = train(TrainConfig(out=str(tmp_path / "full"), data_size=60, epochs=2,
                              progress="off"))
-    result = train(config, stop_at_step=full.state.step)
+    result = train_until(full.state.step, config)
     assert result.summary["epochs"] == 2 and not result.summary["stopped_early"]
     assert result.summary["final"] == full.summary["final"]
 

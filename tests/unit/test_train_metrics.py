@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from tests.step_limit import train_until
 from torchgpu.errors import UsageError
 from torchgpu.train.evaluation import evaluate
 from torchgpu.train.metrics import R2, Accuracy, Tally, aggregates, check_metrics
@@ -144,9 +145,9 @@ def test_a_resumed_run_keeps_the_metrics_of_the_epochs_before_its_stop(tmp_path:
     settings = {"epochs": 3, "batch_size": 8, "device": "cpu", "progress": "off",
                 "save_every": 1}
 
-    def run(out: str, **more: Any) -> Any:
-        return train(config_from_settings({**settings, "out": str(tmp_path / out)}, "lin"),
-                     task=task, **more)
+    def run(out: str, stop_at: int | None = None) -> Any:
+        return train_until(stop_at, config_from_settings(
+            {**settings, "out": str(tmp_path / out)}, "lin"), task=task)
 
     def epochs(out: str) -> list[dict[str, Any]]:
         lines = (tmp_path / out / "metrics.jsonl").read_text().splitlines()
@@ -154,7 +155,7 @@ def test_a_resumed_run_keeps_the_metrics_of_the_epochs_before_its_stop(tmp_path:
                 for x in lines if '"kind": "epoch"' in x]
 
     whole = run("whole")
-    run("stopped", stop_at_step=7)  # 5 steps per epoch: stopped in the second epoch
+    run("stopped", stop_at=7)  # 5 steps per epoch: stopped in the second epoch
     resumed = train(config_from_settings({**settings, "out": str(tmp_path / "stopped"),
                                           "resume": True}, "lin"), task=task)
     assert epochs("stopped") == epochs("whole")

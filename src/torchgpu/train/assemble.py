@@ -23,7 +23,6 @@ runner trains the :class:`Assembly` as it is (:func:`torchgpu.train.runner.train
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,16 +36,16 @@ from torchgpu.errors import UsageError
 from torchgpu.launch.run import check_process_count
 from torchgpu.precision import resolve_mode
 from torchgpu.train import build, strategies
-from torchgpu.train.auto_batch import fixed_effective, simulated_limit
+from torchgpu.train.auto_batch import fixed_effective
 from torchgpu.train.auto_strategy import decide_strategy
 from torchgpu.train.checkpointing import RunStart
 from torchgpu.train.config import TrainConfig, resolve
 from torchgpu.train.config_checks import validate
-from torchgpu.train.faults import crash_plan_from_env, hang_plan_from_env
 from torchgpu.train.memory_snapshot import refuse_off_cuda
 from torchgpu.train.out_dir import check_creatable, check_out_dir
 from torchgpu.train.plugin import task_for_config, with_optimizer
 from torchgpu.train.resume_plan import plan_resume
+from torchgpu.train.run_hooks import RunHooks
 from torchgpu.train.schedule import check as check_schedule
 from torchgpu.train.stream_run import check_stream
 from torchgpu.train.task import Task, probe
@@ -76,7 +75,6 @@ class Assembly:
     notes: tuple[str, ...] = ()
     planned: Any = None  # the planner's Plan when it ran: its estimate goes in the summary
     auto_note: str = ""  # --strategy auto's decision, one line ("" when not auto)
-    memory_limit: int | None = None  # test-only simulated memory (auto batch), read once
 
     @property
     def relaunch(self) -> bool:
@@ -133,14 +131,15 @@ def _check_launch(nproc: int, device: torch.device) -> None:
 
 
 def assemble(config: TrainConfig, *, task: Task | None = None, launching: bool = False,
-             stop_at_step: int | None = None, env: DistEnv | None = None) -> Assembly:
+             env: DistEnv | None = None) -> Assembly:
     """Assemble the run of ``config`` (from :func:`settle`); see the module docstring.
 
     ``task``: what to train (:func:`torchgpu.fit` passes the user's); by default the one
     ``config`` names, loaded here. ``launching``: this process may start workers (the
     CLI outside torchrun): it decides how many and builds the model only when it will
     train itself or must measure it for ``--strategy auto``. ``env``: this process's
-    place (default: from torchrun's variables).
+    place (default: from torchrun's variables). The run's hooks
+    (:class:`~torchgpu.train.run_hooks.RunHooks`) are taken here, once.
     """
     here = env if env is not None else DistEnv.from_env()
     model: nn.Module | None = None
@@ -189,13 +188,11 @@ def assemble(config: TrainConfig, *, task: Task | None = None, launching: bool =
     check_stream(task, config, choice.strategy.shard(0, here.world_size).world_size)
     notes = (build.device_note(config, device), *auto_notes,
              *build.precision_notes(config, device))
-    start = RunStart(plan, crash_plan_from_env(here.rank), stop_at_step,
-                     hang_plan_from_env(here.rank))
+    start = RunStart(plan, RunHooks.for_run(here.rank))
     return Assembly(config=config, env=here, nproc=nproc, device=device, choice=choice,
                     task=task, model=model, out_dir=out_dir, start=start,
                     notes=notes + choice.notes, planned=planned,
-                    auto_note=auto_notes[0] if auto_notes else "",
-                    memory_limit=simulated_limit(here.rank))
+                    auto_note=auto_notes[0] if auto_notes else "")
 
 
 def _probe(task: Task, model: nn.Module, config: TrainConfig) -> None:
@@ -211,10 +208,3 @@ def _probe(task: Task, model: nn.Module, config: TrainConfig) -> None:
     probe(task, model, model_label=model_label, data_label=data, eval_label=held_out,
           loss_label=f"--loss {config.loss}" if config.loss else None)
 
-
-def with_stop_at(run: Assembly, stop_at_step: int | None) -> Assembly:
-    """``run`` stopping after optimizer step ``stop_at_step`` (tests' step limit)."""
-    if stop_at_step is None:
-        return run
-    return dataclasses.replace(run, start=dataclasses.replace(run.start,
-                                                              stop_at_step=stop_at_step))

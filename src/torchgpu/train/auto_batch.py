@@ -27,18 +27,16 @@ With a fixed ``--batch-size B`` and ``--effective-batch-size E`` the accumulatio
 ``E / (B x data-parallel processes)`` (:func:`fixed_effective`), so a script that says its
 global batch keeps it under any process count.
 
-Testing without a GPU: ``limit_samples`` makes every probe above that many samples raise
-``torch.OutOfMemoryError`` (before any work), as a device of that size would. The CLI
-reads it once at start-up from :data:`SIMULATE_ENV` (test-only), ``N`` for every rank or
-``N0,N1,...`` per rank.
+The search's probe goes through the run's hooks (:mod:`torchgpu.train.run_hooks`): testing
+without a GPU, :mod:`torchgpu.train.simulated_memory` makes probes above N samples run
+out of memory.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,10 +47,9 @@ from torchgpu.errors import UsageError
 from torchgpu.memory.batch_size_search import BatchSearchResult, find_batch_size, keep_effective
 from torchgpu.memory.oom import Agree
 from torchgpu.train.config import TrainConfig
+from torchgpu.train.run_hooks import RunHooks
 from torchgpu.train.task import Task
 
-#: Test-only: a simulated memory limit in samples (``N`` or ``N0,N1,...`` per rank).
-SIMULATE_ENV = "TORCHGPU_SIMULATE_MEMORY_LIMIT_SAMPLES"
 #: The largest micro-batch the search tries.
 MAX_AUTO_BATCH = 65536
 #: Adam keeps two tensors per parameter (exp_avg, exp_avg_sq).
@@ -70,26 +67,6 @@ class AutoBatch:
     note: str
 
 
-def simulated_limit(rank: int, environ: Mapping[str, str] | None = None) -> int | None:
-    """The simulated limit for ``rank`` from :data:`SIMULATE_ENV` (None when unset).
-
-    Raises UsageError for a value that is not positive integers.
-    """
-    text = (environ if environ is not None else os.environ).get(SIMULATE_ENV, "").strip()
-    if not text:
-        return None
-    try:
-        values = [int(item) for item in text.split(",")]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise UsageError(
-            f"{SIMULATE_ENV}={text!r} is not a sample count: give N, or N0,N1,... per rank "
-            "(positive integers), or unset it."
-        )
-    return values[min(rank, len(values) - 1)]
-
-
 def make_probe(
     model: nn.Module,
     loss_fn: Callable[[Any, Any], Tensor],
@@ -98,13 +75,11 @@ def make_probe(
     device: torch.device,
     target_device: torch.device | None = None,
     autocast: Callable[[], Any] | None = None,
-    limit_samples: int | None = None,
     optimizer_slots: int = OPTIMIZER_SLOTS,
 ) -> Callable[[int], None]:
     """``try_step(n)``: forward + backward of ``n`` samples (drawn cyclically from
     ``inputs``/``targets``, batches of any structure: a dict batch is its own target) on
-    ``device``, labels on ``target_device``; gradients are dropped afterwards. Raises
-    ``torch.OutOfMemoryError`` above ``limit_samples``."""
+    ``device``, labels on ``target_device``; gradients are dropped afterwards."""
     from torchgpu.data.batches import batch_rows, take_rows
     from torchgpu.transfer import to_device
 
@@ -112,11 +87,6 @@ def make_probe(
     where = target_device if target_device is not None else device
 
     def try_step(n: int) -> None:
-        if limit_samples is not None and n > limit_samples:
-            raise torch.OutOfMemoryError(
-                f"simulated memory limit: {n} samples do not fit, {limit_samples} do "
-                f"({SIMULATE_ENV})"
-            )
         index = torch.arange(n) % batch_rows(inputs)
         x = to_device(take_rows(inputs, index), device)
         y = x if targets is inputs else to_device(take_rows(targets, index), where)
@@ -148,12 +118,13 @@ def search_batch_size(
     accumulate: int = 1,
     target_device: torch.device | None = None,
     autocast: Callable[[], Any] | None = None,
-    limit_samples: int | None = None,
     agree: Agree | None = None,
+    hooks: RunHooks | None = None,
 ) -> AutoBatch:
     """Find the micro-batch for ``model`` (already on ``device``; the unwrapped model
     under DDP) on ``data.train`` (``data``: the run's Task).
-    Collective under a process group (every rank calls it).
+    Collective under a process group (every rank calls it). ``hooks``: the run's,
+    whose :meth:`~torchgpu.train.run_hooks.RunHooks.wrap_probe` wraps each probe.
 
     ``effective_batch`` (all processes) must be a multiple of ``world_size``.
     Raises UsageError for an effective batch that does not split over the processes,
@@ -172,8 +143,9 @@ def search_batch_size(
         per_rank_effective = effective_batch // world_size
     cap = min(MAX_AUTO_BATCH, per_rank_rows, per_rank_effective or MAX_AUTO_BATCH)
     inputs, targets = data.sample(min(rows, cap))  # every row a probe of <= cap can use
-    probe = make_probe(model, loss_fn, inputs, targets, device, target_device, autocast,
-                       limit_samples)
+    probe = make_probe(model, loss_fn, inputs, targets, device, target_device, autocast)
+    if hooks is not None:
+        probe = hooks.wrap_probe(probe)
     buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
     was_training = model.training
     cuda = [d.index or 0 for d in {device, target_device or device} if d.type == "cuda"]
@@ -237,10 +209,11 @@ def apply_auto_batch(
     data: Task,
     device: torch.device,
     world_size: int,
-    limit_samples: int | None = None,
+    hooks: RunHooks | None = None,
 ) -> tuple[TrainConfig, str]:
     """``config`` with the searched ``batch_size``/``accumulate`` (unchanged without
-    ``--batch-size auto``) and the note to log. ``model`` is the wrapped training model."""
+    ``--batch-size auto``) and the note to log. ``model`` is the wrapped training model;
+    ``hooks``: the run's (they may wrap the search's probe)."""
     if not config.auto_batch_size:
         return config, ""
     assert config.batch_size is not None  # resolved: the default, or --config's value
@@ -259,7 +232,7 @@ def apply_auto_batch(
         start=config.batch_size, effective_batch=effective,
         accumulate=config.accumulate, target_device=target,
         autocast=precision.autocast if precision.dtype is not None else None,
-        limit_samples=limit_samples,
+        hooks=hooks,
     )
     why = ("--effective-batch-size" if config.effective_batch_size is not None else
            f"batch {config.batch_size} x {config.accumulate} accumulation x {world_size} "

@@ -126,9 +126,9 @@ from torchgpu.launch.stop_record import StopFlag
 from torchgpu.train import loop, outputs, world_change
 from torchgpu.train.autoresume import continue_hint
 from torchgpu.train.config import TrainConfig
-from torchgpu.train.faults import CrashPlan, HangPlan
 from torchgpu.train.outputs import EpochRecord, MetricsBuffer
 from torchgpu.train.resume_plan import FIXED, ResumePlan, cannot_resume, checkpoints_dir
+from torchgpu.train.run_hooks import RunHooks
 from torchgpu.train.saved_position import check_steps_asked, epoch_record, saved_position
 from torchgpu.train.schedule import FIXED as SCHEDULE_FIXED
 from torchgpu.train.state import TrainState
@@ -136,13 +136,11 @@ from torchgpu.train.state import TrainState
 
 @dataclass(frozen=True)
 class RunStart:
-    """How the runner starts: the resume plan, the test-only crash and hang (see
-    :mod:`torchgpu.train.faults`) and an optional step limit (stop after that step)."""
+    """How the runner starts: the resume plan and the run's hooks
+    (:mod:`torchgpu.train.run_hooks`)."""
 
     plan: ResumePlan = field(default_factory=ResumePlan)
-    crash: CrashPlan | None = None
-    stop_at_step: int | None = None
-    hang: HangPlan | None = None
+    hooks: RunHooks = field(default_factory=RunHooks)
 
 
 @dataclass(frozen=True)
@@ -219,8 +217,7 @@ class RunCheckpoints:
     def __init__(self, config: TrainConfig, *, model: nn.Module, optimizer: Any,
                  precision: Any, ranks: Ranks, records: list[EpochRecord], stop: StopFlag,
                  batches_per_epoch: int, mode: str, out_dir: Path | None,
-                 scheduler: Any = None, crash: CrashPlan | None = None,
-                 stop_at_step: int | None = None,
+                 scheduler: Any = None,
                  sync: Callable[[], bool] | None = None,
                  heartbeat: Heartbeat | None = None,
                  before_save: Callable[[], None] | None = None,
@@ -234,7 +231,6 @@ class RunCheckpoints:
         self.scheduler = scheduler
         self.ranks, self.records, self.stop = ranks, records, stop
         self.mode, self.out_dir = mode, out_dir
-        self.crash, self.stop_at_step = crash, stop_at_step
         # The loop's sync_now for this run (DDP agreement at a boundary); None: one process.
         self.sync = sync
         self.heartbeat = heartbeat  # marks the checkpoint's collectives (hang reports)
@@ -400,28 +396,22 @@ class RunCheckpoints:
 
     def step_hook(self) -> Callable[[TrainState], None] | None:
         """The loop's ``on_step``, or ``None`` when nothing happens per step."""
-        if self.save_every is None and self.crash is None and self.stop_at_step is None:
+        if self.save_every is None:
             return None
         return self.on_step
 
     def on_step(self, state: TrainState) -> None:
-        """After every optimizer step: save every ``--save-every`` steps, then the
-        test-only crash; the step limit sets the stop flag (the loop stops at this boundary).
+        """After every optimizer step: save every ``--save-every`` steps.
 
         Under DDP the loop agrees on losses and the stop flag only now and then; before a
-        save or after a step limit every rank calls ``sync`` (:func:`loop.sync_now`) here (the same
-        steps on every rank, so the collective matches) so the checkpoint holds the global
-        loss history and the ranks stop together."""
-        due = self.save_every is not None and state.step % self.save_every == 0
-        limit = self.stop_at_step is not None and state.step >= self.stop_at_step
-        if limit:
-            self.stop.set("step limit")
-        if (due or limit) and self.sync is not None:
+        save every rank calls ``sync`` (:func:`loop.sync_now`) here (the same steps on
+        every rank, so the collective matches) so the checkpoint holds the global loss
+        history."""
+        if self.save_every is None or state.step % self.save_every != 0:
+            return
+        if self.sync is not None:
             self.sync()
-        if due:
-            self.save(state)
-        if self.crash is not None:
-            self.crash.maybe_crash(state.step)
+        self.save(state)
 
     def save(self, state: TrainState) -> Path:
         """Write the checkpoint of ``state`` (collective under DDP; rank 0 writes)."""

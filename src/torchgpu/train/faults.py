@@ -1,9 +1,12 @@
 """Test-only fault injection for ``torchgpu train``: crash or hang one worker at a step.
 
+A plug-in of the run's hooks (:mod:`torchgpu.train.run_hooks`), activated by the
+``TORCHGPU_FAULT_`` variables below: the engine knows nothing of it.
+
 Used by the restart tests (a worker that dies mid-run is restarted by torchrun and
 resumes from the last checkpoint) and the hang tests (a worker that never reaches a
 collective is named by the launcher). Environment variables, read ONCE when the run
-starts (:func:`crash_plan_from_env`, :func:`hang_plan_from_env`), never in the loop:
+is assembled (:func:`hooks_from_env`), never in the loop:
 
 - ``TORCHGPU_FAULT_CRASH_AT_STEP=N``: kill this process with SIGKILL right after optimizer
   step ``N`` (after the checkpoint of step ``N``, if one is due), like a hard crash:
@@ -19,7 +22,7 @@ starts (:func:`crash_plan_from_env`, :func:`hang_plan_from_env`), never in the l
   receives.
 - ``TORCHGPU_FAULT_RANK=R``: the global rank that crashes or hangs (default 0).
 
-Unset (the normal case), nothing is installed and the loop does no extra work.
+Unset (the normal case), the plug-in is not even imported and the loop does no extra work.
 """
 
 from __future__ import annotations
@@ -30,9 +33,14 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchgpu.errors import ConfigError
+from torchgpu.train.run_hooks import LossFn, RunHook
+
+if TYPE_CHECKING:
+    from torchgpu.launch.stop_record import StopFlag
+    from torchgpu.train.state import TrainState
 
 CRASH_STEP_ENV = "TORCHGPU_FAULT_CRASH_AT_STEP"
 HANG_STEP_ENV = "TORCHGPU_FAULT_HANG_AT_STEP"
@@ -121,3 +129,29 @@ def hang_plan_from_env(rank: int, environ: Mapping[str, str] | None = None) -> H
     if _int(env, RANK_ENV, 0) != rank:
         return None
     return HangPlan(step)
+
+
+@dataclass(frozen=True)
+class FaultHook(RunHook):
+    """The run hook that performs this process's planted crash and/or hang."""
+
+    crash: CrashPlan | None = None
+    hang: HangPlan | None = None
+
+    def wrap_loss(self, loss_fn: LossFn, steps_done: Callable[[], int],
+                  before: str) -> LossFn:
+        if self.hang is None:
+            return loss_fn
+        return self.hang.wrap(loss_fn, steps_done, before)
+
+    def after_step(self, state: TrainState, stop: StopFlag) -> None:
+        if self.crash is not None:
+            self.crash.maybe_crash(state.step)
+
+
+def hooks_from_env(rank: int, environ: Mapping[str, str] | None = None) -> list[RunHook]:
+    """The run hooks for ``rank`` that the variables plant (none: an empty list); the
+    plug-in function of :data:`torchgpu.train.run_hooks.ENV_PLUGINS`. Raises ConfigError
+    for bad values."""
+    crash, hang = crash_plan_from_env(rank, environ), hang_plan_from_env(rank, environ)
+    return [FaultHook(crash, hang)] if crash is not None or hang is not None else []

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import os
+import sys
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -22,20 +23,15 @@ from torch import Tensor, nn
 
 from torchgpu.errors import UsageError
 from torchgpu.train.config import TrainConfig
+from torchgpu.train.fit_settings import SETTINGS, FitSettings, unknown_settings_error
 from torchgpu.train.report import TrainResult
 from torchgpu.train.runner import train
 from torchgpu.train.task import as_factory, seeded, user_task
 
-# Settings that only the command line's launcher reads, or that name data/model sources.
-# (``optimizer`` is one: fit's keyword argument takes its name, or a factory.)
-_NOT_SETTINGS = frozenset({
-    "example", "data", "target", "data_size", "model", "loss", "nproc", "nnodes",
-    "node_rank", "rdzv_endpoint", "max_restarts", "gpus", "json", "auto_batch_size",
-    "collate_fn",  # fit's keyword argument takes the function itself
-    "metrics",  # fit's own argument: the metric objects, by name
-})
-SETTINGS: tuple[str, ...] = tuple(
-    f.name for f in dataclasses.fields(TrainConfig) if f.name not in _NOT_SETTINGS)
+if sys.version_info >= (3, 11):
+    from typing import Unpack
+else:  # torch depends on typing_extensions
+    from typing_extensions import Unpack
 
 
 def config_from_settings(settings: Mapping[str, Any], name: str, data_name: str = "data"
@@ -44,15 +40,11 @@ def config_from_settings(settings: Mapping[str, Any], name: str, data_name: str 
 
     ``batch_size="auto"`` searches the micro-batch; ``resume=True`` continues the run in
     ``out``, ``resume="DIR"`` from a run or checkpoint directory. Raises UsageError for a
-    name that is not a setting, naming the allowed ones.
+    name that is not a setting, naming the closest allowed one.
     """
-    unknown = sorted(set(settings) - set(SETTINGS))
+    unknown = set(settings) - set(SETTINGS)
     if unknown:
-        raise UsageError(
-            f"fit() got unknown setting(s) {', '.join(unknown)}: the settings are the "
-            f"`torchgpu train` flags' names: {', '.join(SETTINGS)}. Processes are started by "
-            "`torchgpu launch --nproc N script.py`, not by a setting."
-        )
+        raise unknown_settings_error(unknown)
     values = dict(settings)
     if values.get("batch_size") == "auto":
         values["batch_size"], values["auto_batch_size"] = None, True
@@ -147,7 +139,7 @@ def fit(
     optimizer: str | Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None,
     scheduler: str | Callable[[torch.optim.Optimizer], Any] | None = None,
     collate_fn: Callable[[list[Any]], Any] | None = None,
-    **settings: Any,
+    **settings: Unpack[FitSettings],
 ) -> TrainResult:
     """Train ``model`` on ``train_data``; return the :class:`TrainResult` (the trained,
     unwrapped model, the summary, per-epoch records and the output directory).
@@ -181,7 +173,9 @@ def fit(
       It must return a dict of tensors (``model(**batch)``) or an ``(inputs, target)``
       pair. Under DataLoader workers (``num_workers``) it must pickle when the start
       method is spawn; a lambda works with ``num_workers=0`` or fork.
-    - ``settings``: the ``torchgpu train`` flags by name: ``epochs``, ``batch_size``
+    - ``settings``: the ``torchgpu train`` flags by name, typed as
+      :class:`~torchgpu.train.fit_settings.FitSettings` (a misspelt name is a type
+      error, and at run time a UsageError naming the closest setting): ``epochs``, ``batch_size``
       (int or ``"auto"``, per process), ``effective_batch_size`` (the global batch:
       samples per optimizer step over all processes; with a fixed ``batch_size`` the
       accumulation follows, so a script keeps it under ``launch --nproc N``),
@@ -214,11 +208,12 @@ def fit(
         model, "__name__", "model")
     if not name.isidentifier():  # "<lambda>": no name for runs/<name>-<time> or messages
         name = "model"
+    values: dict[str, Any] = dict(settings)
     if isinstance(optimizer, str):  # a name (or spec): a setting, recorded in config.toml
-        settings = {**settings, "optimizer": optimizer}
+        values["optimizer"] = optimizer
     if isinstance(scheduler, str):  # a spec: a setting, as --scheduler
-        settings = {**settings, "scheduler": scheduler}
-    config = config_from_settings(settings, name, type(train_data).__name__)
+        values["scheduler"] = scheduler
+    config = config_from_settings(values, name, type(train_data).__name__)
     collate_label = "collate_fn="
     if collate_fn is not None:  # recorded in config.toml as a label, like the model
         collate_name = getattr(collate_fn, "__name__", type(collate_fn).__name__)

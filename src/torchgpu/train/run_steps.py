@@ -27,7 +27,7 @@ multi-process stage pipeline has its own (:class:`torchgpu.train.stage_strategy.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,13 +37,13 @@ from torch import Tensor, nn
 from torchgpu.launch.stop_record import StopFlag
 from torchgpu.train.evaluation import EvalResult, evaluate
 from torchgpu.train.loop_parts import LoopParts
+from torchgpu.train.run_hooks import RunHooks
 from torchgpu.train.state import TrainState
 
 if TYPE_CHECKING:
     from torchgpu.launch.heartbeat import Heartbeat
     from torchgpu.precision import Precision
     from torchgpu.train.config import TrainConfig
-    from torchgpu.train.faults import HangPlan
     from torchgpu.train.task import Task
 
 
@@ -52,8 +52,9 @@ class StepContext:
     """What the driver knows when it asks the strategy for its steps.
 
     ``model``: placed and wrapped by the strategy. ``agree``: several ranks train
-    together. ``hang``: the test-only planted hang (:mod:`torchgpu.train.faults`), to be
-    put where this strategy's step first waits on the other ranks. ``position()``: the
+    together. ``hooks``: the run's hooks (:mod:`torchgpu.train.run_hooks`), whose
+    :meth:`~torchgpu.train.run_hooks.RunHooks.wrap_loss` goes before where this
+    strategy's step first waits on the other ranks. ``position()``: the
     run's (optimizer steps, epoch) once it runs. ``layout``: how the epoch's samples fall
     on the ranks (the training loader's). ``resume_from``: the checkpoint the run plans
     to resume from (None: a fresh start).
@@ -70,7 +71,7 @@ class StepContext:
     stop: StopFlag
     out_dir: Path | None
     heartbeat: Heartbeat | None = None
-    hang: HangPlan | None = None
+    hooks: RunHooks = field(default_factory=RunHooks)
     position: Callable[[], tuple[int, int]] = lambda: (0, 0)
     layout: Any = None
     resume_from: Path | None = None
@@ -137,10 +138,8 @@ class ModelSteps(RunSteps):
         optimizer = task.make_optimizer(model, config.lr)
         acc = GradAccumulator(model, optimizer, config.accumulate, precision=ctx.precision,
                               clip_norm=config.clip_norm, zero_after_step=False)
-        loss_fn = task.loss
-        if ctx.hang is not None:  # test-only: block before a step's gradient all-reduce
-            position = ctx.position
-            loss_fn = ctx.hang.wrap(loss_fn, lambda: position()[0])
+        position = ctx.position  # the hooks' loss goes before the gradient all-reduce
+        loss_fn = ctx.hooks.wrap_loss(task.loss, lambda: position()[0])
         if target_device == device:
             target_device = None
         run_backoff = None if not backoff else backoff_for_run(

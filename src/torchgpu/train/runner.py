@@ -36,7 +36,7 @@ from torchgpu.launch.heartbeat import Heartbeat, collective_failure
 from torchgpu.launch.stop_record import StopFlag
 from torchgpu.train import build, outputs, schedule, stream_run
 from torchgpu.train.agreement import share_stop
-from torchgpu.train.assemble import Assembly, assemble, settle, with_stop_at
+from torchgpu.train.assemble import Assembly, assemble, settle
 from torchgpu.train.auto_batch import apply_auto_batch, batch_line
 from torchgpu.train.autoresume import RunFinished, continue_hint
 from torchgpu.train.checkpointing import Ranks, RunCheckpoints, RunStart
@@ -67,12 +67,11 @@ from torchgpu.train.task import Task, spreads_inputs
 
 
 def train(config: TrainConfig | None = None, *, stop: StopFlag | None = None,
-          stop_at_step: int | None = None, task: Task | None = None,
-          run: Assembly | None = None) -> TrainResult:
+          task: Task | None = None, run: Assembly | None = None) -> TrainResult:
     """Run ``config`` to the end (or until ``stop`` is set); return the result.
 
-    ``stop_at_step``: stop (and checkpoint) after that optimizer step, as if the stop
-    flag were set then. Checkpointing and resume: :mod:`torchgpu.train.checkpointing`.
+    Checkpointing and resume: :mod:`torchgpu.train.checkpointing`; hooks into the run
+    (a step limit, a planted fault): :mod:`torchgpu.train.run_hooks`.
 
     Under torchrun (WORLD_SIZE set) this forms the process group (:func:`process_group`:
     kept for the process's life, reused by the next ``train`` in it) and trains with the
@@ -98,7 +97,6 @@ def train(config: TrainConfig | None = None, *, stop: StopFlag | None = None,
             except RunFinished as done:  # --autoresume: nothing to do
                 return finished_result(done, task if task is not None else
                                        task_for_config(done.config))
-        run = with_stop_at(run, stop_at_step)
         assert run.model is not None, "a launcher's assembly starts workers; it does not train"
         model = run.model
         with named_hangs(run, beat), process_group(run, beat, stop) as session:
@@ -189,7 +187,7 @@ def _assembled(run: Assembly, agree: bool, model: nn.Module, stop: StopFlag,
     out_dir = run.out_dir if env.is_main else None
     model, wrap_notes = build.wrap_model(model, choice, config, data, device)
     config, batch_note = apply_auto_batch(config, model, data, device, env.world_size,
-                                          run.memory_limit)
+                                          run.start.hooks)
     notes = run.notes + wrap_notes + ((batch_note,) if batch_note else ())
     return _run(config, env.rank, env.world_size, agree, device, choice.strategy, data,
                 model, out_dir, notes, stop, run.start, run.planned, beat)
@@ -236,7 +234,7 @@ def _run(
     steps = strategy.steps(StepContext(
         config=config, rank=rank, world=world, agree=agree, device=device, task=data,
         model=model, precision=precision, stop=stop, out_dir=out_dir, heartbeat=beat,
-        hang=start.hang, position=lambda: (state.step, state.epoch),
+        hooks=start.hooks, position=lambda: (state.step, state.epoch),
         layout=stream_run.layout_of(train_loader),
         resume_from=start.plan.source))
     config, parts, mode = steps.config, steps.parts, strategy.name
@@ -269,7 +267,7 @@ def _run(
     ckpt = RunCheckpoints(config, model=steps.model, optimizer=steps.optimizer,
                           precision=precision, ranks=Ranks(rank, world), records=records,
                           stop=steps.stop, batches_per_epoch=batches_per_epoch, mode=mode,
-                          out_dir=out_dir, crash=start.crash, stop_at_step=start.stop_at_step,
+                          out_dir=out_dir,
                           sync=(lambda: sync_now(parts)) if parts.agree else None,
                           heartbeat=beat, before_save=steps.before_save, scheduler=scheduler,
                           files=files, data=stream_run.position_of(train_loader))
@@ -283,7 +281,8 @@ def _run(
     steps_left = math.ceil(batches_per_epoch / config.accumulate) * config.epochs - state.step
     watch = Observers.start(config, steps.observed, device, rank, out_dir, state, steps_left)
     # The schedule steps (and the step's LR is recorded) before a checkpoint is saved.
-    on_step = watch.wrap(schedule.step_hook(steps.optimizer, scheduler, ckpt.step_hook()))
+    on_step = watch.wrap(schedule.step_hook(steps.optimizer, scheduler, start.hooks.after_step(
+        ckpt.step_hook(), steps.stop, ckpt.sync)))  # the run's hooks: after the checkpoint
     on_step = StepLog(out_dir, buffer, config.log_every, lambda: agreed_steps(parts)).wrap(
         on_step)  # step records on disk inside the epoch
     train_seconds = 0.0

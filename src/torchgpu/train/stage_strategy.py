@@ -376,11 +376,9 @@ class StageRun(RunSteps):
                                      chunks=trainer.chunks if config.chunks == "auto"
                                      else config.chunks)
         steps = StageSteps(trainer, ctx.stop, config.accumulate)
-        loss_fn: LossFn = steps.loss
-        if ctx.hang is not None:  # test-only: block before step N's schedule (its sends)
-            position = ctx.position
-            loss_fn = ctx.hang.wrap(loss_fn, lambda: position()[0],
-                                    before="stage schedule (its sends and receives)")
+        position = ctx.position  # the hooks' loss goes before step N's schedule (its sends)
+        loss_fn: LossFn = ctx.hooks.wrap_loss(steps.loss, lambda: position()[0],
+                                              before="stage schedule (its sends and receives)")
         self.parts = LoopParts(model=_Inputs(), loss_fn=loss_fn, accumulator=steps,
                                precision=NO_AUTOCAST, device=ctx.device,
                                accumulate=config.accumulate, on_nonfinite=config.on_nonfinite,
