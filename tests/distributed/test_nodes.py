@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from tests import procs
+from tests.distributed.proctree import Session
 from tests.procs import free_port
 
 pytestmark = [pytest.mark.slow, procs.HEAVY]
@@ -243,3 +244,37 @@ def _listens(pid: int, endpoint: str) -> bool:
                    for c in psutil.Process(pid).net_connections(kind="tcp"))
     except psutil.Error:
         return False
+
+
+@pytest.mark.timeout(500)
+def test_a_killed_train_launcher_is_named_with_the_step(tmp_path: Path) -> None:
+    """``torchgpu train`` on two nodes, one launcher SIGKILLed mid-run: its workers stop
+    with a checkpoint (they watch their launcher), the other node's stop with them, and
+    that node's launcher names the lost node and the step and exits 1 within seconds --
+    it used to exit 0 after torchrun's exit barrier waited 300 s for the dead launcher."""
+    out = tmp_path / "run"
+    args = ["train", "--example", "housing", "--data-size", "200", "--batch-size", "8",
+            "--epochs", "100000", "--progress", "plain", "--device", "cpu", "--nproc", "1",
+            "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+            "--save-every", "50", "--keep-last", "2", "--out", str(out)]
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    for folder in dirs:
+        folder.mkdir()
+    with Session(args, dirs[0]) as first, Session(args, dirs[1]) as second:
+        first.wait_for(out / "checkpoints" / "latest")
+        second.look()
+        endpoint = args[args.index("--rdzv-endpoint") + 1]
+        victim, survivor = ((second, first) if _listens(first.pid, endpoint)
+                            else (first, second))
+        os.kill(victim.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        code = survivor.wait(90)
+        took = time.monotonic() - killed
+        victim.wait(30)
+    assert not first.leftovers and not second.leftovers, (first.leftovers, second.leftovers)
+    err = survivor.stderr()
+    assert code == 1, err[-3000:]
+    assert f"(127.0.0.1, launcher pid {victim.pid}) of 2 was lost after step " in err, \
+        err[-3000:]
+    assert "Traceback" not in _launcher_lines(err), err[-3000:]
+    assert took < 30, f"{took:.1f} s: {err[-3000:]}"

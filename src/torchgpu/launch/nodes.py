@@ -57,18 +57,29 @@ def _describe(node: Any, rank: int | None) -> str:
     return f"node {rank} ({where})" if rank is not None else f"the node at {where}"
 
 
+class NodeLostError(TorchGpuError, RuntimeError):
+    """A node was lost (its paragraph is printed when it is found)."""
+
+
 class NodeWatch:
     """Watches the rendezvous and the other nodes of one multi-node launcher (see the
-    module docstring). ``stop_workers`` ends this node's workers; ``steps`` gives the
-    steps this node's ranks had done (empty when unknown)."""
+    module docstring). ``stop_workers`` ends this node's workers; ``end_on_loss``: end
+    them when a node is lost (False for torchgpu's own workers, which stop by themselves:
+    with a checkpoint when the lost node's workers stop too, else when their collective
+    fails or times out); ``steps`` gives the steps this node's ranks had done (empty when
+    unknown); ``before_exit`` tidies up before the launcher exits at once because a node
+    was lost while torch's agent waited for it in its exit barrier (up to 300 s, in a
+    call nothing interrupts)."""
 
     def __init__(self, endpoint: str, run_id: str, nnodes: int, timeout_s: float,
-                 stop_workers: Callable[[], None],
+                 stop_workers: Callable[[], None], end_on_loss: bool = True,
                  steps: Callable[[], list[int]] = list,
-                 pending_stop: Callable[[], signal.Signals | None] = lambda: None) -> None:
+                 pending_stop: Callable[[], signal.Signals | None] = lambda: None,
+                 before_exit: Callable[[], None] = lambda: None) -> None:
         self.endpoint, self.run_id, self.nnodes = endpoint, run_id, nnodes
         self.timeout_s = timeout_s
         self.stop_workers, self.steps = stop_workers, steps
+        self.end_on_loss, self.before_exit = end_on_loss, before_exit
         self.pending_stop = pending_stop  # a stop signal the launcher got before
         self.error: TorchGpuError | None = None  # ends the rendezvous, then the run
         self.lost: str | None = None  # the paragraph naming a lost node
@@ -170,6 +181,8 @@ class NodeWatch:
         if self._store is not None and self._me is not None:
             with suppress(Exception):  # the store may be gone: then nothing is to be told
                 self._store.set(self._ended_key(self._me), str(self._round_no))
+        if succeeded and self.lost is not None:  # not to wait for it in the exit barrier
+            raise NodeLostError(self.lost)
 
     def _ended_key(self, node: Any) -> str:
         return f"torchgpu.ended.{self.run_id}.{node!r}"
@@ -215,7 +228,9 @@ class NodeWatch:
         except TorchGpuError:
             raise
         except Exception:  # the store is not up yet, or it went away
-            if self._round is not None and not self._succeeded and not self._peer_ended:
+            if self._round is not None and self._succeeded:
+                return True  # its host exited after the exit barrier, or was lost in it
+            if self._round is not None and not self._peer_ended:
                 self._lose(None, None, f"the rendezvous store at {self.endpoint}, which "
                            "its launcher hosts, stopped answering (killed, or its machine "
                            "or network gone)")
@@ -227,7 +242,7 @@ class NodeWatch:
                 self._arrived = (len(state.participants), len(state.wait_list))
             self._check_deadline()
             return False
-        return state is not None and not self._succeeded and self._watch_round(state)
+        return state is not None and self._watch_round(state)
 
     def _publish(self) -> None:
         """Record this node's ``--nnodes`` under the next free index of this job."""
@@ -304,14 +319,26 @@ class NodeWatch:
         of = f" of {len(self._round)}" if self._round else ""
         who = (_describe(node, rank) + of if node is not None else
                f"the node hosting the rendezvous (one{of or ' of the nodes'})")
+        if self._succeeded:
+            then = "This node's workers had ended (finished, or stopped with the lost node's)"
+        elif self.end_on_loss:
+            then = ("This node's workers were ended, not left to wait for it until their "
+                    "collectives time out")
+        else:
+            then = ("This node's workers stop with a checkpoint if the lost node's workers "
+                    "stop too, else when their collectives fail or time out "
+                    "(--collective-timeout)")
         self.lost = (
-            f"torchgpu: {who} was lost{at}: {why}. This node's workers were ended, not "
-            "left to wait for it until their collectives time out. Restart the "
-            "job on every node (a run with --save-every continues from its newest "
-            "checkpoint with --autoresume)."
+            f"torchgpu: {who} was lost{at}: {why}. {then}; the run is not finished. "
+            "Restart the job on every node (a run with --save-every continues from its "
+            "newest checkpoint with --autoresume)."
         )
         print(self.lost, file=sys.stderr, flush=True)
-        self.stop_workers()
+        if self.end_on_loss:
+            self.stop_workers()
+        if self._succeeded:  # the agent waits for the lost node in its exit barrier
+            self.before_exit()
+            os._exit(1)
 
     def _fail(self, error: TorchGpuError) -> None:
         with self._lock:
@@ -332,4 +359,4 @@ def heartbeat_steps(directory: Path | None) -> list[int]:
     return [int(beat.get("step", 0)) for beat in read_beats(directory).values()]
 
 
-__all__ = ["NodeWatch", "NodesMissingError", "heartbeat_steps"]
+__all__ = ["NodeLostError", "NodeWatch", "NodesMissingError", "heartbeat_steps"]

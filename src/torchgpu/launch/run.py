@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import signal
 import sys
 import uuid
@@ -45,7 +46,7 @@ from typing import Any
 
 from torchgpu.errors import UsageError
 from torchgpu.launch.hang_watch import HangWatch, kill_children
-from torchgpu.launch.nodes import NodeWatch, heartbeat_steps
+from torchgpu.launch.nodes import NodeLostError, NodeWatch, heartbeat_steps
 from torchgpu.launch.rendezvous import (
     DEFAULT_RDZV_TIMEOUT_S,
     await_store,
@@ -265,8 +266,10 @@ def run(spec: LaunchSpec, target: str, target_args: Sequence[str]) -> int:
                       Path(spec.dump_dir) if spec.dump_dir is not None else None, recorder)
     nodes = None if spec.nnodes < 2 else NodeWatch(
         args.rdzv_endpoint, args.rdzv_id, spec.nnodes, spec.rdzv_timeout_s,
-        kill_children(child_pids), lambda: heartbeat_steps(watch.directory),
-        pending_stop=lambda: forwarder.received)
+        kill_children(child_pids), end_on_loss=not spec.torchgpu_workers,
+        steps=lambda: heartbeat_steps(watch.directory),
+        pending_stop=lambda: forwarder.received,
+        before_exit=lambda: shutil.rmtree(watch.directory or "", ignore_errors=True))
     quiet = _QuietAfterHang(watch, nodes)
     torchrun_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
     torchrun_log.addFilter(quiet)
@@ -274,7 +277,10 @@ def run(spec: LaunchSpec, target: str, target_args: Sequence[str]) -> int:
     stop_words: list[str | None] = [None]  # the run's stop record, read before it goes
     previous_record = os.environ.get(STOP_FILE_ENV)
     try:
-        with forwarder.installed(), watch.installed(), workers_die_with_launcher(), \
+        # torchgpu's own workers stop with a checkpoint when their launcher dies
+        # (torchgpu.launch.heartbeat); a script's workers are killed with it
+        with forwarder.installed(), watch.installed(), \
+                nullcontext() if spec.torchgpu_workers else workers_die_with_launcher(), \
                 stop_aware_agent(spec.torchgpu_workers, judge, nodes), \
                 nodes.installed() if nodes is not None else nullcontext():
             assert watch.directory is not None
@@ -335,6 +341,8 @@ def run(spec: LaunchSpec, target: str, target_args: Sequence[str]) -> int:
               "SIGKILL after its grace period) without waiting for a checkpoint; send "
               "SIGTERM or SIGINT for a saved stop.", file=sys.stderr)
         return 128 + int(sig)
+    except NodeLostError:
+        return 1  # its paragraph is printed
     except RendezvousError as error:
         if nodes is None:
             raise

@@ -30,7 +30,8 @@ from torchgpu.train.task import as_factory, seeded, user_task
 # (``optimizer`` is one: fit's keyword argument takes its name, or a factory.)
 _NOT_SETTINGS = frozenset({
     "example", "data", "target", "data_size", "model", "loss", "nproc", "nnodes",
-    "node_rank", "rdzv_endpoint", "max_restarts", "gpus", "json", "auto_batch_size",
+    "node_rank", "rdzv_endpoint", "rdzv_timeout", "max_restarts", "gpus", "json",
+    "auto_batch_size",
     "collate_fn",  # fit's keyword argument takes the function itself
     "metrics",  # fit's own argument: the metric objects, by name
 })
