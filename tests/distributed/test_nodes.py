@@ -138,6 +138,7 @@ def test_a_killed_launcher_is_named_by_the_other_node_within_seconds(
     survivor = launchers[1 - launchers.index(victim)]
     os.killpg(victim.pid, signal.SIGKILL)
     code, err, took = _finish(survivor, timeout=60)
+    print(f"the survivor exited {took:.1f} s after the kill")  # shown with -s
     assert code == 1, err[-3000:]
     lost = ("the node hosting the rendezvous (one of 2) was lost" if host else
             f"(127.0.0.1, launcher pid {victim.pid}) of 2 was lost")
@@ -230,6 +231,7 @@ def test_a_stop_at_the_rendezvous_ends_the_launcher_at_once(
         time.sleep(0.2)
     os.kill(launcher.pid, sig)
     code, err, took = _finish(launcher)
+    print(f"{sig.name}: the launcher exited {took:.1f} s after it")  # shown with -s
     assert code == 128 + int(sig), err[-3000:]
     assert f"stopped by {sig.name} at the rendezvous" in err, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
@@ -270,6 +272,7 @@ def test_a_killed_train_launcher_is_named_with_the_step(tmp_path: Path) -> None:
         killed = time.monotonic()
         code = survivor.wait(90)
         took = time.monotonic() - killed
+        print(f"the survivor exited {took:.1f} s after the kill")  # shown with -s
         victim.wait(30)
     assert not first.leftovers and not second.leftovers, (first.leftovers, second.leftovers)
     err = survivor.stderr()

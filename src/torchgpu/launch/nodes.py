@@ -84,7 +84,8 @@ class NodeWatch:
         self.error: TorchGpuError | None = None  # ends the rendezvous, then the run
         self.lost: str | None = None  # the paragraph naming a lost node
         self.stopped: signal.Signals | None = None  # a stop signal at the rendezvous
-        self._lock = threading.Lock()
+        # reentrant: the SIGUSR1 handler takes it in the main thread, which may hold it
+        self._lock = threading.RLock()
         self._in_rendezvous = False
         self._deadline = time.monotonic() + timeout_s
         self._me: Any = None
@@ -96,6 +97,7 @@ class NodeWatch:
         self._succeeded = False  # this node's workers finished: peers may exit now
         self._round_no = -1  # torch's number of the running round
         self._peer_ended = False  # another node's workers ended by themselves this round
+        self._checked = False  # the nodes' --nnodes compared since this round began
 
     # -- the launcher's main thread ------------------------------------------------------
 
@@ -127,6 +129,7 @@ class NodeWatch:
         with self._lock:
             self._me = getattr(handler, "_this_node", None)
             self._in_rendezvous, self._round, self._peer_ended = True, None, False
+            self._checked = False
             self._deadline = time.monotonic() + self.timeout_s
             if self.error is not None:
                 raise self.error
@@ -137,6 +140,8 @@ class NodeWatch:
         try:
             with routed_to(stop):
                 yield
+            state = getattr(getattr(handler, "_state_holder", None), "state", None)
+            self._round_no = int(getattr(state, "round", self._round_no))
         finally:
             with self._lock:
                 self._in_rendezvous = False
@@ -190,9 +195,10 @@ class NodeWatch:
     def _ended(self, node: Any) -> bool:
         """Whether ``node``'s workers of this round ended by themselves (not lost)."""
         key = self._ended_key(node)
-        if self._store.check([key]) and self._store.get(key).decode() == str(self._round_no):
-            self._peer_ended = True
-        return self._peer_ended
+        ended = bool(self._store.check([key])
+                     and self._store.get(key).decode() == str(self._round_no))
+        self._peer_ended = self._peer_ended or ended
+        return ended
 
     def wait_lost(self) -> str | None:
         """After this node's workers failed: the paragraph naming a node lost meanwhile
@@ -223,7 +229,9 @@ class NodeWatch:
             if self._store is None:
                 self._store = tcp_store(self.endpoint, STORE_TIMEOUT_S)
                 self._publish()
-            self._check_nnodes()
+            if self._in_rendezvous or not self._checked:  # once more after it completed
+                self._checked = not self._in_rendezvous
+                self._check_nnodes()
             state = self._state()
         except TorchGpuError:
             raise
@@ -297,7 +305,7 @@ class NodeWatch:
         """One look at a running round; True when the watch is over (a node lost)."""
         if self._round is None:
             if getattr(state, "complete", False):
-                self._round, self._round_no = dict(state.participants), state.round
+                self._round, self._round_no = dict(state.participants), int(state.round)
             return False
         now = datetime.now(timezone.utc)
         stale = timedelta(seconds=KEEP_ALIVE_S * KEEP_ALIVE_MISSES)
