@@ -26,13 +26,15 @@ from tests.procs import free_port
 pytestmark = [pytest.mark.slow, procs.HEAVY]
 
 #: A worker that all-reduces once every 0.2 s for STEPS steps, recording its pid (for the
-#: fixture's clean-up) and its last step (for the test's timing) in files.
+#: fixture's clean-up) and its last step (for the test's timing) in files; rank CRASH (if
+#: given) exits 3 after step 10.
 WORKER = """
 import os, sys, time
 from pathlib import Path
 import torch, torch.distributed as dist
 from torchgpu import init_distributed
 out = Path(sys.argv[1])
+crash = int(sys.argv[3]) if len(sys.argv) > 3 else -1
 with init_distributed() as env:
     (out / f"pid{env.rank}").write_text(str(os.getpid()))
     for step in range(1, int(sys.argv[2]) + 1):
@@ -40,6 +42,8 @@ with init_distributed() as env:
         dist.all_reduce(t)
         (out / f"step{env.rank}").write_text(str(step))
         time.sleep(0.2)
+        if env.rank == crash and step == 10:
+            raise SystemExit(3)
 """
 
 #: Every test's bound on one launcher (a hang guard; what a test measures is far below).
@@ -58,11 +62,11 @@ class Nodes:
         self.started: list[subprocess.Popen[str]] = []
 
     def start(self, *flags: str, nnodes: str = "2", steps: int = 100000,
-              endpoint: str | None = None) -> subprocess.Popen[str]:
+              endpoint: str | None = None, crash: int = -1) -> subprocess.Popen[str]:
         launcher = subprocess.Popen(
             [sys.executable, "-m", "torchgpu", "launch", "--nnodes", nnodes,
              "--rdzv-endpoint", endpoint or self.endpoint, "--nproc", "1", *flags,
-             str(self.script), str(self.out), str(steps)],
+             str(self.script), str(self.out), str(steps), str(crash)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=procs.test_env(), start_new_session=True,
         )
@@ -151,6 +155,21 @@ def test_a_killed_launcher_is_named_by_the_other_node_within_seconds(
     while nodes.worker_pids() and any(_running(pid) for pid in nodes.worker_pids()):
         assert time.monotonic() < deadline, f"workers left running: {nodes.worker_pids()}"
         time.sleep(0.1)
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_worker_that_fails_on_one_node_is_no_lost_node(nodes: Nodes, rank: int) -> None:
+    """One node's worker exits 3 (a bug in the script): that node reports it, and the
+    other node, whose worker then fails in its all-reduce, reports its own failure --
+    neither names a lost node, whichever of them hosts the store (its launcher waits
+    for the other's word before its exit takes the store away)."""
+    launchers = [nodes.start(crash=rank), nodes.start(crash=rank)]
+    results = [_finish(launcher) for launcher in launchers]
+    codes = sorted(code for code, _, _ in results)
+    assert codes == [1, 3], [err[-2000:] for _, err, _ in results]
+    for _, err, _ in results:
+        assert "was lost" not in err and "failed (exit code" in err, err[-3000:]
 
 
 def _launcher_lines(err: str) -> str:

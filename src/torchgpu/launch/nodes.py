@@ -45,6 +45,10 @@ from torchgpu.launch.rendezvous import KEEP_ALIVE_MISSES, KEEP_ALIVE_S, tcp_stor
 POLL_S = 0.5
 #: How long one store request of the watch may take before the store counts as gone.
 STORE_TIMEOUT_S = 5.0
+#: After this node's workers failed, how long its launcher waits at most for every other
+#: node to record that its workers ended too, before it exits (with the store, when it
+#: hosts it): so that the others can tell its exit from a loss.
+LINGER_S = 2.0
 _WAKE = signal.SIGUSR1
 
 
@@ -92,12 +96,15 @@ class NodeWatch:
         self._round: dict[Any, int] | None = None  # the running round's participants
         self._arrived = (0, 0)  # (participants, waiting) last seen at the rendezvous
         self._store: Any = None
+        self._backend: Any = None  # torch's reader of the rendezvous state in the store
+        self._handler: Any = None  # torch's rendezvous handler
         self._done = threading.Event()
         self._main = threading.main_thread().ident
         self._succeeded = False  # this node's workers finished: peers may exit now
         self._round_no = -1  # torch's number of the running round
         self._peer_ended = False  # another node's workers ended by themselves this round
         self._checked = False  # the nodes' --nnodes compared since this round began
+        self._failed = False  # this node's workers failed: is a peer's exit its own?
 
     # -- the launcher's main thread ------------------------------------------------------
 
@@ -110,9 +117,23 @@ class NodeWatch:
         try:
             yield self
         finally:
+            self._linger()
             self._done.set()
             thread.join(timeout=STORE_TIMEOUT_S + 1)
             signal.signal(_WAKE, previous)
+
+    def _linger(self) -> None:
+        """After this node's workers failed: wait (at most LINGER_S) until every other
+        node of the round recorded that its workers ended, or its launcher is gone."""
+        peers = [node for node in self._round or {} if node != self._me]
+        deadline = time.monotonic() + LINGER_S
+        while self._failed and peers and self.lost is None and time.monotonic() < deadline:
+            try:
+                peers = [node for node in peers if not self._store.check(
+                    [self._ended_key(node)])]
+            except Exception:  # the store is gone: nobody is left to tell
+                return
+            time.sleep(POLL_S / 10)
 
     @contextmanager
     def rendezvous(self, handler: Any) -> Iterator[None]:
@@ -127,6 +148,7 @@ class NodeWatch:
             raise SignalException(f"{self.stopped.name} at the rendezvous", self.stopped)
 
         with self._lock:
+            self._handler = handler  # with it the store it may host, until this watch ends
             self._me = getattr(handler, "_this_node", None)
             self._in_rendezvous, self._round, self._peer_ended = True, None, False
             self._checked = False
@@ -182,7 +204,7 @@ class NodeWatch:
         """This node's workers of the round ended (torch's agent saw it): recorded in the
         store at once, before the agent closes the rendezvous and exits, so that the
         other nodes do not take this node's exit for a loss."""
-        self._succeeded = succeeded
+        self._succeeded, self._failed = succeeded, not succeeded
         if self._store is not None and self._me is not None:
             with suppress(Exception):  # the store may be gone: then nothing is to be told
                 self._store.set(self._ended_key(self._me), str(self._round_no))
@@ -215,7 +237,9 @@ class NodeWatch:
     # -- the watch thread -----------------------------------------------------------------
 
     def _watch(self) -> None:
-        while not self._done.wait(POLL_S):
+        # after this node's workers failed, look often: a peer whose workers failed too
+        # records so just before its launcher exits, with the store when it hosts it
+        while not self._done.wait(POLL_S / 10 if self._failed else POLL_S):
             try:
                 if self._look():
                     return
@@ -241,7 +265,8 @@ class NodeWatch:
             if self._round is not None and not self._peer_ended:
                 self._lose(None, None, f"the rendezvous store at {self.endpoint}, which "
                            "its launcher hosts, stopped answering (killed, or its machine "
-                           "or network gone)")
+                           "or network gone" + ("; or it exited after its workers failed: "
+                                                "see its output)" if self._failed else ")"))
                 return True
             self._check_deadline()
             return False
@@ -280,7 +305,9 @@ class NodeWatch:
             C10dRendezvousBackend,
         )
 
-        got = C10dRendezvousBackend(self._store, self.run_id).get_state()
+        if self._backend is None:
+            self._backend = C10dRendezvousBackend(self._store, self.run_id)
+        got = self._backend.get_state()
         return None if got is None else pickle.loads(got[0])  # torch's own state
 
     def _check_deadline(self) -> None:
@@ -309,9 +336,14 @@ class NodeWatch:
             return False
         now = datetime.now(timezone.utc)
         stale = timedelta(seconds=KEEP_ALIVE_S * KEEP_ALIVE_MISSES)
-        for node, rank in sorted(self._round.items(), key=lambda item: item[1]):
-            if node == self._me or (self._me is None and getattr(node, "pid", 0) == os.getpid()):
-                continue
+        peers = sorted(((node, rank) for node, rank in self._round.items()
+                        if node != self._me and (self._me is not None
+                                                 or getattr(node, "pid", 0) != os.getpid())),
+                       key=lambda item: item[1])
+        if self._failed:  # read before a store host's exit takes the store with it
+            for node, _ in peers:
+                self._ended(node)
+        for node, rank in peers:
             beat = state.last_heartbeats.get(node)
             gone = node not in state.participants or beat is None or now - beat > stale
             if gone and not self._ended(node):  # an agent that exited by itself is no loss
