@@ -11,6 +11,10 @@ SIGTERM or SIGINT (Ctrl-C) to the launcher is passed on to every worker; the lau
 exits with the workers' status once they end, and kills those still running
 ``--stop-timeout`` seconds later. No worker outlives the launcher's exit.
 
+Several nodes: the launcher waits ``--rdzv-timeout`` seconds for every node, then names
+how many arrived; a node whose launcher disappears mid-run is named by the others, which
+end their workers within seconds (torchgpu.launch.nodes).
+
 A rank whose collective times out (``torchgpu.fit``'s ``collective_timeout``) ends every
 worker, and the launcher names the hang in one paragraph; on NCCL the flight recorder's
 dumps are kept in ``--flight-recorder-dir`` (default ./torchgpu-flight-recorder-<time>).
@@ -23,6 +27,7 @@ import os
 
 from torchgpu.cli.common import ArgumentParser, int_in
 from torchgpu.errors import UsageError
+from torchgpu.launch.rendezvous import DEFAULT_RDZV_TIMEOUT_S
 from torchgpu.launch.run import DEFAULT_STOP_TIMEOUT_S
 from torchgpu.user_files import check_file
 
@@ -44,6 +49,10 @@ def _parser() -> ArgumentParser:
                    help="where the node agents meet; required with --nnodes > 1")
     p.add_argument("--rdzv-id", metavar="ID",
                    help="job id, the same on every node (default: fixed for multi-node)")
+    p.add_argument("--rdzv-timeout", type=float, default=DEFAULT_RDZV_TIMEOUT_S,
+                   metavar="S",
+                   help="with --nnodes > 1: how long to wait for every node at the rendezvous "
+                   f"before naming those missing (default {DEFAULT_RDZV_TIMEOUT_S:g})")
     p.add_argument("--max-restarts", type=int_in("--max-restarts", 0, MAX_RESTARTS), default=0,
                    metavar="R",
                    help="restart failed workers up to R times (default 0)")
@@ -100,7 +109,7 @@ def main(argv: list[str]) -> int:
         nproc=ns.nproc, nnodes=ns.nnodes, node_rank=ns.node_rank,
         rdzv_endpoint=ns.rdzv_endpoint, rdzv_id=ns.rdzv_id,
         max_restarts=ns.max_restarts, module=ns.module, stop_timeout_s=ns.stop_timeout,
-        dump_dir=ns.flight_recorder_dir,
+        dump_dir=ns.flight_recorder_dir, rdzv_timeout_s=ns.rdzv_timeout,
     )
     check_spec(spec)
     if ns.module:

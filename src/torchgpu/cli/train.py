@@ -73,6 +73,9 @@ def _parser() -> ArgumentParser:
     dev.add_argument("--node-rank", type=int, default=0, metavar="R")
     dev.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
                      help="where the node agents meet (several nodes)")
+    dev.add_argument("--rdzv-timeout", type=float, default=600.0, metavar="SECONDS",
+                     help="how long a node waits for every node at the rendezvous before "
+                     "naming those missing (several nodes; default 600)")
     dev.add_argument("--max-restarts", type=int, default=0, metavar="R",
                      help="torchrun restarts of failed workers (default 0)")
     run = p.add_argument_group("training")
@@ -293,12 +296,13 @@ def _relaunch(config: TrainConfig, nproc: int, on_cuda: bool) -> int:
         # launcher kills only what is still running well after that
         stop_timeout_s=max(DEFAULT_STOP_TIMEOUT_S, config.stop_timeout + 30.0),
         dump_dir=os.path.join(config.out, "flight_recorder") if config.out else None,
-        flight_recorder=on_cuda, torchgpu_workers=True,
+        flight_recorder=on_cuda, torchgpu_workers=True, rdzv_timeout_s=config.rdzv_timeout,
     )
     return run(spec, "torchgpu", ["train", *worker_argv(config)])
 
 
-_LAUNCH_ONLY = frozenset({"nproc", "nnodes", "node_rank", "rdzv_endpoint", "max_restarts", "gpus"})
+_LAUNCH_ONLY = frozenset({"nproc", "nnodes", "node_rank", "rdzv_endpoint", "rdzv_timeout",
+                          "max_restarts", "gpus"})
 
 
 def worker_argv(config: TrainConfig) -> list[str]:

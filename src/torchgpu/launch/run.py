@@ -34,16 +34,25 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import signal
 import sys
 import uuid
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torchgpu.errors import UsageError
 from torchgpu.launch.hang_watch import HangWatch, kill_children
+from torchgpu.launch.nodes import NodeLostError, NodeWatch, heartbeat_steps
+from torchgpu.launch.rendezvous import (
+    DEFAULT_RDZV_TIMEOUT_S,
+    await_store,
+    rdzv_conf,
+    workers_die_with_launcher,
+)
 from torchgpu.launch.stop import (
     StopForwarder,
     StopJudge,
@@ -102,6 +111,8 @@ class LaunchSpec:
     # over SIGTERM/SIGINT on its first line: they are started with both blocked, so one
     # sent while a worker starts waits for its handler (torchgpu.cli.signals).
     torchgpu_workers: bool = False
+    # How long this node waits for every node at the rendezvous (several nodes only).
+    rdzv_timeout_s: float = DEFAULT_RDZV_TIMEOUT_S
 
 
 #: Processes per CPU core at most: more only time-slice the cores (each process already
@@ -171,6 +182,12 @@ def check_spec(spec: LaunchSpec) -> None:
         check_rdzv_id(spec.rdzv_id)
     if spec.max_restarts < 0:
         raise UsageError(f"--max-restarts {spec.max_restarts} must be 0 or more.")
+    if not 0 < spec.rdzv_timeout_s <= 2**31:
+        raise UsageError(
+            f"--rdzv-timeout {spec.rdzv_timeout_s:g} is out of range: give the seconds a "
+            f"node waits for every node at the rendezvous, more than 0 (default "
+            f"{DEFAULT_RDZV_TIMEOUT_S:.0f})."
+        )
     if not spec.stop_timeout_s > 0:
         raise UsageError(
             f"--stop-timeout {spec.stop_timeout_s} is out of range: give the seconds workers "
@@ -194,6 +211,8 @@ def torchrun_args(spec: LaunchSpec, target: str, target_args: Sequence[str]) -> 
         f"--rdzv-id={spec.rdzv_id or ('torchgpu' if spec.nnodes > 1 else uuid.uuid4().hex)}",
         f"--max-restarts={spec.max_restarts}",
     ]
+    if spec.nnodes > 1:
+        args.append(f"--rdzv-conf={rdzv_conf(spec.rdzv_timeout_s)}")
     if host in (LOOPBACK, "localhost"):
         # All agents on this machine: name it by the loopback address so no hostname lookup
         # (which may fail without a network) decides where workers connect.
@@ -214,6 +233,7 @@ def run(spec: LaunchSpec, target: str, target_args: Sequence[str]) -> int:
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import get_args_parser
     from torch.distributed.run import run as torchrun
 
@@ -244,24 +264,41 @@ def run(spec: LaunchSpec, target: str, target_args: Sequence[str]) -> int:
         recorder = torch.cuda.is_available()  # counts devices; creates no CUDA context
     watch = HangWatch(kill_children(child_pids),
                       Path(spec.dump_dir) if spec.dump_dir is not None else None, recorder)
-    quiet = _QuietAfterHang(watch)
+    nodes = None if spec.nnodes < 2 else NodeWatch(
+        args.rdzv_endpoint, args.rdzv_id, spec.nnodes, spec.rdzv_timeout_s,
+        kill_children(child_pids), end_on_loss=not spec.torchgpu_workers,
+        steps=lambda: heartbeat_steps(watch.directory),
+        pending_stop=lambda: forwarder.received,
+        before_exit=lambda: shutil.rmtree(watch.directory or "", ignore_errors=True))
+    quiet = _QuietAfterHang(watch, nodes)
     torchrun_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
     torchrun_log.addFilter(quiet)
     judge = StopJudge(forwarder)  # a stop, or a failure (torchrun's teardown is none)
     stop_words: list[str | None] = [None]  # the run's stop record, read before it goes
     previous_record = os.environ.get(STOP_FILE_ENV)
     try:
+        # torchgpu's own workers stop with a checkpoint when their launcher dies
+        # (torchgpu.launch.heartbeat); a script's workers are killed with it
         with forwarder.installed(), watch.installed(), \
-                stop_aware_agent(spec.torchgpu_workers, judge):
+                nullcontext() if spec.torchgpu_workers else workers_die_with_launcher(), \
+                stop_aware_agent(spec.torchgpu_workers, judge, nodes), \
+                nodes.installed() if nodes is not None else nullcontext():
             assert watch.directory is not None
             os.environ[STOP_FILE_ENV] = str(watch.directory / "stop.json")
             if getattr(args, "log_dir", None) is None:
                 # torchrun's per-run directories (torchelastic_* in $TMPDIR otherwise, never
                 # removed) go with the watch's directory when the launcher exits.
                 args.log_dir = str(watch.directory / "torchrun")
+            if nodes is not None:
+                early = await_store(args.rdzv_endpoint, spec.rdzv_timeout_s,
+                                    lambda: forwarder.received)
+                if early is not None:
+                    raise SignalException(f"{early.name} at the rendezvous", early)
             try:
                 torchrun(args)  # type: ignore[no-untyped-call]
             except ChildFailedError as error:
+                if nodes is not None and nodes.wait_lost() is not None:
+                    raise  # the lost node's paragraph says it all
                 if watch.report is None:
                     watch.report = watch.after_failure(_aborted_ranks(error))
                 raise
@@ -269,6 +306,10 @@ def run(spec: LaunchSpec, target: str, target_args: Sequence[str]) -> int:
                 stop_words[0] = judge.recorded()
                 _restore(STOP_FILE_ENV, previous_record)
     except ChildFailedError as error:
+        if nodes is not None and nodes.error is not None:
+            raise nodes.error from None
+        if nodes is not None and nodes.lost is not None:
+            return 1  # the lost node's paragraph is printed
         hang = watch.last_word({f.pid for f in error.failures.values()})
         if hang is not None:
             print(hang, file=sys.stderr)
@@ -292,10 +333,20 @@ def run(spec: LaunchSpec, target: str, target_args: Sequence[str]) -> int:
         return int(code)
     except SignalException as error:
         sig = signal.Signals(error.sigval)
+        if nodes is not None and (nodes.stopped is not None or "rendezvous" in str(error)):
+            print(f"torchgpu: stopped by {sig.name} at the rendezvous at "
+                  f"{args.rdzv_endpoint}, before any worker started.", file=sys.stderr)
+            return 128 + int(sig)
         print(f"torchgpu: stopped by {sig.name}: torchrun ended the workers (SIGTERM, then "
               "SIGKILL after its grace period) without waiting for a checkpoint; send "
               "SIGTERM or SIGINT for a saved stop.", file=sys.stderr)
         return 128 + int(sig)
+    except NodeLostError:
+        return 1  # its paragraph is printed
+    except RendezvousError as error:
+        if nodes is None:
+            raise
+        return nodes.rendezvous_failed(error)
     finally:
         torchrun_log.removeFilter(quiet)
     watch.last_word(())  # a round that hung, then was restarted: its paragraph is printed
@@ -304,14 +355,16 @@ def run(spec: LaunchSpec, target: str, target_args: Sequence[str]) -> int:
 
 class _QuietAfterHang(logging.Filter):
     """Leaves out torchrun's "failed (exitcode: -9) ..." line for workers the hang watch
-    ended: the hang's paragraph says why they stopped."""
+    or the node watch ended: their paragraph says why they stopped."""
 
-    def __init__(self, watch: HangWatch) -> None:
+    def __init__(self, watch: HangWatch, nodes: NodeWatch | None) -> None:
         super().__init__()
-        self.watch = watch
+        self.watch, self.nodes = watch, nodes
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return self.watch.report is None or not str(record.msg).startswith("failed (exitcode")
+        ended = self.watch.report is not None or (
+            self.nodes is not None and (self.nodes.lost or self.nodes.error) is not None)
+        return not ended or not str(record.msg).startswith("failed (exitcode")
 
 
 def _restore(name: str, value: str | None) -> None:

@@ -275,15 +275,17 @@ class StopJudge:
 
 
 @contextmanager
-def stop_aware_agent(hold_signals: bool, judge: StopJudge) -> Iterator[None]:
+def stop_aware_agent(hold_signals: bool, judge: StopJudge, nodes: Any = None) -> Iterator[None]:
     """While the block runs, torchrun's agent (made by torch's ``launch_agent``) is a
     subclass of its own that starts the workers with SIGTERM/SIGINT blocked when
     ``hold_signals`` (their mask is inherited; only workers that unblock them, i.e.
     torchgpu's entry point, may be started so), that tells ``judge`` when a round
     starts and when it tears a round down (before it signals the workers), and that
     gives up its remaining restarts when a round failed and ``judge`` says a stop
-    caused it. A torch without these hooks runs unchanged (the workers then honour the
-    stop record)."""
+    caused it. ``nodes`` (a :class:`~torchgpu.launch.nodes.NodeWatch`, several nodes
+    only) is told of each rendezvous (it runs inside ``nodes.rendezvous(handler)``) and
+    of the end of each round. A torch without these hooks runs unchanged (the workers
+    then honour the stop record)."""
     try:
         from torch.distributed.launcher import api
     except ImportError:
@@ -309,9 +311,17 @@ def stop_aware_agent(hold_signals: bool, judge: StopJudge) -> Iterator[None]:
             _announce_teardown(getattr(self, "_pcontext", None), judge)
             return started
 
+        def _rendezvous(self, worker_group: Any) -> Any:
+            if nodes is None:
+                return super()._rendezvous(worker_group)
+            with nodes.rendezvous(getattr(worker_group.spec, "rdzv_handler", None)):
+                return super()._rendezvous(worker_group)
+
         def _monitor_workers(self, worker_group: Any) -> Any:
             result = super()._monitor_workers(worker_group)
             state = getattr(getattr(result, "state", None), "name", "")
+            if nodes is not None and state in ("SUCCEEDED", "FAILED", "UNHEALTHY"):
+                nodes.workers_ended(state == "SUCCEEDED")
             if state in ("FAILED", "UNHEALTHY") and judge.stopped(result):
                 self._remaining_restarts = 0  # a deliberate stop is not retried
             return result

@@ -80,6 +80,7 @@ class TrainConfig:
     node_rank: int = 0
     rdzv_endpoint: str | None = None
     max_restarts: int = 0
+    rdzv_timeout: float = 600.0  # seconds a node waits for every node (several nodes)
     strategy: str = "auto"
     chunks: int | str | None = None  # an int, or "auto" (measured split-size sweep)
     devices: str | None = None  # model/pipeline stage devices, e.g. "cuda:0,cuda:1"

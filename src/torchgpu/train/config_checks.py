@@ -262,7 +262,8 @@ def validate(config: TrainConfig) -> None:
             "with a 32-bit count of milliseconds), e.g. --collective-timeout 300 (the default)."
         )
     for name, value, default in (("startup_timeout", config.startup_timeout, 600),
-                                 ("stop_timeout", config.stop_timeout, 30)):
+                                 ("stop_timeout", config.stop_timeout, 30),
+                                 ("rdzv_timeout", config.rdzv_timeout, 600)):
         if not 0 < value <= MAX_COLLECTIVE_TIMEOUT_S:  # nan fails too
             raise ConfigError(
                 f"--{name.replace('_', '-')} {value:g} is out of range: it must be a number "

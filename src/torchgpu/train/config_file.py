@@ -42,7 +42,8 @@ FINGERPRINTS_TABLE = "fingerprints"  # {path: sha256} of the run's files, not se
 # Settings a reproduced run must not inherit: continuing or removing a run, the launcher's
 # node-specific addresses, and what only changes how the result is printed.
 _NOT_WRITTEN = frozenset({"resume", "trust_checkpoint", "force_resume", "overwrite",
-                          "autoresume", "node_rank", "rdzv_endpoint", "gpus", "json",
+                          "autoresume", "node_rank", "rdzv_endpoint", "rdzv_timeout", "gpus",
+                          "json",
                           "progress"})
 
 

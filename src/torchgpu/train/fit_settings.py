@@ -31,7 +31,7 @@ from torchgpu.train.config import TrainConfig
 # there, which becomes the setting).
 NOT_SETTINGS = frozenset({
     "example", "data", "target", "data_size", "model", "loss", "nproc", "nnodes",
-    "node_rank", "rdzv_endpoint", "max_restarts", "gpus", "json", "auto_batch_size",
+    "node_rank", "rdzv_endpoint", "rdzv_timeout", "max_restarts", "gpus", "json", "auto_batch_size",
     "collate_fn", "metrics",
 })
 #: What :func:`~torchgpu.train.fit.config_from_settings` accepts: TrainConfig's fields
