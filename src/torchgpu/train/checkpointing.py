@@ -114,6 +114,7 @@ from torchgpu.checkpoint import (
 )
 from torchgpu.checkpoint.atomic import write_pointer
 from torchgpu.checkpoint.discover import LATEST, later_checkpoints, newest_verified, set_aside
+from torchgpu.checkpoint.sharded import ShardedSaver
 from torchgpu.distributed import gather_objects
 from torchgpu.errors import (
     CheckpointCorruptError,
@@ -223,7 +224,7 @@ class RunCheckpoints:
                  heartbeat: Heartbeat | None = None,
                  before_save: Callable[[], None] | None = None,
                  files: Mapping[str, str] | None = None,
-                 data: DataPosition | None = None) -> None:
+                 data: DataPosition | None = None, sharded: bool = False) -> None:
         assert config.out is not None
         self.config = config
         self.data = data  # a stream's loader: its position is saved per rank
@@ -257,6 +258,10 @@ class RunCheckpoints:
             "world_size": ranks.world_size, "batches_per_epoch": batches_per_epoch,
             **{key: getattr(config, key) for key in SCHEDULE_FIXED},
         }
+        # sharded: every rank writes its shards (--strategy fsdp), synchronously or with
+        # --async-save in the background; collective (the saver's own process group)
+        self.shards = (ShardedSaver(rank=ranks.rank, world=ranks.world_size,
+                                    async_save=config.async_save) if sharded else None)
         self._epoch_rng: torch.Tensor | None = None  # torch RNG as this epoch's loader began
         self._pending: tuple[torch.Tensor | None, dict[str, Any]] | None = None
 
@@ -401,17 +406,36 @@ class RunCheckpoints:
         if (due or limit) and self.sync is not None:
             self.sync()
         if due:
-            self.save(state)
+            self.save(state, finish=False)  # an async save goes on in the background
         if self.crash is not None:
             self.crash.maybe_crash(state.step)
 
-    def save(self, state: TrainState) -> Path:
-        """Write the checkpoint of ``state`` (collective under DDP; rank 0 writes)."""
+    def save(self, state: TrainState, finish: bool = True) -> Path:
+        """Write the checkpoint of ``state`` (collective under DDP; rank 0 writes; sharded:
+        every rank writes its shards). ``finish``: return once it is committed (an async
+        sharded save otherwise goes on in the background)."""
         with self.saving:
             if self.heartbeat is None:
-                return self._save(state)
-            with self.heartbeat.during("checkpoint"):
-                return self._save(state)
+                path = self._save(state)
+            else:
+                with self.heartbeat.during("checkpoint"):
+                    path = self._save(state)
+            if finish:
+                self.finish()
+            return path
+
+    def finish(self) -> None:
+        """Wait for a sharded save still being written (its error is raised here)."""
+        if self.shards is not None:
+            self.shards.wait()
+
+    def close(self) -> None:
+        """At the run's end (every rank): finish the save in flight, release the saver."""
+        if self.shards is not None:
+            self.shards.close()
+
+    def _committed(self, path: Path) -> None:
+        self.last_saved = path
 
     def _save(self, state: TrainState) -> Path:
         if self.before_save is not None:
@@ -433,8 +457,15 @@ class RunCheckpoints:
         meta = {"config": dataclasses.asdict(self.config), "strategy": self.mode,
                 "position": {"epoch": state.epoch, "batch_in_epoch": state.batch_in_epoch},
                 "fingerprints": self.files}
+        final = self.directory / f"step-{state.step:08d}"
+        if self.shards is not None:
+            self.last_saved_step = state.step  # committed (last_saved) when written
+            return self.shards.save(
+                final, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+                scaler=self.precision, step=state.step, epoch=state.epoch, extra=extra,
+                meta=meta, keep_last=self.config.keep_last, on_commit=self._committed)
         path = save_checkpoint(
-            self.directory / f"step-{state.step:08d}", model=self.model,
+            final, model=self.model,
             optimizer=self.optimizer, scheduler=self.scheduler, scaler=self.precision,
             step=state.step, epoch=state.epoch, extra=extra, meta=meta,
             keep_last=self.config.keep_last, dist=self.ranks)

@@ -272,7 +272,8 @@ def _run(
                           out_dir=out_dir, crash=start.crash, stop_at_step=start.stop_at_step,
                           sync=(lambda: sync_now(parts)) if parts.agree else None,
                           heartbeat=beat, before_save=steps.before_save, scheduler=scheduler,
-                          files=files, data=stream_run.position_of(train_loader))
+                          files=files, data=stream_run.position_of(train_loader),
+                          sharded=strategy.features.sharded_checkpoints and world > 1)
     state = ckpt.begin(start.plan)  # fresh, or restored from a checkpoint
     buffer.lrs = state.step_lrs
     if out_dir is not None:  # after the resume's checks: a refused resume changes nothing
@@ -353,6 +354,7 @@ def _run(
         watch.close(state)
     if beat is not None:
         beat.phase = "finishing"
+    ckpt.close()  # a checkpoint still being written (--async-save) is committed first
     parts.accumulator.zero_grad()  # the model handed back holds no gradients
     final_state = steps.full_state()
     peaks = gather_objects((str(device), build.device_name(device), peak_memory(device)))
