@@ -33,7 +33,8 @@ import contextlib
 import hashlib
 import os
 import shutil
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,14 @@ def is_sharded(directory: Path) -> bool:
     one, and loading it names what is missing)."""
     return (files.kind_of(directory / SHARDS_DIR) == "dir"
             or read_meta(directory).get("layout") == SHARDED)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """DCP without a process group warns that it assumes one process: intended here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to")
+        yield
 
 
 def _group() -> Any:
@@ -133,6 +142,17 @@ def describe_shards(directory: Path) -> dict[str, Any]:
             "optimizer_entries": sum(key.startswith(f"{OPTIM_KEY}.") for key in keys)}
 
 
+def model_tensors(directory: Path) -> list[tuple[str, list[int], torch.dtype]]:
+    """The model's tensors in sharded checkpoint ``directory`` as its metadata records
+    them (name, whole shape, dtype), read without loading any shard."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    prefix = f"{MODEL_KEY}."
+    return [(key[len(prefix):], list(info.size), info.properties.dtype)
+            for key, info in _shards_metadata(directory).state_dict_metadata.items()
+            if key.startswith(prefix) and isinstance(info, TensorStorageMetadata)]
+
+
 def load_sharded_states(directory: str | Path, model: nn.Module,
                         optimizer: torch.optim.Optimizer | None = None) -> None:
     """Load the model (and optimizer) states of sharded checkpoint ``directory`` into
@@ -158,8 +178,9 @@ def load_sharded_states(directory: str | Path, model: nn.Module,
         assert optimizer is not None
         state[MODEL_KEY], state[OPTIM_KEY] = get_state_dict(model, optimizer)
     try:
-        dcp.load(state, storage_reader=dcp.FileSystemReader(str(source / SHARDS_DIR)),
-                 no_dist=not _distributed())
+        with _quiet():
+            dcp.load(state, storage_reader=dcp.FileSystemReader(str(source / SHARDS_DIR)),
+                     no_dist=not _distributed())
         if with_optim:
             assert optimizer is not None
             set_state_dict(model, optimizer, model_state_dict=state[MODEL_KEY],
@@ -178,19 +199,14 @@ def read_sharded_model(directory: str | Path) -> dict[str, torch.Tensor]:
     process group needed): what ``torchgpu ckpt convert`` writes as one
     ``model.safetensors``. Verify the files first."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     source = Path(directory)
-    metadata = _shards_metadata(source)
-    prefix = f"{MODEL_KEY}."
-    model: dict[str, torch.Tensor] = {}
-    for key, info in metadata.state_dict_metadata.items():
-        if key.startswith(prefix) and isinstance(info, TensorStorageMetadata):
-            model[key[len(prefix):]] = torch.empty(
-                info.size, dtype=info.properties.dtype)
+    model = {name: torch.empty(shape, dtype=dtype)
+             for name, shape, dtype in model_tensors(source)}
     try:
-        dcp.load({MODEL_KEY: model}, storage_reader=dcp.FileSystemReader(str(source / SHARDS_DIR)),
-                 no_dist=True)
+        with _quiet():
+            dcp.load({MODEL_KEY: model},
+                     storage_reader=dcp.FileSystemReader(str(source / SHARDS_DIR)), no_dist=True)
     except _failures() as error:
         raise CheckpointCorruptError(
             f"the model shards of {files.show(source)} cannot be read ({why(error)}); the "
@@ -306,13 +322,16 @@ class ShardedSaver:
         pending, self._pending = self._pending, None
         return pending.result() if pending is not None else None
 
-    def save(self, final: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer | None,
-             scheduler: Any = None, scaler: Any = None, step: int, epoch: int,
+    def save(self, final: Path, *, model: nn.Module | None,
+             optimizer: torch.optim.Optimizer | None, scheduler: Any = None,
+             scaler: Any = None, step: int, epoch: int,
              extra: Mapping[str, object] | None = None,
              meta: Mapping[str, object] | None = None, keep_last: int | None = None,
-             on_commit: Callable[[Path], None] | None = None) -> Path:
+             on_commit: Callable[[Path], None] | None = None,
+             weights: Mapping[str, torch.Tensor] | None = None) -> Path:
         """Write the sharded checkpoint ``final`` (collective). Synchronous, or with
-        ``async_save`` started and committed in the background (:meth:`wait`)."""
+        ``async_save`` started and committed in the background (:meth:`wait`).
+        ``model=None``: the model state is ``weights`` (a whole state dict, one process)."""
         import torch.distributed.checkpoint as dcp
 
         self.wait()
@@ -340,16 +359,19 @@ class ShardedSaver:
                                        f"rank 0 could not start the checkpoint: {error}")
         assert temp_name is not None
         temp = final.parent / temp_name
-        state = states_of(model, optimizer)
+        state = states_of(model, optimizer) if model is not None else {MODEL_KEY: dict(weights or {})}
         writer = dcp.FileSystemWriter(str(temp / SHARDS_DIR))
         if self._executor is None:
             try:
-                dcp.save(state, storage_writer=writer, process_group=self._group)
+                with _quiet():
+                    dcp.save(state, storage_writer=writer, process_group=self._group,
+                             no_dist=self._group is None)
             except _failures() as failed:
                 self._failed(temp, final, failed)
             return self._commit(temp, final, small, keep_last, on_commit)
         try:
-            upload = dcp.async_save(state, storage_writer=writer, process_group=self._group)
+            upload = dcp.async_save(state, storage_writer=writer, process_group=self._group,
+                                    no_dist=self._group is None)
         except _failures() as failed:
             self._failed(temp, final, failed)
         del state  # staged: the training may change the model from here on
@@ -441,3 +463,14 @@ class ShardedSaver:
                 with contextlib.suppress(Exception):
                     torch.distributed.destroy_process_group(self._group)
                 self._group = None
+
+
+def save_sharded_weights(final: str | Path, weights: Mapping[str, torch.Tensor],
+                         meta: Mapping[str, object] | None = None) -> Path:
+    """Write ``weights`` (a whole model state dict, in this process) as a sharded
+    checkpoint directory ``final`` that holds no training state: what ``torchgpu ckpt
+    convert --format dcp`` writes, loadable into a model on any world size
+    (:func:`load_sharded_states`, ``torchgpu.load_checkpoint``) and back to one file."""
+    saver = ShardedSaver(rank=0, world=1)
+    return saver.save(Path(final), model=None, optimizer=None, step=0, epoch=0,
+                      meta=meta, weights=weights)
