@@ -262,6 +262,10 @@ class RunCheckpoints:
         # --async-save in the background; collective (the saver's own process group)
         self.shards = (ShardedSaver(rank=ranks.rank, world=ranks.world_size,
                                     async_save=config.async_save) if sharded else None)
+        if config.async_save and not sharded and out_dir is not None:
+            print("note: --async-save applies to sharded checkpoints (--strategy fsdp with "
+                  "several processes); this run writes its checkpoints at the step boundary",
+                  file=sys.stderr)
         self._epoch_rng: torch.Tensor | None = None  # torch RNG as this epoch's loader began
         self._pending: tuple[torch.Tensor | None, dict[str, Any]] | None = None
 
