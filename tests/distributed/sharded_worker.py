@@ -10,6 +10,9 @@
 - ``fail``: save step 1, then save step 2 with rank 1's shard write raising: every rank
   gets the one-paragraph error (``failed ok``).
 - ``kill``: save step 1, then rank 1 dies (SIGKILL) while writing step 2's shards.
+- ``load1``: load ``DIR/one/step-00000003`` (written by one process) into the FSDP2
+  model and a fresh optimizer and check the gathered states equal
+  ``DIR/one-expected.pt``.
 """
 
 from __future__ import annotations
@@ -101,6 +104,13 @@ def main() -> None:
             load_sharded_states(ckpts / "step-00000002", fresh, fresh_optim)
             got = full(fresh, fresh_optim)
             same(got, expected)
+            print(f"rank {rank} loaded ok", flush=True)
+        elif mode == "load1":  # a checkpoint one process wrote, loaded on two
+            fresh_optim = torch.optim.Adam(model.parameters(), lr=1e-2, weight_decay=0.1)
+            load_sharded_states(out / "one" / "step-00000003", model, fresh_optim)
+            got = full(model, fresh_optim)
+            if rank == 0:
+                same(got, torch.load(out / "one-expected.pt", weights_only=False))
             print(f"rank {rank} loaded ok", flush=True)
         elif mode in ("fail", "kill"):
             save(1) if mode == "fail" else saver.save(
