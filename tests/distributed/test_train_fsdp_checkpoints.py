@@ -67,17 +67,27 @@ def test_sigterm_then_autoresume_equals_the_uninterrupted_run(
 
 def test_a_crashed_rank_restarts_from_the_async_checkpoint_bitwise(
         uninterrupted: Path, tmp_path: Path) -> None:
+    """Also: with a gather limit of 0 bytes the final model is written as every rank's
+    shards (model-shards/, nothing gathered) and converts to the gathered model."""
     out = tmp_path / "run"
     done = run_cli([*FLAGS, "--epochs", "40", "--out", str(out), "--max-restarts", "1",
                     "--async-save"],
                    TORCHGPU_FAULT_CRASH_AT_STEP="23", TORCHGPU_FAULT_MARKER=str(tmp_path / "m"),
-                   TORCHGPU_FAULT_RANK="1")
+                   TORCHGPU_FAULT_RANK="1", TORCHGPU_GATHER_LIMIT_BYTES="0")
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "m").exists()  # it did crash, after step 23
     assert "resuming from" in done.stderr and "step-00000020" in done.stderr
-    _same_weights(uninterrupted, out)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 400
+    assert not (out / "model.safetensors").exists()
+    assert summary["files"]["model"] == str(out / "model-shards")
+    assert len(list((out / "model-shards" / "shards").glob("*.distcp"))) == 2
+    converted = tmp_path / "converted"
+    converted.mkdir()
+    done = run_cli(["ckpt", "convert", str(out / "model-shards"),
+                    str(converted / "model.safetensors")])
+    assert done.returncode == 0, done.stderr[-2000:]
+    _same_weights(uninterrupted, converted)
 
 
 def test_the_last_checkpoint_converts_to_the_final_model(uninterrupted: Path,

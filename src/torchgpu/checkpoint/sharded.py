@@ -328,10 +328,11 @@ class ShardedSaver:
              extra: Mapping[str, object] | None = None,
              meta: Mapping[str, object] | None = None, keep_last: int | None = None,
              on_commit: Callable[[Path], None] | None = None,
-             weights: Mapping[str, torch.Tensor] | None = None) -> Path:
+             weights: Mapping[str, torch.Tensor] | None = None, latest: bool = True) -> Path:
         """Write the sharded checkpoint ``final`` (collective). Synchronous, or with
         ``async_save`` started and committed in the background (:meth:`wait`).
-        ``model=None``: the model state is ``weights`` (a whole state dict, one process)."""
+        ``model=None``: the model state is ``weights`` (a whole state dict, one process).
+        ``latest``: point ``final.parent/latest`` at it (not for a run's final model)."""
         import torch.distributed.checkpoint as dcp
 
         self.wait()
@@ -368,7 +369,7 @@ class ShardedSaver:
                              no_dist=self._group is None)
             except _failures() as failed:
                 self._failed(temp, final, failed)
-            return self._commit(temp, final, small, keep_last, on_commit)
+            return self._commit(temp, final, small, keep_last, on_commit, latest)
         try:
             upload = dcp.async_save(state, storage_writer=writer, process_group=self._group,
                                     no_dist=self._group is None)
@@ -381,7 +382,7 @@ class ShardedSaver:
                 upload.result()
             except _failures() as failed:
                 self._failed(temp, final, failed)
-            return self._commit(temp, final, small, keep_last, on_commit)
+            return self._commit(temp, final, small, keep_last, on_commit, latest)
 
         assert self._executor is not None
         self._pending = self._executor.submit(finish)
@@ -415,7 +416,8 @@ class ShardedSaver:
             "(disk space, permissions) and run again") from None
 
     def _commit(self, temp: Path, final: Path, small: Mapping[str, bytes],
-                keep_last: int | None, on_commit: Callable[[Path], None] | None) -> Path:
+                keep_last: int | None, on_commit: Callable[[Path], None] | None,
+                latest: bool = True) -> Path:
         """After every rank wrote its shards: hash them (each rank its own), then rank 0
         publishes the checkpoint; every rank learns the outcome."""
         shards = temp / SHARDS_DIR
@@ -436,7 +438,8 @@ class ShardedSaver:
                 atomic.write_file(temp / MANIFEST_FILE, manifest_bytes(small, hashed=entries))
                 _fsync_tree(temp)
                 _rename_into_place(temp, final)
-                atomic.write_pointer(final.parent, final.name, LATEST)
+                if latest:
+                    atomic.write_pointer(final.parent, final.name, LATEST)
                 if keep_last is not None:
                     prune(final.parent, keep_last, protect=final)
             except (CheckpointError, OSError) as error:
@@ -473,4 +476,4 @@ def save_sharded_weights(final: str | Path, weights: Mapping[str, torch.Tensor],
     (:func:`load_sharded_states`, ``torchgpu.load_checkpoint``) and back to one file."""
     saver = ShardedSaver(rank=0, world=1)
     return saver.save(Path(final), model=None, optimizer=None, step=0, epoch=0,
-                      meta=meta, weights=weights)
+                      meta=meta, weights=weights, latest=False)

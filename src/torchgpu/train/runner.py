@@ -40,6 +40,7 @@ from torchgpu.train.assemble import Assembly, assemble, settle, with_stop_at
 from torchgpu.train.auto_batch import apply_auto_batch, batch_line
 from torchgpu.train.autoresume import RunFinished, continue_hint
 from torchgpu.train.checkpointing import Ranks, RunCheckpoints, RunStart
+from torchgpu.train.final_model import final_weights
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.data_wait import DataWait
 from torchgpu.train.fingerprints import fingerprints
@@ -354,9 +355,11 @@ def _run(
         watch.close(state)
     if beat is not None:
         beat.phase = "finishing"
-    ckpt.close()  # a checkpoint still being written (--async-save) is committed first
+    ckpt.finish()  # a checkpoint still being written (--async-save) is committed first
     parts.accumulator.zero_grad()  # the model handed back holds no gradients
-    final_state = steps.full_state()
+    final_state = final_weights(steps.model, ckpt.shards, Path(config.out), state,
+                                steps.full_state)
+    ckpt.close()
     peaks = gather_objects((str(device), build.device_name(device), peak_memory(device)))
     summary = summary_of(config, data, mode, world, state, records, peaks, train_seconds,
                        time.perf_counter() - started, steps.stop, precision.mode, stopped_at)
