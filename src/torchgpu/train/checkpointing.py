@@ -3,6 +3,11 @@
 **Where.** ``--save-every N`` writes ``OUT/checkpoints/step-SSSSSSSS`` every N optimizer
 steps with :func:`torchgpu.checkpoint.save_checkpoint` (atomic: temporary sibling,
 fsync, rename; ``latest`` updated after the commit; ``--keep-last K`` prunes after it).
+A strategy whose state is sharded over the ranks (``--strategy fsdp``) writes sharded
+checkpoints instead (:mod:`torchgpu.checkpoint.sharded`: every rank its own shards, the
+same atomic publication; with ``--async-save`` the periodic saves are written while
+training goes on, and a stop's save is complete before the process ends); loading reads
+either layout.
 A stop (SIGTERM, SIGINT, or a step limit) always writes one at the step boundary where
 the run stops, with or without ``--save-every``. ``--resume`` continues from
 ``OUT/checkpoints`` (``latest``; if it names a missing or incomplete directory, the
