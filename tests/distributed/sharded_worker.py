@@ -63,7 +63,7 @@ def same(a: object, b: object, where: str = "") -> None:
             same(a[key], b[key], f"{where}.{key}")
     elif isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         assert len(a) == len(b), where
-        for index, (x, y) in enumerate(zip(a, b)):
+        for index, (x, y) in enumerate(zip(a, b, strict=True)):
             same(x, y, f"{where}[{index}]")
     elif isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         assert torch.equal(a, b), (where, a, b)

@@ -105,7 +105,7 @@ def _shards_metadata(directory: Path) -> Any:
     """DCP's metadata of ``directory/shards``, checked against the manifest: readable,
     and every storage file it names listed there. A :class:`CheckpointCorruptError`
     naming the checkpoint otherwise."""
-    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
 
     listed = read_manifest(directory)
     try:
@@ -162,8 +162,9 @@ def load_sharded_states(directory: str | Path, model: nn.Module,
     (:func:`~torchgpu.checkpoint.layout.verify_directory`); this checks the shard
     metadata against the manifest. A state that does not fit the model is a
     :class:`CheckpointError` naming the checkpoint."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+    from torchgpu.checkpoint import _dcp as dcp
 
     source = Path(directory)
     metadata = _shards_metadata(source)
@@ -198,7 +199,7 @@ def read_sharded_model(directory: str | Path) -> dict[str, torch.Tensor]:
     """The whole model state of sharded checkpoint ``directory`` in this process (no
     process group needed): what ``torchgpu ckpt convert`` writes as one
     ``model.safetensors``. Verify the files first."""
-    import torch.distributed.checkpoint as dcp
+    from torchgpu.checkpoint import _dcp as dcp
 
     source = Path(directory)
     model = {name: torch.empty(shape, dtype=dtype)
@@ -228,7 +229,7 @@ def why(error: BaseException) -> str:
     failures = getattr(error, "failures", None)
     if isinstance(failures, dict) and failures:
         rank = min(failures)
-        inner = getattr(failures[rank], "exc", failures[rank])
+        inner: Any = getattr(failures[rank], "exc", failures[rank])
         if isinstance(inner, tuple) and inner and isinstance(inner[0], BaseException):
             inner = inner[0]  # (exception, stack) as it crossed the ranks
         return f"rank {rank}: {why(inner)}"
@@ -333,7 +334,7 @@ class ShardedSaver:
         ``async_save`` started and committed in the background (:meth:`wait`).
         ``model=None``: the model state is ``weights`` (a whole state dict, one process).
         ``latest``: point ``final.parent/latest`` at it (not for a run's final model)."""
-        import torch.distributed.checkpoint as dcp
+        from torchgpu.checkpoint import _dcp as dcp
 
         self.wait()
         steps = self._gather(int(step))
@@ -360,7 +361,8 @@ class ShardedSaver:
                                        f"rank 0 could not start the checkpoint: {error}")
         assert temp_name is not None
         temp = final.parent / temp_name
-        state = states_of(model, optimizer) if model is not None else {MODEL_KEY: dict(weights or {})}
+        state = (states_of(model, optimizer) if model is not None
+                 else {MODEL_KEY: dict(weights or {})})
         writer = dcp.FileSystemWriter(str(temp / SHARDS_DIR))
         if self._executor is None:
             try:

@@ -40,9 +40,9 @@ from torchgpu.train.assemble import Assembly, assemble, settle, with_stop_at
 from torchgpu.train.auto_batch import apply_auto_batch, batch_line
 from torchgpu.train.autoresume import RunFinished, continue_hint
 from torchgpu.train.checkpointing import Ranks, RunCheckpoints, RunStart
-from torchgpu.train.final_model import final_weights
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.data_wait import DataWait
+from torchgpu.train.final_model import final_weights
 from torchgpu.train.fingerprints import fingerprints
 from torchgpu.train.finished import finished_result
 from torchgpu.train.loop import agreed_steps, run_epoch, sync_now
@@ -357,6 +357,7 @@ def _run(
         beat.phase = "finishing"
     ckpt.finish()  # a checkpoint still being written (--async-save) is committed first
     parts.accumulator.zero_grad()  # the model handed back holds no gradients
+    assert config.out is not None  # settled: every run has its --out
     final_state = final_weights(steps.model, ckpt.shards, Path(config.out), state,
                                 steps.full_state)
     ckpt.close()
