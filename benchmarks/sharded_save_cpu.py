@@ -17,8 +17,9 @@ counts) and the peak RSS during the save above the RSS before it (the kernel's
 high-water mark, reset before each save through /proc/self/clear_refs). The ratios
 (gathered / sharded) are of medians from the same job.
 
-    python benchmarks/sharded_save_cpu.py --json           # full size
+    python benchmarks/sharded_save_cpu.py --json           # full size, JSON on stdout
     python benchmarks/sharded_save_cpu.py --quick --json   # tiny, checks it runs
+    python -m torchgpu.bench.extra benchmarks/sharded_save_cpu.py OUT.json  # with context
 """
 
 from __future__ import annotations
@@ -134,7 +135,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="a tiny model, one round")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--json", nargs="?", const="-", metavar="FILE",
+                        help="the result as JSON: to FILE, or to stdout without one")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -175,7 +177,11 @@ def main() -> None:
         "peak_rss_rank0": round(gathered["peak_rss_above_mib_by_rank"][0]
                                 / max(sharded["peak_rss_above_mib_by_rank"][0], 1e-9), 2)}
     if args.json:
-        print(json.dumps(report, indent=2))
+        text = json.dumps(report, indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            Path(args.json).write_text(text + "\n")
         return
     print(f"model {report['model_fp32_mib']} MiB fp32 ({report['with_adam_mib']} MiB with "
           f"Adam), 2 gloo ranks, {report['rounds']} rounds")

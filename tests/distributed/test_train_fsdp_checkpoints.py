@@ -8,6 +8,7 @@ model, and a damaged one named by --resume is one paragraph (exit 2)."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 from pathlib import Path
 
@@ -76,7 +77,8 @@ def test_a_crashed_rank_restarts_from_the_async_checkpoint_bitwise(
                    TORCHGPU_FAULT_RANK="1", TORCHGPU_GATHER_LIMIT_BYTES="0")
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "m").exists()  # it did crash, after step 23
-    assert "resuming from" in done.stderr and "step-00000020" in done.stderr
+    # from step 20, or 15 when the async save of step 20 was still being written
+    assert re.search(r"resuming from \S*step-000000(20|15)", done.stderr), done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 400
     assert not (out / "model.safetensors").exists()

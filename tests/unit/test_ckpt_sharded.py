@@ -234,3 +234,17 @@ def test_ckpt_convert_sharded_to_one_file_and_back(tmp_path: Path, capsys: Any) 
 def test_fsdp_takes_the_checkpoint_flags() -> None:
     validate(TrainConfig(save_every=5, strategy="fsdp", async_save=True))
     validate(TrainConfig(resume="run", out="run", strategy="fsdp"))
+
+
+def test_an_fsdp_resume_from_a_single_file_checkpoint_is_refused(tmp_path: Path) -> None:
+    from torchgpu.checkpoint import save_checkpoint
+    from torchgpu.errors import ResumeError
+    from torchgpu.train.checkpointing import _refuse_whole
+
+    model, optim = _trained()
+    whole = save_checkpoint(tmp_path / "ddp" / "step-00000003", model=model, optimizer=optim,
+                            step=3)
+    with pytest.raises(ResumeError, match="sharded checkpoints only") as info:
+        _refuse_whole(tmp_path / "ddp")
+    assert str(whole) in str(info.value) and "\n" not in str(info.value)
+    _refuse_whole(_save(tmp_path / "fsdp", model, optim, 3))  # a sharded one is taken

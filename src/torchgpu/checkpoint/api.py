@@ -41,7 +41,7 @@ from torchgpu.checkpoint.layout import (
 )
 from torchgpu.checkpoint.readers import read_pickle
 from torchgpu.checkpoint.rng import capture_rng_state, restore_rng_state
-from torchgpu.checkpoint.sharded import is_sharded, load_sharded_states
+from torchgpu.checkpoint.sharded_load import is_sharded, load_sharded_states
 from torchgpu.checkpoint.sources import read_file, verify_before_loading
 from torchgpu.distributed import RankInfo
 from torchgpu.errors import CheckpointError, CheckpointFormatError, CheckpointWriteError

@@ -185,7 +185,7 @@ def _designated(located: Located) -> Path | None:
 
 def _inspect_sharded(directory: Path) -> dict[str, object]:
     """A sharded checkpoint's model tensors, from its shard metadata alone."""
-    from torchgpu.checkpoint.sharded import model_tensors
+    from torchgpu.checkpoint.sharded_load import model_tensors
 
     rows: list[TensorRow] = [
         {"key": key, "shape": shape, "dtype": str(dtype).removeprefix("torch."),
@@ -195,7 +195,7 @@ def _inspect_sharded(directory: Path) -> dict[str, object]:
 
 
 def _inspect_dir(directory: Path) -> dict[str, object]:
-    from torchgpu.checkpoint.sharded import is_sharded
+    from torchgpu.checkpoint.sharded_load import is_sharded
 
     try:
         info = (_inspect_sharded(directory) if is_sharded(directory)

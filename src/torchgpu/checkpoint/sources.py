@@ -27,7 +27,7 @@ from torchgpu.checkpoint.layout import (
     verify_directory,
 )
 from torchgpu.checkpoint.readers import read_pickle, read_safetensors, sniff
-from torchgpu.checkpoint.sharded import is_sharded, read_sharded_model
+from torchgpu.checkpoint.sharded_load import is_sharded, read_sharded_model
 from torchgpu.errors import CheckpointCorruptError, CheckpointFormatError
 
 if TYPE_CHECKING:

@@ -141,7 +141,7 @@ def _verify_targets(path: Path) -> list[Path] | str:
 
 def _shards_line(directory: Path) -> str:
     """``; sharded: ...`` for a sharded checkpoint (its shard metadata checked), else ''."""
-    from torchgpu.checkpoint.sharded import describe_shards, is_sharded
+    from torchgpu.checkpoint.sharded_load import describe_shards, is_sharded
 
     if not is_sharded(directory):
         return ""

@@ -118,8 +118,15 @@ from torchgpu.checkpoint import (
     save_checkpoint,
 )
 from torchgpu.checkpoint.atomic import write_pointer
-from torchgpu.checkpoint.discover import LATEST, later_checkpoints, newest_verified, set_aside
+from torchgpu.checkpoint.discover import (
+    LATEST,
+    find_checkpoint,
+    later_checkpoints,
+    newest_verified,
+    set_aside,
+)
 from torchgpu.checkpoint.sharded import ShardedSaver
+from torchgpu.checkpoint.sharded_load import is_sharded
 from torchgpu.distributed import gather_objects
 from torchgpu.errors import (
     CheckpointCorruptError,
@@ -206,6 +213,19 @@ def epoch_records(path: Path) -> list[EpochRecord]:
         except (ValueError, TypeError):
             continue
     return records
+
+
+def _refuse_whole(source: Path) -> None:
+    """A sharded run (fsdp) resumes from sharded checkpoints only: a single-file one
+    (ddp, single) holds its optimizer state by parameter index, which a sharded
+    optimizer cannot take."""
+    found = find_checkpoint(source)
+    if found is not None and (found / "model.safetensors").exists() and not is_sharded(found):
+        raise ResumeError(
+            f"{found} is a single-file checkpoint (written by --strategy ddp or single), and "
+            "--strategy fsdp resumes from sharded checkpoints only. Resume it with the "
+            "strategy that wrote it, or start the fsdp run from its weights (load them with "
+            "torchgpu.load_state_dict in your model factory).")
 
 
 class RunCheckpoints:
@@ -297,6 +317,8 @@ class RunCheckpoints:
         return state
 
     def _read(self, source: Path) -> LoadedCheckpoint:
+        if self.shards is not None:
+            _refuse_whole(source)
         return load_checkpoint(source, model=self.model, optimizer=self.optimizer,
                                scheduler=self.scheduler, scaler=self.precision,
                                restore_rng=False, trust=self.config.trust_checkpoint)
