@@ -222,8 +222,10 @@ class ShardedSaver:
                 self._failed(temp, final, failed)
             return self._commit(temp, final, small, keep_last, on_commit, latest)
         try:
+            # no_dist only where there is no group (keyword of newer torch releases)
+            alone: dict[str, Any] = {"no_dist": True} if self._group is None else {}
             upload = dcp.async_save(state, storage_writer=writer, process_group=self._group,
-                                    no_dist=self._group is None)
+                                    **alone)
         except failures() as failed:
             self._failed(temp, final, failed)
         del state  # staged: the training may change the model from here on
