@@ -510,6 +510,7 @@ class RunCheckpoints:
             self.stop.set("a stop on another rank")
         if self.last_saved_step != state.step:
             self.save(state)
+        self.finish()  # this step's save may still be written in the background
         if self.out_dir is None:
             return
         outputs.append_lines(self.out_dir / outputs.METRICS_FILE, buffer.take_lines())

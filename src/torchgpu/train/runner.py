@@ -392,6 +392,7 @@ def _evaluation_failed(ckpt: RunCheckpoints, state: TrainState, buffer: MetricsB
     try:
         if ckpt.last_saved_step != state.step:
             ckpt.save(state)
+        ckpt.finish()  # an --async-save of this step may still be written
         kept = f"its checkpoint is {ckpt.last_saved}"
     except TorchGpuError as save_error:  # the evaluation's error stays the one raised
         kept = f"saving its checkpoint failed too ({first_line(save_error)})"
