@@ -1,6 +1,6 @@
 """`torchgpu train --strategy fsdp` (FSDP2, 2 gloo processes on 127.0.0.1) with sharded
 checkpoints: a run stopped by SIGTERM and continued with --autoresume, and a run whose
-rank crashes and is restarted (--max-restarts, --async-save), both end with the weights
+rank crashes and is restarted (--max-restarts), both with --async-save, end with the weights
 of the uninterrupted run, bitwise; the checkpoints are sharded (every rank's shards, a
 manifest), `ckpt verify` accepts them, `ckpt convert` gathers the last one into the final
 model, and a damaged one named by --resume is one paragraph (exit 2)."""
@@ -45,7 +45,8 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_sigterm_then_autoresume_equals_the_uninterrupted_run(
         uninterrupted: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    with Session([*FLAGS, "--epochs", "40", "--out", str(out)], tmp_path) as run:
+    with Session([*FLAGS, "--epochs", "40", "--out", str(out), "--async-save"],
+                 tmp_path) as run:
         run.wait_for(out / "checkpoints" / "latest")
         run.proc.send_signal(signal.SIGTERM)
         code = run.wait(120)
@@ -60,7 +61,8 @@ def test_sigterm_then_autoresume_equals_the_uninterrupted_run(
     assert len(list((checkpoint / "shards").glob("*.distcp"))) == 2  # one per rank
     verify = run_cli(["ckpt", "verify", str(out)])
     assert verify.returncode == 0 and "sharded: 3 shard files" in verify.stdout, verify.stdout
-    done = run_cli([*FLAGS, "--epochs", "40", "--out", str(out), "--autoresume"])
+    done = run_cli([*FLAGS, "--epochs", "40", "--out", str(out), "--autoresume",
+                    "--async-save"])
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"resuming from {checkpoint}" in done.stderr
     _same_weights(uninterrupted, out)
