@@ -22,6 +22,8 @@ from tests.procs import HEAVY, run_cli
 pytestmark = [pytest.mark.slow, HEAVY, pytest.mark.timeout(900)]
 
 # 200 samples -> 160 train rows -> 10 micro-batches of 8 per rank per epoch
+# a hang guard for one 400-step run (~40 s on a quiet 2-core machine), restarts included
+RUN_S = 600.0
 FLAGS = ["train", "--example", "housing", "--data-size", "200", "--batch-size", "8",
          "--progress", "off", "--device", "cpu", "--nproc", "2", "--strategy", "fsdp",
          "--save-every", "5"]
@@ -37,7 +39,7 @@ def _same_weights(a: Path, b: Path) -> None:
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("fsdp") / "full"
-    done = run_cli([*FLAGS, "--epochs", "40", "--out", str(out)])
+    done = run_cli([*FLAGS, "--epochs", "40", "--out", str(out)], timeout=RUN_S)
     assert done.returncode == 0, done.stderr[-3000:]
     return out
 
@@ -62,7 +64,7 @@ def test_sigterm_then_autoresume_equals_the_uninterrupted_run(
     verify = run_cli(["ckpt", "verify", str(out)])
     assert verify.returncode == 0 and "sharded: 3 shard files" in verify.stdout, verify.stdout
     done = run_cli([*FLAGS, "--epochs", "40", "--out", str(out), "--autoresume",
-                    "--async-save"])
+                    "--async-save"], timeout=RUN_S)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"resuming from {checkpoint}" in done.stderr
     _same_weights(uninterrupted, out)
@@ -74,7 +76,7 @@ def test_a_crashed_rank_restarts_from_the_async_checkpoint_bitwise(
     shards (model-shards/, nothing gathered) and converts to the gathered model."""
     out = tmp_path / "run"
     done = run_cli([*FLAGS, "--epochs", "40", "--out", str(out), "--max-restarts", "1",
-                    "--async-save"],
+                    "--async-save"], timeout=RUN_S,
                    TORCHGPU_FAULT_CRASH_AT_STEP="23", TORCHGPU_FAULT_MARKER=str(tmp_path / "m"),
                    TORCHGPU_FAULT_RANK="1", TORCHGPU_GATHER_LIMIT_BYTES="0")
     assert done.returncode == 0, done.stderr[-3000:]
