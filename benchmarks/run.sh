@@ -24,7 +24,7 @@ export MPLBACKEND=Agg
 TAG=${TAG:-$("$PY" -c 'from torchgpu.bench.report import machine_tag; print(machine_tag())')}
 SUITES=${SUITES-"matmul transfer parallel split-sweep dp-ddp checkpointing accumulation overhead"}
 EXTRAS=${EXTRAS:-}
-if [ "$EXTRAS" = all ]; then EXTRAS="ddp_cpu pipeline_cpu demo_vs_script"; fi
+if [ "$EXTRAS" = all ]; then EXTRAS="ddp_cpu pipeline_cpu demo_vs_script sharded_save_cpu"; fi
 flags=()
 if [ -n "${QUICK:-}" ]; then flags+=(--quick); fi
 if [ -n "${THREADS:-}" ]; then flags+=(--threads "$THREADS"); fi

@@ -310,7 +310,24 @@ def demo_extra(result: Doc) -> list[str]:
     return [*lines, ""]
 
 
+def sharded_extra(result: Doc) -> list[str]:
+    """benchmarks/sharded_save_cpu.py: sharded vs gathered FSDP2 checkpoint."""
+    lines = [f"Model {result['model_fp32_mib']} MiB fp32 ({result['with_adam_mib']} MiB with "
+             f"Adam), {result['world_size']} gloo ranks, {result['rounds']} rounds, medians.", "",
+             "| variant | save s | peak RSS above the start, by rank (MiB) |", "|---|---|---|"]
+    for name in ("sharded", "gathered"):
+        row = result["summary"][name]
+        lines.append(f"| {name} | {row['seconds_median']:.3f} | "
+                     f"{', '.join(f'{v:.0f}' for v in row['peak_rss_above_mib_by_rank'])} |")
+    ratio = result["ratio_gathered_over_sharded"]
+    lines += ["", f"- gathered / sharded: {ratio['seconds']:.2f}x the time, "
+              f"{ratio['peak_rss_rank0']:.1f}x rank 0's peak RSS"]
+    return [*lines, ""]
+
+
 EXTRA_RENDERERS: dict[str, tuple[str, Callable[[Doc], list[str]]]] = {
+    "sharded_save_cpu": ("benchmarks/sharded_save_cpu.py: sharded vs gathered FSDP2 "
+                         "checkpoint on 2 CPU processes", sharded_extra),
     "demo_vs_script": ("benchmarks/demo_vs_script.py: `make demo` vs a plain PyTorch script",
                        demo_extra),
     "ddp_cpu": ("benchmarks/ddp_cpu.py: DDP on 2 CPU processes", ddp_extra),

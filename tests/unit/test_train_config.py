@@ -26,7 +26,6 @@ BAD = [
     (TrainConfig(lr=0.0), ConfigError, "--lr 0.0"),
     (TrainConfig(clip_norm=-1.0), ConfigError, "--clip-norm"),
     (TrainConfig(save_every=0), ConfigError, "--save-every 0"),
-    (TrainConfig(save_every=5, strategy="fsdp"), UsageError, "fsdp"),
     (TrainConfig(resume=""), UsageError, "--out RUN_DIR"),
     (TrainConfig(keep_last=2), UsageError, "--save-every"),
     (TrainConfig(example="housing", data="x.csv", target="y"), UsageError, "both"),

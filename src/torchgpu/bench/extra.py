@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA = "torchgpu.bench-extra/1"
-EXTRAS = ("ddp_cpu", "pipeline_cpu", "demo_vs_script")
+EXTRAS = ("ddp_cpu", "pipeline_cpu", "demo_vs_script", "sharded_save_cpu")
 
 
 def run_extra(script: Path, out: Path, args: Sequence[str] = (),

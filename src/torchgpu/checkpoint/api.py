@@ -41,6 +41,7 @@ from torchgpu.checkpoint.layout import (
 )
 from torchgpu.checkpoint.readers import read_pickle
 from torchgpu.checkpoint.rng import capture_rng_state, restore_rng_state
+from torchgpu.checkpoint.sharded_load import is_sharded, load_sharded_states
 from torchgpu.checkpoint.sources import read_file, verify_before_loading
 from torchgpu.distributed import RankInfo
 from torchgpu.errors import CheckpointError, CheckpointFormatError, CheckpointWriteError
@@ -320,7 +321,15 @@ def load_checkpoint(
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{found / STATE_FILE} is not a torchgpu training state; "
                               "it may come from another tool. Load weights with load_state_dict")
-    if model is not None:
+    sharded = is_sharded(found)
+    if sharded and (model is not None or optimizer is not None):
+        if model is None:
+            raise CheckpointError(f"{found} is a sharded checkpoint: its optimizer state "
+                                  "loads together with its model; pass model= too")
+        load_sharded_states(found, model, optimizer if isinstance(
+            optimizer, torch.optim.Optimizer) else None)
+        optimizer = None  # restored with the model
+    if model is not None and not sharded:
         weights = read_file(found / MODEL_FILE, map_location=map_location)
         if isinstance(state.get("model_extra"), dict):
             weights.update(state["model_extra"])

@@ -234,15 +234,46 @@ def _refuse(source: Path, target: Path, why: str) -> NoReturn:
         "--force. Write to a path outside the source and its checkpoints")
 
 
+def _to_sharded(source: Path, target: Path, to: str, trust: bool) -> ConvertResult:
+    """``fmt="dcp"``: the weights of ``source`` as a new sharded checkpoint directory
+    ``target`` (canonical keys; never over an existing path, which may hold a run)."""
+    from torchgpu.checkpoint.sharded import save_sharded_weights
+
+    if to != "plain":
+        raise CheckpointError(f"--to {to} does not apply to --format dcp: a sharded "
+                              "checkpoint holds canonical keys; drop --to")
+    if "\0" in str(target) or files.kind_of(target.parent) != "dir":
+        raise CheckpointError(
+            f"the directory of {show(target)} does not exist; create it first or choose "
+            "another destination")
+    if files.kind_of(target) != "missing":
+        raise CheckpointError(
+            f"{show(target)} already exists; --format dcp writes a new checkpoint directory "
+            "there: choose a path that does not exist yet")
+    state, stripped, container = canonical_keys(read_weights(source, trust=trust))
+    tensors, aliases, others = split_shared(state)
+    if others:
+        raise CheckpointError(
+            f"entries {sorted(others)[:5]} are not tensors and cannot go into a sharded "
+            "checkpoint; convert with --format pt")
+    for alias, stored in aliases.items():
+        tensors[alias] = tensors[stored].clone()
+    save_sharded_weights(target, tensors, meta={"converted_from": str(source)})
+    return ConvertResult(path=target, fmt="dcp", to=to, num_entries=len(tensors),
+                         stripped=stripped, added="", container=container)
+
+
 def convert_checkpoint(
     src: str | Path, dst: str | Path, to: Literal["plain", "dp"] = "plain",
-    fmt: Literal["safetensors", "pt"] | None = None, *, trust: bool = False,
+    fmt: Literal["safetensors", "pt", "dcp"] | None = None, *, trust: bool = False,
     overwrite: bool = False,
 ) -> ConvertResult:
     """Write the weights of ``src`` (any format :func:`load_state_dict` reads) to ``dst``
     with canonical keys (``to="plain"``) or ``module.``-prefixed keys (``to="dp"``), as
     safetensors or a weights-only-loadable ``torch.save`` file (``fmt``, default from
-    the suffix of ``dst``). Tied weights are written as separate copies so any reader
+    the suffix of ``dst``), or a sharded checkpoint directory ``dst`` (``fmt="dcp"``,
+    torch.distributed.checkpoint: :mod:`torchgpu.checkpoint.sharded`; a sharded ``src``
+    is read whole in this process). Tied weights are written as separate copies so any reader
     gets every key. Refuses to overwrite ``dst`` unless ``overwrite``, a ``dst`` whose
     directory does not exist (a typo must not create directories), and -- always -- a
     ``dst`` that is, lies inside or contains ``src``, a checkpoint directory ``src`` is
@@ -253,8 +284,11 @@ def convert_checkpoint(
     if to not in ("plain", "dp"):
         raise CheckpointError(f"to={to!r} is not a layout; use 'plain' or 'dp'")
     chosen = fmt or _infer_fmt(target)
-    if chosen not in ("safetensors", "pt"):
-        raise CheckpointError(f"format {chosen!r} is not supported; use 'safetensors' or 'pt'")
+    if chosen not in ("safetensors", "pt", "dcp"):
+        raise CheckpointError(f"format {chosen!r} is not supported; use 'safetensors', 'pt' "
+                              "or 'dcp'")
+    if chosen == "dcp":
+        return _to_sharded(source, target, to, trust)
     _check_destination(source, target, overwrite)
     state, stripped, container = canonical_keys(read_weights(source, trust=trust))
     added = "module." if to == "dp" else ""

@@ -9,6 +9,7 @@ import), and safe pickles are read weights-only with memory-mapped data.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -182,9 +183,23 @@ def _designated(located: Located) -> Path | None:
     return find_checkpoint(located.path)
 
 
+def _inspect_sharded(directory: Path) -> dict[str, object]:
+    """A sharded checkpoint's model tensors, from its shard metadata alone."""
+    from torchgpu.checkpoint.sharded_load import model_tensors
+
+    rows: list[TensorRow] = [
+        {"key": key, "shape": shape, "dtype": str(dtype).removeprefix("torch."),
+         "bytes": math.prod(shape) * dtype.itemsize}
+        for key, shape, dtype in model_tensors(directory)]
+    return {"layout": "sharded", **_summarise(rows)}
+
+
 def _inspect_dir(directory: Path) -> dict[str, object]:
+    from torchgpu.checkpoint.sharded_load import is_sharded
+
     try:
-        info = _inspect_file(directory / MODEL_FILE)
+        info = (_inspect_sharded(directory) if is_sharded(directory)
+                else _inspect_file(directory / MODEL_FILE))
     except CheckpointFormatError as error:  # a damaged checkpoint: say why, list no keys
         info = {"note": str(error)}
     meta = read_meta(directory)

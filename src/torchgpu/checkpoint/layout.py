@@ -14,6 +14,12 @@ A checkpoint is a directory holding:
   "versions", "created_unix_s", ...meta given by the caller}``.
 - ``manifest.json``: ``{"format", "files": {name: {"sha256", "size_bytes"}}}``, written
   last; a directory without it is not a complete checkpoint.
+
+A *sharded* checkpoint (``--strategy fsdp``, :mod:`torchgpu.checkpoint.sharded`) has no
+``model.safetensors``: its model and optimizer states are the
+``torch.distributed.checkpoint`` files in ``shards/`` (``shards/.metadata`` and each
+rank's ``.distcp`` files), listed in the manifest as ``shards/NAME``; the manifest then
+says ``"layout": "sharded"``.
 """
 
 from __future__ import annotations
@@ -44,6 +50,9 @@ STATE_FILE = "state.pt"
 META_FILE = "meta.json"
 MANIFEST_FILE = "manifest.json"
 ALIASES_KEY = "torchgpu.aliases"
+SHARDS_DIR = "shards"  # a sharded checkpoint's torch.distributed.checkpoint files
+SHARDED = "sharded"  # the manifest's and meta.json's "layout" of a sharded checkpoint
+SHARDS_METADATA = f"{SHARDS_DIR}/.metadata"
 RESERVED_META = ("format", "format_version", "step", "epoch", "versions", "created_unix_s")
 
 _SAFE_SCALARS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
@@ -238,16 +247,25 @@ def sha256_of(data: bytes | bytearray | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def manifest_bytes(files: Mapping[str, bytes | bytearray | memoryview]) -> bytes:
-    """``manifest.json`` for ``files`` (name -> content)."""
-    entries = {name: {"sha256": sha256_of(data), "size_bytes": len(memoryview(data).cast("B"))}
-               for name, data in files.items()}
-    return (json.dumps({"format": FORMAT, "files": entries}, indent=2, sort_keys=True)
-            + "\n").encode()
+def manifest_bytes(files: Mapping[str, bytes | bytearray | memoryview],
+                   hashed: Mapping[str, Mapping[str, object]] | None = None) -> bytes:
+    """``manifest.json`` for ``files`` (name -> content) and the entries of files already
+    hashed where they were written (``hashed``: a sharded checkpoint's shards, which
+    makes it a ``"layout": "sharded"`` manifest)."""
+    entries: dict[str, Mapping[str, object]] = {
+        name: {"sha256": sha256_of(data), "size_bytes": len(memoryview(data).cast("B"))}
+        for name, data in files.items()}
+    record: dict[str, object] = {"format": FORMAT, "files": entries}
+    if hashed is not None:
+        entries.update(hashed)
+        record["layout"] = SHARDED
+    return (json.dumps(record, indent=2, sort_keys=True) + "\n").encode()
 
 
 #: Files the loaders read from a checkpoint directory; its manifest must list each one.
 REQUIRED_FILES = (MODEL_FILE, STATE_FILE, META_FILE)
+#: The same for a sharded checkpoint (its model and optimizer are in ``shards/``).
+REQUIRED_SHARDED_FILES = (STATE_FILE, META_FILE, SHARDS_METADATA)
 _MAX_MANIFEST_BYTES = 1 << 20
 _HEX = frozenset("0123456789abcdef")
 
@@ -277,9 +295,19 @@ def _bad_manifest(path: Path, problem: str) -> CheckpointCorruptError:
         "Use an earlier checkpoint, or save this one again")
 
 
-def _check_entry(path: Path, name: object, info: object) -> None:
-    if (not isinstance(name, str) or not name or not name.isprintable() or "/" in name
-            or "\\" in name or name.startswith(".") or name == MANIFEST_FILE):
+def _plain_name(name: object, sharded: bool) -> bool:
+    """Whether manifest entry ``name`` is a file of the checkpoint directory itself or,
+    in a sharded checkpoint, one of ``shards/`` (whose ``.metadata`` starts with a dot)."""
+    if not isinstance(name, str) or not name or not name.isprintable() or "\\" in name:
+        return False
+    head, _, leaf = name.partition("/")
+    if sharded and head == SHARDS_DIR and leaf:
+        return "/" not in leaf and leaf not in (".", "..")
+    return "/" not in name and not name.startswith(".") and name != MANIFEST_FILE
+
+
+def _check_entry(path: Path, name: object, info: object, sharded: bool = False) -> None:
+    if not _plain_name(name, sharded):
         raise _bad_manifest(path, f"file name {files.show(repr(name))} is not a plain name "
                                   "inside the checkpoint directory")
     if not isinstance(info, dict):
@@ -330,9 +358,11 @@ def read_manifest(directory: Path) -> dict[str, dict[str, Any]]:
     if not isinstance(table, dict):
         raise _bad_manifest(path, "'files' is missing or not an object" if table is None
                             else f"'files' is a {type(table).__name__}, not an object")
+    sharded = record.get("layout") == SHARDED
     for name, info in table.items():
-        _check_entry(path, name, info)
-    unlisted = [name for name in REQUIRED_FILES if name not in table]
+        _check_entry(path, name, info, sharded)
+    required = REQUIRED_SHARDED_FILES if sharded else REQUIRED_FILES
+    unlisted = [name for name in required if name not in table]
     if unlisted:
         raise _bad_manifest(path, f"it does not list {', '.join(unlisted)}, which the loader "
                                   "reads")

@@ -27,6 +27,7 @@ from torchgpu.checkpoint.layout import (
     verify_directory,
 )
 from torchgpu.checkpoint.readers import read_pickle, read_safetensors, sniff
+from torchgpu.checkpoint.sharded_load import is_sharded, read_sharded_model
 from torchgpu.errors import CheckpointCorruptError, CheckpointFormatError
 
 if TYPE_CHECKING:
@@ -68,6 +69,8 @@ def read_our_model(directory: Path, *, map_location: MAP_LOCATION = "cpu",
     manifest is then a :class:`CheckpointCorruptError` saying how to opt out."""
     if verify:
         verify_before_loading(directory)
+    if is_sharded(directory):  # the shards of every rank, gathered in this process
+        return dict(read_sharded_model(directory))
     state: dict[str, object] = read_file(directory / MODEL_FILE, map_location=map_location)
     if not verify and not files.exists(directory / STATE_FILE):
         return state  # unverified on request, and its state.pt deleted: the weights alone

@@ -44,8 +44,10 @@ def _parser() -> ArgumentParser:
     convert.add_argument("dst", type=Path)
     convert.add_argument("--to", choices=("plain", "dp"), default="plain",
                          help="plain: canonical keys; dp: 'module.' keys (nn.DataParallel)")
-    convert.add_argument("--format", choices=("safetensors", "pt"), default=None,
-                         help="output format (default: from DST's suffix, else safetensors)")
+    convert.add_argument("--format", choices=("safetensors", "pt", "dcp"), default=None,
+                         help="output format (default: from DST's suffix, else safetensors); "
+                         "dcp: a sharded checkpoint directory (torch.distributed.checkpoint). "
+                         "A sharded SRC is gathered into one file")
     convert.add_argument("--trust-checkpoint", action="store_true",
                          help="unpickle SRC fully even if it needs unsafe globals (runs code)")
     convert.add_argument("--force", action="store_true", help="overwrite DST if it exists")
@@ -137,6 +139,18 @@ def _verify_targets(path: Path) -> list[Path] | str:
                f"{good}" if good is not None else "No checkpoint there verifies"))
 
 
+def _shards_line(directory: Path) -> str:
+    """``; sharded: ...`` for a sharded checkpoint (its shard metadata checked), else ''."""
+    from torchgpu.checkpoint.sharded_load import describe_shards, is_sharded
+
+    if not is_sharded(directory):
+        return ""
+    info = describe_shards(directory)
+    return (f"; sharded: {info['shard_files']} shard files, {_human(info['shard_bytes'])}, "
+            f"written by {info['world_size']} rank(s), {info['model_entries']} model and "
+            f"{info['optimizer_entries']} optimizer entries")
+
+
 def _verify(path: Path) -> int:
     from torchgpu.checkpoint.discover import newest_verified
     from torchgpu.checkpoint.files import exists, show
@@ -159,8 +173,13 @@ def _verify(path: Path) -> int:
         except CheckpointCorruptError as error:
             problems.append(str(error))
             continue
+        try:
+            shards = _shards_line(directory)
+        except CheckpointCorruptError as error:
+            problems.append(str(error))
+            continue
         print(f"ok: {directory} ({len(checked)} files, {_human(sum(checked.values()))}, "
-              "sha256 verified)")
+              f"sha256 verified{shards})")
     if not problems:
         return 0
     if len(targets) == 1 and targets[0] != path:  # reached through `latest`: offer another

@@ -157,6 +157,9 @@ def _parser() -> ArgumentParser:
     out.add_argument("--save-every", type=int, metavar="N",
                      help="write a checkpoint every N optimizer steps")
     out.add_argument("--keep-last", type=int, metavar="K", help="keep the K newest checkpoints")
+    out.add_argument("--async-save", action=argparse.BooleanOptionalAction, default=False,
+                     help="--strategy fsdp: write each sharded checkpoint while training goes "
+                     "on (one save in flight at a time)")
     out.add_argument("--resume", nargs="?", const="", metavar="DIR",
                      help="continue from a checkpoint (default: the run's latest)")
     out.add_argument("--overwrite", action=argparse.BooleanOptionalAction, default=False,

@@ -3,6 +3,11 @@
 **Where.** ``--save-every N`` writes ``OUT/checkpoints/step-SSSSSSSS`` every N optimizer
 steps with :func:`torchgpu.checkpoint.save_checkpoint` (atomic: temporary sibling,
 fsync, rename; ``latest`` updated after the commit; ``--keep-last K`` prunes after it).
+A strategy whose state is sharded over the ranks (``--strategy fsdp``) writes sharded
+checkpoints instead (:mod:`torchgpu.checkpoint.sharded`: every rank its own shards, the
+same atomic publication; with ``--async-save`` the periodic saves are written while
+training goes on, and a stop's save is complete before the process ends); loading reads
+either layout.
 A stop (SIGTERM, SIGINT, or a step limit) always writes one at the step boundary where
 the run stops, with or without ``--save-every``. ``--resume`` continues from
 ``OUT/checkpoints`` (``latest``; if it names a missing or incomplete directory, the
@@ -115,7 +120,15 @@ from torchgpu.checkpoint import (
     save_checkpoint,
 )
 from torchgpu.checkpoint.atomic import write_pointer
-from torchgpu.checkpoint.discover import LATEST, later_checkpoints, newest_verified, set_aside
+from torchgpu.checkpoint.discover import (
+    LATEST,
+    find_checkpoint,
+    later_checkpoints,
+    newest_verified,
+    set_aside,
+)
+from torchgpu.checkpoint.sharded import ShardedSaver
+from torchgpu.checkpoint.sharded_load import is_sharded
 from torchgpu.distributed import gather_objects
 from torchgpu.errors import (
     CheckpointCorruptError,
@@ -202,6 +215,19 @@ def epoch_records(path: Path) -> list[EpochRecord]:
     return records
 
 
+def _refuse_whole(source: Path) -> None:
+    """A sharded run (fsdp) resumes from sharded checkpoints only: a single-file one
+    (ddp, single) holds its optimizer state by parameter index, which a sharded
+    optimizer cannot take."""
+    found = find_checkpoint(source)
+    if found is not None and (found / "model.safetensors").exists() and not is_sharded(found):
+        raise ResumeError(
+            f"{found} is a single-file checkpoint (written by --strategy ddp or single), and "
+            "--strategy fsdp resumes from sharded checkpoints only. Resume it with the "
+            "strategy that wrote it, or start the fsdp run from its weights (load them with "
+            "torchgpu.load_state_dict in your model factory).")
+
+
 class RunCheckpoints:
     """Saving and restoring one ``torchgpu train`` run (see the module docstring).
 
@@ -222,7 +248,7 @@ class RunCheckpoints:
                  heartbeat: Heartbeat | None = None,
                  before_save: Callable[[], None] | None = None,
                  files: Mapping[str, str] | None = None,
-                 data: DataPosition | None = None) -> None:
+                 data: DataPosition | None = None, sharded: bool = False) -> None:
         assert config.out is not None
         self.config = config
         self.data = data  # a stream's loader: its position is saved per rank
@@ -255,6 +281,14 @@ class RunCheckpoints:
             "world_size": ranks.world_size, "batches_per_epoch": batches_per_epoch,
             **{key: getattr(config, key) for key in SCHEDULE_FIXED},
         }
+        # sharded: every rank writes its shards (--strategy fsdp), synchronously or with
+        # --async-save in the background; collective (the saver's own process group)
+        self.shards = (ShardedSaver(rank=ranks.rank, world=ranks.world_size,
+                                    async_save=config.async_save) if sharded else None)
+        if config.async_save and not sharded and out_dir is not None:
+            print("note: --async-save applies to sharded checkpoints (--strategy fsdp with "
+                  "several processes); this run writes its checkpoints at the step boundary",
+                  file=sys.stderr)
         self._epoch_rng: torch.Tensor | None = None  # torch RNG as this epoch's loader began
         self._pending: tuple[torch.Tensor | None, dict[str, Any]] | None = None
 
@@ -281,6 +315,8 @@ class RunCheckpoints:
         return state
 
     def _read(self, source: Path) -> LoadedCheckpoint:
+        if self.shards is not None:
+            _refuse_whole(source)
         return load_checkpoint(source, model=self.model, optimizer=self.optimizer,
                                scheduler=self.scheduler, scaler=self.precision,
                                restore_rng=False, trust=self.config.trust_checkpoint)
@@ -411,15 +447,34 @@ class RunCheckpoints:
             return
         if self.sync is not None:
             self.sync()
-        self.save(state)
+        self.save(state, finish=False)  # an async save goes on in the background
 
-    def save(self, state: TrainState) -> Path:
-        """Write the checkpoint of ``state`` (collective under DDP; rank 0 writes)."""
+    def save(self, state: TrainState, finish: bool = True) -> Path:
+        """Write the checkpoint of ``state`` (collective under DDP; rank 0 writes; sharded:
+        every rank writes its shards). ``finish``: return once it is committed (an async
+        sharded save otherwise goes on in the background)."""
         with self.saving:
             if self.heartbeat is None:
-                return self._save(state)
-            with self.heartbeat.during("checkpoint"):
-                return self._save(state)
+                path = self._save(state)
+            else:
+                with self.heartbeat.during("checkpoint"):
+                    path = self._save(state)
+            if finish:
+                self.finish()
+            return path
+
+    def finish(self) -> None:
+        """Wait for a sharded save still being written (its error is raised here)."""
+        if self.shards is not None:
+            self.shards.wait()
+
+    def close(self) -> None:
+        """At the run's end (every rank): finish the save in flight, release the saver."""
+        if self.shards is not None:
+            self.shards.close()
+
+    def _committed(self, path: Path) -> None:
+        self.last_saved = path
 
     def _save(self, state: TrainState) -> Path:
         if self.before_save is not None:
@@ -441,8 +496,15 @@ class RunCheckpoints:
         meta = {"config": dataclasses.asdict(self.config), "strategy": self.mode,
                 "position": {"epoch": state.epoch, "batch_in_epoch": state.batch_in_epoch},
                 "fingerprints": self.files}
+        final = self.directory / f"step-{state.step:08d}"
+        if self.shards is not None:
+            self.last_saved_step = state.step  # committed (last_saved) when written
+            return self.shards.save(
+                final, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+                scaler=self.precision, step=state.step, epoch=state.epoch, extra=extra,
+                meta=meta, keep_last=self.config.keep_last, on_commit=self._committed)
         path = save_checkpoint(
-            self.directory / f"step-{state.step:08d}", model=self.model,
+            final, model=self.model,
             optimizer=self.optimizer, scheduler=self.scheduler, scaler=self.precision,
             step=state.step, epoch=state.epoch, extra=extra, meta=meta,
             keep_last=self.config.keep_last, dist=self.ranks)
@@ -456,6 +518,7 @@ class RunCheckpoints:
             self.stop.set("a stop on another rank")
         if self.last_saved_step != state.step:
             self.save(state)
+        self.finish()  # this step's save may still be written in the background
         if self.out_dir is None:
             return
         outputs.append_lines(self.out_dir / outputs.METRICS_FILE, buffer.take_lines())

@@ -118,6 +118,8 @@ class TrainConfig:
     num_workers: int | str = "auto"
     save_every: int | None = None  # optimizer steps between checkpoints
     keep_last: int | None = None
+    # sharded checkpoints (--strategy fsdp) are written while training goes on
+    async_save: bool = False
     resume: str | None = None  # "" = the run's own `latest`; a path = that checkpoint/dir
     trust_checkpoint: bool = False  # --resume may run the full unpickler on state.pt
     # an --out holding a run's files: remove them (train.out_dir.clear_run) and start over

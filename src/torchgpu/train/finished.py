@@ -28,7 +28,10 @@ def finished_result(done: RunFinished, task: Task) -> TrainResult:
     if main:
         print(f"note: {done}", file=sys.stderr)
     model = task.build_model()
-    load_state_dict(model, out / outputs.MODEL_FILE)
+    final = out / outputs.MODEL_FILE
+    if not final.exists() and (out / outputs.MODEL_SHARDS_DIR).is_dir():
+        final = out / outputs.MODEL_SHARDS_DIR  # an fsdp run's model above the gather limit
+    load_state_dict(model, final)
     records = epoch_records(out / outputs.METRICS_FILE)
     steps = done.summary.get("steps")
     state = TrainState(epoch=len(records), step=steps if isinstance(steps, int) else 0)

@@ -184,7 +184,8 @@ def fit(
       ``precision``, ``activation_checkpointing`` (True, or the block class's name,
       ``"T5Block"``), ``compile`` (True; ``compile_mode="max-autotune"``...),
       ``clip_norm``, ``lr``, ``out``,
-      ``save_every``, ``keep_last``, ``resume`` (``force_resume=True``: although a file
+      ``save_every``, ``keep_last``, ``async_save`` (fsdp),
+      ``resume`` (``force_resume=True``: although a file
       the run was built from changed since), ``overwrite`` (an ``out`` holding a run's
       files is refused without ``resume`` or it), ``autoresume`` (continue the run in
       ``out`` if it has a checkpoint, else start it; a finished run there is not trained

@@ -27,6 +27,8 @@ STEP_FLUSH_S = 10.0
 SUMMARY_FILE = "summary.json"
 PLOT_FILE = "loss.png"
 MODEL_FILE = "model.safetensors"
+# an fsdp run's final model above the gather limit, as shards (torchgpu.train.final_model)
+MODEL_SHARDS_DIR = "model-shards"
 CONFIG_FILE = "config.toml"  # written by torchgpu.train.config_file
 CHECKPOINTS_DIR = "checkpoints"  # kept by torchgpu.train.checkpointing
 TENSORBOARD_DIR = "tensorboard"  # --log tensorboard (torchgpu.train.tblog)
@@ -35,7 +37,7 @@ PROFILE_TABLE_FILE = "profile.txt"
 #: What a run may write directly under --out, name -> whether it is a directory.
 RUN_ENTRIES = {SUMMARY_FILE: False, METRICS_FILE: False, PLOT_FILE: False, MODEL_FILE: False,
                CONFIG_FILE: False, CHECKPOINTS_DIR: True, TENSORBOARD_DIR: True,
-               PROFILE_TRACE_FILE: False, PROFILE_TABLE_FILE: False}
+               PROFILE_TRACE_FILE: False, PROFILE_TABLE_FILE: False, MODEL_SHARDS_DIR: True}
 
 
 def run_entries(out_dir: Path) -> list[str]:
@@ -204,19 +206,22 @@ def save_model(path: Path, state: Mapping[str, Any]) -> None:
     write_file_atomic(path, data)
 
 
-def write_outputs(out_dir: Path, records: Sequence[EpochRecord], state: Mapping[str, Any],
-                  summary: dict[str, Any], title: str, lrs: Sequence[float] = ()) -> None:
+def write_outputs(out_dir: Path, records: Sequence[EpochRecord],
+                  state: Mapping[str, Any] | None, summary: dict[str, Any], title: str,
+                  lrs: Sequence[float] = ()) -> None:
     """A finished run's files in ``out_dir``: the loss plot (when there are epochs; with
-    ``lrs``, the learning rate per step), the final model, and the summary, which gains
-    a ``files`` entry naming all of them."""
+    ``lrs``, the learning rate per step), the final model (``state``; ``None``: it was
+    written sharded as ``model-shards/``), and the summary, which gains a ``files``
+    entry naming all of them."""
     if records:
         plot_losses(out_dir / PLOT_FILE, records, title, lrs)
-    save_model(out_dir / MODEL_FILE, state)
+    if state is not None:
+        save_model(out_dir / MODEL_FILE, state)
     summary["files"] = {
         "metrics": str(out_dir / METRICS_FILE),
         "summary": str(out_dir / SUMMARY_FILE),
         "plot": str(out_dir / PLOT_FILE) if records else None,
-        "model": str(out_dir / MODEL_FILE),
+        "model": str(out_dir / (MODEL_FILE if state is not None else MODEL_SHARDS_DIR)),
         **(summary.get("files") or {}),  # what else the run wrote (config, profile...)
     }
     write_json(out_dir / SUMMARY_FILE, summary)

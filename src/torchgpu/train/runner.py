@@ -42,6 +42,7 @@ from torchgpu.train.autoresume import RunFinished, continue_hint
 from torchgpu.train.checkpointing import Ranks, RunCheckpoints, RunStart
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.data_wait import DataWait
+from torchgpu.train.final_model import final_weights
 from torchgpu.train.fingerprints import fingerprints
 from torchgpu.train.finished import finished_result
 from torchgpu.train.loop import agreed_steps, run_epoch, sync_now
@@ -270,7 +271,8 @@ def _run(
                           out_dir=out_dir,
                           sync=(lambda: sync_now(parts)) if parts.agree else None,
                           heartbeat=beat, before_save=steps.before_save, scheduler=scheduler,
-                          files=files, data=stream_run.position_of(train_loader))
+                          files=files, data=stream_run.position_of(train_loader),
+                          sharded=strategy.features.sharded_checkpoints and world > 1)
     state = ckpt.begin(start.plan)  # fresh, or restored from a checkpoint
     buffer.lrs = state.step_lrs
     if out_dir is not None:  # after the resume's checks: a refused resume changes nothing
@@ -352,8 +354,12 @@ def _run(
         watch.close(state)
     if beat is not None:
         beat.phase = "finishing"
+    ckpt.finish()  # a checkpoint still being written (--async-save) is committed first
     parts.accumulator.zero_grad()  # the model handed back holds no gradients
-    final_state = steps.full_state()
+    assert config.out is not None  # settled: every run has its --out
+    final_state = final_weights(steps.model, ckpt.shards, Path(config.out), state,
+                                steps.full_state)
+    ckpt.close()
     peaks = gather_objects((str(device), build.device_name(device), peak_memory(device)))
     summary = summary_of(config, data, mode, world, state, records, peaks, train_seconds,
                        time.perf_counter() - started, steps.stop, precision.mode, stopped_at)
@@ -385,6 +391,7 @@ def _evaluation_failed(ckpt: RunCheckpoints, state: TrainState, buffer: MetricsB
     try:
         if ckpt.last_saved_step != state.step:
             ckpt.save(state)
+        ckpt.finish()  # an --async-save of this step may still be written
         kept = f"its checkpoint is {ckpt.last_saved}"
     except TorchGpuError as save_error:  # the evaluation's error stays the one raised
         kept = f"saving its checkpoint failed too ({first_line(save_error)})"

@@ -54,6 +54,9 @@ class Features:
     # The estimator's name for it (torchgpu.estimate_memory's strategy=), None: no model.
     estimate: str | None = None
     compile: str | None = None  # --compile
+    # Checkpoints are sharded: every rank writes its own part of the model and optimizer
+    # (torchgpu.checkpoint.sharded) instead of rank 0 writing one file.
+    sharded_checkpoints: bool = False
 
 
 @dataclass(frozen=True)

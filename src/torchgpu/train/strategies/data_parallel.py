@@ -62,18 +62,17 @@ class Ddp(Strategy):
 
 
 class Fsdp(Ddp):
-    """FSDP2 (``fully_shard``): parameters, gradients and optimizer state sharded."""
+    """FSDP2 (``fully_shard``): parameters, gradients and optimizer state sharded; its
+    checkpoints are sharded too (:mod:`torchgpu.checkpoint.sharded`)."""
 
     name = "fsdp"
     help = "fully sharded data parallel (FSDP2), one process per device (--nproc)"
     features = Features(
-        resume="its sharded optimizer state is not written by `torchgpu train`; use "
-               "--strategy ddp, or drop the checkpoint flags",
         backoff="it reduce-scatters inside every backward, so a smaller retry cannot be "
                 "agreed on",
         auto_batch="its probes would run the sharded collectives, which hang when one rank "
                    "runs out of memory; pass --batch-size B, or use --strategy ddp",
-        estimate="fsdp")
+        estimate="fsdp", sharded_checkpoints=True)
 
     def full_state(self, model: nn.Module) -> dict[str, Tensor]:
         """The full (gathered) state: collective, every rank calls it."""
