@@ -14,7 +14,7 @@ state kept at its start) and a boundary whose gradients are non-finite
 (:class:`~torchgpu.train.agreement.NonFiniteGradients`: the window is dropped, or,
 with the back-off armed under DDP, the ranks first agree whether one ran out of memory).
 
-:attr:`MicroStep.run` returns ``(value, bad, stepped, outcome)``: the loss (None while
+:meth:`MicroStep.run` returns ``(value, bad, stepped, outcome)``: the loss (None while
 it is still on the device), whether it was non-finite, whether the optimizer stepped,
 and the back-off's or the guard's :class:`~torchgpu.train.backoff.BatchOutcome` when
 one took over (None otherwise).
@@ -23,8 +23,8 @@ one took over (None otherwise).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
@@ -46,22 +46,26 @@ DROPPED = BatchOutcome(math.nan, False, dropped=True)
 class MicroStep:
     """Runs micro-batches for one epoch of the loop (see the module docstring).
 
-    What does not change per step (contexts to enter, whether a guard or a back-off
-    watches, where the loss is read) is decided here, once: a plain fp32 CPU run
-    without back-off calls :meth:`compute` directly.
+    What does not change per step (the contexts to enter, whether a guard, a back-off or
+    the loss reader watches) is decided here, once.
     """
 
     def __init__(self, parts: LoopParts, guard: FiniteGuard | None,
                  reader: LossReader | None = None) -> None:
         self.model, self.acc, self.guard, self.reader = (
             parts.model, parts.accumulator, guard, reader)
-        # fp32 and 1-micro-batch windows need no context: nullcontext is ~5x cheaper than
-        # a generator-based one, and this runs every step.
-        precision = parts.precision
-        self._autocast = (precision.autocast if getattr(precision, "dtype", True) is not None
-                          else nullcontext)
-        self._micro = self.acc.micro_step if parts.accumulate > 1 else nullcontext
-        self._plain = self._autocast is nullcontext and self._micro is nullcontext
+        autocast = (parts.precision.autocast
+                    if getattr(parts.precision, "dtype", True) is not None else None)
+        micro = self.acc.micro_step if parts.accumulate > 1 else None
+        # One context per micro-batch: the window's (DDP's no_sync) around autocast, or
+        # either alone, or none (nullcontext: ~5x cheaper than a generator-based one).
+        self._context: Callable[[], AbstractContextManager[Any]] = nullcontext
+        if autocast is not None and micro is not None:
+            self._context = _both(micro, autocast)
+        elif autocast is not None:
+            self._context = autocast
+        elif micro is not None:
+            self._context = micro
         backoff = self.backoff = parts.backoff
         if backoff is not None and guard is not None:
             backoff.poison_loss = guard.poison
@@ -74,46 +78,13 @@ class MicroStep:
         self._random = backoff.random_state if backoff is not None else None
         self._value: float | None = None  # this micro-batch's loss, once read
         self._forwarded = False  # this micro-batch's forward ended (a failure is in backward)
-        #: ``run(x, y, n, loss_fn)``: one micro-batch of ``n`` samples.
-        self.run: Callable[[Any, Any, int, LossFn], Result] = (
-            self._watched if backoff is not None or guard is not None or reader is not None
-            else self._direct)
 
-    def compute(self, x: Any, y: Any, n: int, loss_fn: LossFn) -> tuple[float | None, bool]:
-        """Forward, loss, backward: ``(loss value or None while on the device, stepped)``."""
-        if self._plain:  # no context to enter: this runs every step
-            return self._backward(loss_fn(self.model(x), y), n)
-        with self._micro():
-            with self._autocast():
-                loss = loss_fn(self.model(x), y)
-            return self._backward(loss, n)
-
-    def _backward(self, loss: Tensor, n: int) -> tuple[float | None, bool]:
-        self._forwarded = True
-        reader = self.reader
-        if reader is not None:  # on the device until the step's pre-hook reads the window
-            reader.add(loss)
-            if self.guard is not None:
-                loss = self.guard.poison_if_nonfinite(loss)
-            return None, self.acc.backward(loss, n)
-        value = self._value = loss.item()
-        if math.isfinite(value):
-            return value, self.acc.backward(loss, n)
-        # One process decides on a non-finite loss before its backward (none runs). Under
-        # DDP every rank must run backward (the all-reduce needs all): poisoned, so the
-        # guard stops the step on every rank at the boundary.
-        if self.guard is None:
-            return value, False
-        return value, self.acc.backward(self.guard.poison(loss))
-
-    def _direct(self, x: Any, y: Any, n: int, loss_fn: LossFn) -> Result:
-        value, stepped = self.compute(x, y, n, loss_fn)
-        return value, value is not None and not math.isfinite(value), stepped, None
-
-    def _watched(self, x: Any, y: Any, n: int, loss_fn: LossFn) -> Result:
-        """:meth:`compute` with the back-off, the guard or the reader watching."""
-        backoff, held = self.backoff, self.held
-        if self.acc.pending == 0:  # a window starts: the last one's batches are done
+    def run(self, x: Any, y: Any, n: int, loss_fn: LossFn) -> Result:
+        """One micro-batch of ``n`` samples: forward, loss, backward (the accumulator
+        steps at the window's boundary), with the back-off, the guard and the reader
+        watching."""
+        backoff, held, acc = self.backoff, self.held, self.acc
+        if acc.pending == 0 and backoff is not None:  # a window starts: the last one is done
             if held is not None:
                 held.clear()
             random = self._random
@@ -124,16 +95,32 @@ class MicroStep:
         self._value, self._forwarded = None, False
         try:
             if not self._routed:
-                value, stepped = self.compute(x, y, n, loss_fn)
+                with self._context():
+                    loss = loss_fn(self.model(x), y)
+                    self._forwarded = True
+                    value: float | None = None
+                    if self.reader is not None:  # on the device until the step's pre-hook
+                        self.reader.add(loss)
+                        if self.guard is not None:
+                            loss = self.guard.poison_if_nonfinite(loss)
+                        stepped = acc.backward(loss, n)
+                    else:
+                        value = self._value = loss.item()
+                        if math.isfinite(value):
+                            stepped = acc.backward(loss, n)
+                        elif self.guard is None:  # one process: no backward for it
+                            stepped = False
+                        else:  # DDP: every rank runs backward, this one poisoned
+                            stepped = acc.backward(self.guard.poison(loss))
                 bad = value is not None and not math.isfinite(value)
-                if stepped or self.acc.pending or backoff is None or self.guard is None:
+                if stepped or acc.pending or backoff is None or self.guard is None:
                     return value, bad, stepped, None
                 return self._settle(value, False, None, x, y)  # a step the scaler skipped
             # backed off (or poisoned): the pieces run in the back-off
             assert backoff is not None  # routed only through an armed back-off
             outcome = backoff.run_batch(x, y)
         except NonFiniteGradients:  # the boundary's losses or gradients are not finite
-            self.acc.reset()
+            acc.reset()
             outcome = (backoff.after_nonfinite(self._window(x, y))
                        if backoff is not None and self.guard is not None else None) or DROPPED
         except Exception as error:
@@ -176,3 +163,14 @@ class MicroStep:
                 if self.reader is not None and not again.dropped:
                     self.reader.clear()
         return value, bad, stepped, outcome
+
+
+def _both(outer: Callable[[], AbstractContextManager[Any]],
+          inner: Callable[[], AbstractContextManager[Any]]) -> Callable[[],
+                                                                    AbstractContextManager[Any]]:
+    @contextmanager
+    def both() -> Iterator[None]:
+        with outer(), inner():
+            yield
+
+    return both

@@ -104,7 +104,17 @@ def train(config: TrainConfig | None = None, *, stop: StopFlag | None = None,
             # dict or tuple inputs: model(**batch) / model(*inputs), for this run only
             convention = install_call_convention(model) if spreads_inputs(run.task) else None
             try:
-                return _assembled(run, session.is_distributed, model, stop or StopFlag(), beat)
+                # the strategy wraps the model, --batch-size auto settles the batch: then train
+                env, device, choice = run.env, run.device, run.choice
+                model, wrap_notes = build.wrap_model(model, choice, run.config, run.task,
+                                                     device)
+                config, batch_note = apply_auto_batch(run.config, model, run.task, device,
+                                                      env.world_size)
+                notes = run.notes + wrap_notes + ((batch_note,) if batch_note else ())
+                return _run(config, env.rank, env.world_size, session.is_distributed, device,
+                            choice.strategy, run.task, model,
+                            run.out_dir if env.is_main else None, notes, stop or StopFlag(),
+                            run.start, run.planned, beat)
             finally:
                 if convention is not None:
                     convention.remove()
@@ -179,19 +189,6 @@ def named_hangs(run: Assembly, beat: Heartbeat | None) -> Iterator[None]:
             f"rank {rank} lost a peer in {where} ({first_line(error)}): another rank "
             "ended; see its output for why."
         ) from error
-
-
-def _assembled(run: Assembly, agree: bool, model: nn.Module, stop: StopFlag,
-               beat: Heartbeat | None = None) -> TrainResult:
-    """The run, once assembled: wrap, batch size, train."""
-    config, env, device, choice, data = run.config, run.env, run.device, run.choice, run.task
-    out_dir = run.out_dir if env.is_main else None
-    model, wrap_notes = build.wrap_model(model, choice, config, data, device)
-    config, batch_note = apply_auto_batch(config, model, data, device, env.world_size,
-                                          run.start.hooks)
-    notes = run.notes + wrap_notes + ((batch_note,) if batch_note else ())
-    return _run(config, env.rank, env.world_size, agree, device, choice.strategy, data,
-                model, out_dir, notes, stop, run.start, run.planned, beat)
 
 
 def _run(
