@@ -74,6 +74,7 @@ class FitSettings(TypedDict, total=False):
     out: str | os.PathLike[str] | None
     num_workers: int | str
     save_every: int | None
+    async_save: bool
     keep_last: int | None
     resume: bool | str | os.PathLike[str] | None
     trust_checkpoint: bool

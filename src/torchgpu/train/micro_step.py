@@ -93,6 +93,7 @@ class MicroStep:
         if held is not None:
             held.append((x, y))
         self._value, self._forwarded = None, False
+        loss: Tensor | None = None
         try:
             if not self._routed:
                 with self._context():
@@ -128,7 +129,7 @@ class MicroStep:
                 raise
             if self.reader is not None:
                 self.reader.clear()  # the back-off replays the window and reads it itself
-            # the failed try's graph (and its activations) is freed before the replay
+            loss = None  # the failed try's graph (and its activations): freed before the replay
             outcome = backoff.recover(error, self._window(x, y), self._forwarded)
         if self.reader is not None and not outcome.dropped:
             self.reader.clear()  # replayed: the back-off read the window's losses itself

@@ -109,7 +109,7 @@ def train(config: TrainConfig | None = None, *, stop: StopFlag | None = None,
                 model, wrap_notes = build.wrap_model(model, choice, run.config, run.task,
                                                      device)
                 config, batch_note = apply_auto_batch(run.config, model, run.task, device,
-                                                      env.world_size)
+                                                      env.world_size, run.start.hooks)
                 notes = run.notes + wrap_notes + ((batch_note,) if batch_note else ())
                 return _run(config, env.rank, env.world_size, session.is_distributed, device,
                             choice.strategy, run.task, model,
