@@ -10,13 +10,17 @@ per-process batch ``B'`` when ``B' x W'`` divides ``E``: the accumulation become
 ``E / (B' x W')``, every later window holds the same samples as the uninterrupted run's,
 and the position converts at the sample level (``batch_in_epoch x G`` samples of the
 epoch consumed = ``batch_in_epoch' x G'``). The optimizer state of ``single`` and ``ddp``
-is whole on every rank, so it loads as it is; the LR schedule's steps per epoch,
+is whole on every rank, so it loads as it is; ``fsdp`` (the same global order) writes
+sharded checkpoints, also from one process, and torch.distributed.checkpoint re-shards
+its model and optimizer state for the new world on load (one process trains as
+``single``, which reads the shards too). The LR schedule's steps per epoch,
 ``ceil(n / E)``, are unchanged.
 
 Where ``B' x W'`` does not divide ``E`` no accumulation keeps the effective batch, and the
 resume is refused (:class:`~torchgpu.errors.ResumeError`, naming the values and what
-would fit). Other strategies (model split, pipelines, FSDP) and streamed training sets,
-whose position is kept per rank, keep the world size fixed.
+would fit), as is a change between the two checkpoint layouts (ddp/single's one file,
+fsdp's shards: :func:`continues`). Other strategies (model split, pipelines) and streamed
+training sets, whose position is kept per rank, keep the world size fixed.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from torchgpu.checkpoint.layout import read_meta
+from torchgpu.checkpoint.sharded_load import is_sharded
 from torchgpu.errors import ResumeError
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.state import TrainState
@@ -35,6 +40,9 @@ from torchgpu.train.state import TrainState
 #: Strategies whose checkpoint a run of another world size can continue: the optimizer
 #: state is whole on every rank and the data order is the world's global order.
 DATA_PARALLEL = ("single", "ddp")
+#: Strategies that continue a sharded checkpoint (fsdp's) on another world size: DCP
+#: re-shards its model and optimizer state; one process trains (and reads it) as single.
+SHARDED = ("single", "fsdp")
 #: The saved settings a world change may change (the effective batch stays).
 LAYOUT = ("world_size", "batch_size", "accumulate", "batches_per_epoch")
 
@@ -146,6 +154,36 @@ def _refusal(change: WorldChange, why: str) -> ResumeError:
         "or start a new run (another --out, without --resume).")
 
 
+def continues(path: Path, saved_strategy: object, strategy: str, saved_world: object,
+              world: object) -> bool:
+    """Whether a run of ``strategy`` on ``world`` processes may continue checkpoint
+    ``path`` (saved by ``saved_world`` processes of ``saved_strategy``) on that other
+    world size: both strategies read its layout (:data:`DATA_PARALLEL` for one file,
+    :data:`SHARDED` for shards). False for strategies that keep the world fixed (the
+    saved settings' check refuses); ResumeError for a change between ddp's and fsdp's
+    layouts."""
+    sharded = is_sharded(path)
+    family = SHARDED if sharded else DATA_PARALLEL
+    if saved_strategy in family and strategy in family:
+        return True
+    if not {saved_strategy, strategy} <= {*DATA_PARALLEL, *SHARDED}:
+        return False
+    keep = "fsdp" if sharded else "ddp"
+    held = ("as shards (torch.distributed.checkpoint), which ddp's whole-state load does "
+            "not read" if sharded else
+            "as one file holding the whole optimizer state by parameter index, which "
+            "fsdp's sharded optimizer cannot take")
+    raise ResumeError(
+        f"cannot resume from {path} on {world} process(es) with --strategy {strategy}: it "
+        f"was saved by {saved_world} process(es) of --strategy {saved_strategy} {held}, so "
+        "a change of world size continues a run only within its checkpoint layout (ddp and "
+        "single: one file; fsdp: shards). Resume with --strategy "
+        f"{keep} (any --nproc that keeps the global batch), or start a new run (another "
+        f"--out, without --resume) from its weights: `torchgpu ckpt convert {path} "
+        "model.safetensors` gathers them into one file to load in your model factory (the "
+        "optimizer state and data position are not carried).")
+
+
 def saved_layout(meta: Mapping[str, Any]) -> tuple[int, int, int, str] | None:
     """(world size, per-process batch, accumulation, strategy) a checkpoint's meta.json
     records, or None where it lacks one of them."""
@@ -164,12 +202,14 @@ def plan(found: Path, config: TrainConfig, world: int | None,
     """The change a resume of ``config`` on ``world`` data-parallel processes under
     ``strategy`` makes to checkpoint ``found`` (read from its meta.json), or None: the
     same world, or a strategy whose world must stay (the saved settings' check refuses
-    it). ResumeError when no accumulation keeps the saved effective batch."""
+    it). ResumeError when no accumulation keeps the saved effective batch, or the
+    strategies read different checkpoint layouts (:func:`continues`)."""
     layout = saved_layout(read_meta(found))
     if world is None or strategy is None or layout is None:
         return None
     saved_world, saved_batch, saved_accumulate, saved_strategy = layout
-    if saved_world == world or not {saved_strategy, strategy} <= set(DATA_PARALLEL):
+    if saved_world == world or not continues(found, saved_strategy, strategy, saved_world,
+                                             world):
         return None
     return _fits(WorldChange(found, saved_world, saved_batch, saved_accumulate, world,
                              config.batch_size or 0, config.accumulate,
@@ -183,7 +223,8 @@ def at_load(path: Path, saved: Mapping[str, Any], now: Mapping[str, Any],
     same world, or a strategy that keeps it fixed: the saved settings' check refuses).
     ResumeError for a streamed training set, or an effective batch that differs."""
     world, saved_world = now.get("world_size"), saved.get("world_size")
-    if saved_world == world or not {saved_strategy, strategy} <= set(DATA_PARALLEL):
+    if saved_world == world or not continues(path, saved_strategy, strategy, saved_world,
+                                             world):
         return None
     if any(_int(saved.get(key)) is None for key in LAYOUT):
         return None  # not a layout this module converts: the saved settings' check refuses
