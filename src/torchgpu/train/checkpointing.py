@@ -315,7 +315,7 @@ class RunCheckpoints:
         return state
 
     def _read(self, source: Path) -> LoadedCheckpoint:
-        if self.shards is not None:
+        if self.shards is not None and self.mode == "fsdp":  # one process: a plain model
             _refuse_whole(source)
         return load_checkpoint(source, model=self.model, optimizer=self.optimizer,
                                scheduler=self.scheduler, scaler=self.precision,

@@ -18,9 +18,10 @@ its model and optimizer state for the new world on load (one process trains as
 
 Where ``B' x W'`` does not divide ``E`` no accumulation keeps the effective batch, and the
 resume is refused (:class:`~torchgpu.errors.ResumeError`, naming the values and what
-would fit), as is a change between the two checkpoint layouts (ddp/single's one file,
-fsdp's shards: :func:`continues`). Other strategies (model split, pipelines) and streamed
-training sets, whose position is kept per rank, keep the world size fixed.
+would fit), as is ``fsdp`` continuing the one file of ``single`` or ``ddp``; fsdp's
+shards load into any of the three (:func:`continues`). Other strategies (model split,
+pipelines) and streamed training sets, whose position is kept per rank, keep the world
+size fixed.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ from torchgpu.train.state import TrainState
 #: state is whole on every rank and the data order is the world's global order.
 DATA_PARALLEL = ("single", "ddp")
 #: Strategies that continue a sharded checkpoint (fsdp's) on another world size: DCP
-#: re-shards its model and optimizer state; one process trains (and reads it) as single.
-SHARDED = ("single", "fsdp")
+#: re-shards its model and optimizer state for FSDP2, DDP or one plain process alike.
+SHARDED = ("single", "ddp", "fsdp")
 #: The saved settings a world change may change (the effective batch stays).
 LAYOUT = ("world_size", "batch_size", "accumulate", "batches_per_epoch")
 
@@ -158,30 +159,24 @@ def continues(path: Path, saved_strategy: object, strategy: str, saved_world: ob
               world: object) -> bool:
     """Whether a run of ``strategy`` on ``world`` processes may continue checkpoint
     ``path`` (saved by ``saved_world`` processes of ``saved_strategy``) on that other
-    world size: both strategies read its layout (:data:`DATA_PARALLEL` for one file,
-    :data:`SHARDED` for shards). False for strategies that keep the world fixed (the
-    saved settings' check refuses); ResumeError for a change between ddp's and fsdp's
-    layouts."""
-    sharded = is_sharded(path)
-    family = SHARDED if sharded else DATA_PARALLEL
+    world size: ``strategy`` reads its layout (:data:`SHARDED` for shards, a
+    :data:`DATA_PARALLEL` one for one file). False for strategies that keep the world
+    fixed (the saved settings' check refuses); ResumeError for fsdp meeting one file."""
+    family = SHARDED if is_sharded(path) else DATA_PARALLEL
     if saved_strategy in family and strategy in family:
         return True
-    if not {saved_strategy, strategy} <= {*DATA_PARALLEL, *SHARDED}:
+    if not (saved_strategy in DATA_PARALLEL and strategy == "fsdp"):
         return False
-    keep = "fsdp" if sharded else "ddp"
-    held = ("as shards (torch.distributed.checkpoint), which ddp's whole-state load does "
-            "not read" if sharded else
-            "as one file holding the whole optimizer state by parameter index, which "
-            "fsdp's sharded optimizer cannot take")
     raise ResumeError(
-        f"cannot resume from {path} on {world} process(es) with --strategy {strategy}: it "
-        f"was saved by {saved_world} process(es) of --strategy {saved_strategy} {held}, so "
-        "a change of world size continues a run only within its checkpoint layout (ddp and "
-        "single: one file; fsdp: shards). Resume with --strategy "
-        f"{keep} (any --nproc that keeps the global batch), or start a new run (another "
-        f"--out, without --resume) from its weights: `torchgpu ckpt convert {path} "
-        "model.safetensors` gathers them into one file to load in your model factory (the "
-        "optimizer state and data position are not carried).")
+        f"cannot resume from {path} on {world} process(es) with --strategy fsdp: it was "
+        f"saved by {saved_world} process(es) of --strategy {saved_strategy} as one file "
+        "holding the whole optimizer state by parameter index, which fsdp's sharded "
+        "optimizer cannot take (fsdp resumes from its own sharded checkpoints, which any "
+        "strategy and world size can continue). Resume with --strategy ddp (any --nproc "
+        "that keeps the global batch), or start a new fsdp run (another --out, without "
+        f"--resume) from its weights: `torchgpu ckpt convert {path} "
+        "weights.safetensors` writes them with plain keys to load in your model factory "
+        "(the optimizer state and data position are not carried).")
 
 
 def saved_layout(meta: Mapping[str, Any]) -> tuple[int, int, int, str] | None:
@@ -202,8 +197,8 @@ def plan(found: Path, config: TrainConfig, world: int | None,
     """The change a resume of ``config`` on ``world`` data-parallel processes under
     ``strategy`` makes to checkpoint ``found`` (read from its meta.json), or None: the
     same world, or a strategy whose world must stay (the saved settings' check refuses
-    it). ResumeError when no accumulation keeps the saved effective batch, or the
-    strategies read different checkpoint layouts (:func:`continues`)."""
+    it). ResumeError when no accumulation keeps the saved effective batch, or fsdp
+    meets a one-file checkpoint (:func:`continues`)."""
     layout = saved_layout(read_meta(found))
     if world is None or strategy is None or layout is None:
         return None
