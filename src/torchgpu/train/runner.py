@@ -274,7 +274,7 @@ def _run(
                           files=files, data=stream_run.position_of(train_loader),
                           # one process of --strategy fsdp trains as single but writes
                           # shards too, so that more processes can continue its run
-                          sharded=strategy.features.sharded_checkpoints and world > 1
+                          sharded=(strategy.features.sharded_checkpoints and world > 1)
                           or config.strategy == "fsdp")
     state = ckpt.begin(start.plan)  # fresh, or restored from a checkpoint
     buffer.lrs = state.step_lrs
