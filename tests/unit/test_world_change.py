@@ -83,7 +83,7 @@ def test_the_same_world_or_another_strategy_is_no_world_change(tmp_path: Path) -
     (tmp_path / "meta.json").write_text(json.dumps({
         "world_size": 2, "strategy": "fsdp", "config": {"batch_size": 8, "accumulate": 1}}))
     config = TrainConfig(example="housing", batch_size=8)
-    assert plan(tmp_path, config, 1, "single") is None  # fsdp keeps its world
+    assert plan(tmp_path, config, 1, "single") is None  # fsdp's old one-file layout
     assert plan(tmp_path, config, 2, "fsdp") is None
     saved = {"world_size": 2, "batch_size": 8, "accumulate": 1, "batches_per_epoch": 6}
     now = {**saved, "world_size": 1, "accumulate": 2, "batches_per_epoch": 11}
@@ -94,3 +94,29 @@ def test_the_same_world_or_another_strategy_is_no_world_change(tmp_path: Path) -
         at_load(tmp_path, saved, now, "ddp", "single", True)
     with pytest.raises(ResumeError, match="global batch of 16"):
         at_load(tmp_path, saved, {**now, "accumulate": 1}, "ddp", "single", False)
+
+
+def test_fsdp_shards_continue_on_another_world_and_one_file_does_not_go_to_fsdp(
+        tmp_path: Path) -> None:
+    sharded, whole = tmp_path / "sharded", tmp_path / "whole"
+    sharded.mkdir()
+    whole.mkdir()
+    (sharded / "shards").mkdir()  # the sharded layout: DCP re-shards on load
+    change = plan_for(2, 8, 1, 1, 8, sharded, strategy="single", saved_strategy="fsdp")
+    assert change.accumulate == 2
+    assert plan_for(1, 8, 2, 2, 8, sharded, strategy="fsdp",
+                    saved_strategy="single").accumulate == 1  # one fsdp process's shards
+    assert plan_for(4, 4, 1, 2, 4, sharded, strategy="ddp",
+                    saved_strategy="fsdp").accumulate == 2  # shards load into DDP too
+    saved = {"world_size": 2, "batch_size": 8, "accumulate": 1, "batches_per_epoch": 6}
+    now = {**saved, "world_size": 1, "accumulate": 2, "batches_per_epoch": 11}
+    assert at_load(sharded, saved, now, "fsdp", "single", False) is not None
+    with pytest.raises(ResumeError) as caught:  # one file: its optimizer state is whole
+        plan_for(2, 8, 1, 4, 4, whole, strategy="fsdp", saved_strategy="ddp")
+    text = str(caught.value)
+    assert "--strategy fsdp" in text and "saved by 2 process(es) of --strategy ddp" in text
+    assert "Resume with --strategy ddp" in text and "torchgpu ckpt convert" in text
+    assert "\n" not in text
+    with pytest.raises(ResumeError, match="one file"):
+        at_load(whole, {**saved, "world_size": 1, "accumulate": 2, "batches_per_epoch": 11},
+                {**saved, "world_size": 2}, "single", "fsdp", False)

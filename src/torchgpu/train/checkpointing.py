@@ -47,9 +47,9 @@ iterator was created), for a stream with its own state ``data_position_per_rank`
 (every rank's loader state after the trained batches, :mod:`torchgpu.data.stream_loader`)
 and ``run`` (what must match for the position to mean the same
 thing: seed, batch size, accumulation, lr, world size, data, batches per epoch; a resume
-that changes one of them is refused with the differences named, except that a ``single``
-or ``ddp`` run may change the world size, per-process batch and accumulation together
-where the effective batch stays: :mod:`torchgpu.train.world_change`).
+that changes one of them is refused with the differences named, except that a ``single``,
+``ddp`` or ``fsdp`` run may change the world size, per-process batch and accumulation
+together where the effective batch stays: :mod:`torchgpu.train.world_change`).
 
 **How a run resumes.** The model, optimizer and loaders are built exactly as in a fresh
 run (that consumes RNG), then the checkpoint's weights, optimizer and scaler states are
@@ -315,7 +315,7 @@ class RunCheckpoints:
         return state
 
     def _read(self, source: Path) -> LoadedCheckpoint:
-        if self.shards is not None:
+        if self.shards is not None and self.mode == "fsdp":  # one process: a plain model
             _refuse_whole(source)
         return load_checkpoint(source, model=self.model, optimizer=self.optimizer,
                                scheduler=self.scheduler, scaler=self.precision,

@@ -86,8 +86,9 @@ def plan_resume(config: TrainConfig, environ: Mapping[str, str] | None = None, *
     orphan temporaries. Raises :class:`ResumeError` when ``--resume`` finds no checkpoint
     or its run's files changed (``check_files``: hash them; False where another process
     of the run has checked them). ``world`` and ``strategy``: the run's data-parallel
-    processes and strategy; a checkpoint of another world size is continued when both
-    are ``single``/``ddp`` and the effective batch can be kept (the plan's ``change``).
+    processes and strategy; a checkpoint of another world size is continued when the
+    strategy reads its layout and the effective batch can be kept (the plan's ``change``:
+    :func:`torchgpu.train.world_change.plan`).
 
     ``--resume``: ``OUT/checkpoints``; ``--resume DIR``: DIR. Under a torchrun restart the
     run's own newest checkpoint wins (it is newer than DIR); without one, ``--resume`` is

@@ -269,7 +269,10 @@ def _run(
                           sync=(lambda: sync_now(parts)) if parts.agree else None,
                           heartbeat=beat, before_save=steps.before_save, scheduler=scheduler,
                           files=files, data=stream_run.position_of(train_loader),
-                          sharded=strategy.features.sharded_checkpoints and world > 1)
+                          # one process of --strategy fsdp trains as single but writes
+                          # shards too, so that more processes can continue its run
+                          sharded=(strategy.features.sharded_checkpoints and world > 1)
+                          or config.strategy == "fsdp")
     state = ckpt.begin(start.plan)  # fresh, or restored from a checkpoint
     buffer.lrs = state.step_lrs
     if out_dir is not None:  # after the resume's checks: a refused resume changes nothing

@@ -10,13 +10,18 @@ per-process batch ``B'`` when ``B' x W'`` divides ``E``: the accumulation become
 ``E / (B' x W')``, every later window holds the same samples as the uninterrupted run's,
 and the position converts at the sample level (``batch_in_epoch x G`` samples of the
 epoch consumed = ``batch_in_epoch' x G'``). The optimizer state of ``single`` and ``ddp``
-is whole on every rank, so it loads as it is; the LR schedule's steps per epoch,
+is whole on every rank, so it loads as it is; ``fsdp`` (the same global order) writes
+sharded checkpoints, also from one process, and torch.distributed.checkpoint re-shards
+its model and optimizer state for the new world on load (one process trains as
+``single``, which reads the shards too). The LR schedule's steps per epoch,
 ``ceil(n / E)``, are unchanged.
 
 Where ``B' x W'`` does not divide ``E`` no accumulation keeps the effective batch, and the
 resume is refused (:class:`~torchgpu.errors.ResumeError`, naming the values and what
-would fit). Other strategies (model split, pipelines, FSDP) and streamed training sets,
-whose position is kept per rank, keep the world size fixed.
+would fit), as is ``fsdp`` continuing the one file of ``single`` or ``ddp``; fsdp's
+shards load into any of the three (:func:`continues`). Other strategies (model split,
+pipelines) and streamed training sets, whose position is kept per rank, keep the world
+size fixed.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from torchgpu.checkpoint.layout import read_meta
+from torchgpu.checkpoint.sharded_load import is_sharded
 from torchgpu.errors import ResumeError
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.state import TrainState
@@ -35,6 +41,9 @@ from torchgpu.train.state import TrainState
 #: Strategies whose checkpoint a run of another world size can continue: the optimizer
 #: state is whole on every rank and the data order is the world's global order.
 DATA_PARALLEL = ("single", "ddp")
+#: Strategies that continue a sharded checkpoint (fsdp's) on another world size: DCP
+#: re-shards its model and optimizer state for FSDP2, DDP or one plain process alike.
+SHARDED = ("single", "ddp", "fsdp")
 #: The saved settings a world change may change (the effective batch stays).
 LAYOUT = ("world_size", "batch_size", "accumulate", "batches_per_epoch")
 
@@ -146,6 +155,30 @@ def _refusal(change: WorldChange, why: str) -> ResumeError:
         "or start a new run (another --out, without --resume).")
 
 
+def continues(path: Path, saved_strategy: object, strategy: str, saved_world: object,
+              world: object) -> bool:
+    """Whether a run of ``strategy`` on ``world`` processes may continue checkpoint
+    ``path`` (saved by ``saved_world`` processes of ``saved_strategy``) on that other
+    world size: ``strategy`` reads its layout (:data:`SHARDED` for shards, a
+    :data:`DATA_PARALLEL` one for one file). False for strategies that keep the world
+    fixed (the saved settings' check refuses); ResumeError for fsdp meeting one file."""
+    family = SHARDED if is_sharded(path) else DATA_PARALLEL
+    if saved_strategy in family and strategy in family:
+        return True
+    if not (saved_strategy in DATA_PARALLEL and strategy == "fsdp"):
+        return False
+    raise ResumeError(
+        f"cannot resume from {path} on {world} process(es) with --strategy fsdp: it was "
+        f"saved by {saved_world} process(es) of --strategy {saved_strategy} as one file "
+        "holding the whole optimizer state by parameter index, which fsdp's sharded "
+        "optimizer cannot take (fsdp resumes from its own sharded checkpoints, which any "
+        "strategy and world size can continue). Resume with --strategy ddp (any --nproc "
+        "that keeps the global batch), or start a new fsdp run (another --out, without "
+        f"--resume) from its weights: `torchgpu ckpt convert {path} "
+        "weights.safetensors` writes them with plain keys to load in your model factory "
+        "(the optimizer state and data position are not carried).")
+
+
 def saved_layout(meta: Mapping[str, Any]) -> tuple[int, int, int, str] | None:
     """(world size, per-process batch, accumulation, strategy) a checkpoint's meta.json
     records, or None where it lacks one of them."""
@@ -164,12 +197,14 @@ def plan(found: Path, config: TrainConfig, world: int | None,
     """The change a resume of ``config`` on ``world`` data-parallel processes under
     ``strategy`` makes to checkpoint ``found`` (read from its meta.json), or None: the
     same world, or a strategy whose world must stay (the saved settings' check refuses
-    it). ResumeError when no accumulation keeps the saved effective batch."""
+    it). ResumeError when no accumulation keeps the saved effective batch, or fsdp
+    meets a one-file checkpoint (:func:`continues`)."""
     layout = saved_layout(read_meta(found))
     if world is None or strategy is None or layout is None:
         return None
     saved_world, saved_batch, saved_accumulate, saved_strategy = layout
-    if saved_world == world or not {saved_strategy, strategy} <= set(DATA_PARALLEL):
+    if saved_world == world or not continues(found, saved_strategy, strategy, saved_world,
+                                             world):
         return None
     return _fits(WorldChange(found, saved_world, saved_batch, saved_accumulate, world,
                              config.batch_size or 0, config.accumulate,
@@ -183,7 +218,8 @@ def at_load(path: Path, saved: Mapping[str, Any], now: Mapping[str, Any],
     same world, or a strategy that keeps it fixed: the saved settings' check refuses).
     ResumeError for a streamed training set, or an effective batch that differs."""
     world, saved_world = now.get("world_size"), saved.get("world_size")
-    if saved_world == world or not {saved_strategy, strategy} <= set(DATA_PARALLEL):
+    if saved_world == world or not continues(path, saved_strategy, strategy, saved_world,
+                                             world):
         return None
     if any(_int(saved.get(key)) is None for key in LAYOUT):
         return None  # not a layout this module converts: the saved settings' check refuses
