@@ -107,3 +107,21 @@ def test_estimate_names_the_devices_that_ran(strategy: str) -> None:
     cuda = memory_estimate(config, None, task, strategy, 2, "cuda:0", model=BNConvNet(),
                            devices=["cuda:0", "cuda:1"])
     assert cuda["devices"] == ["cuda:0", "cuda:1"] and cuda["comparable"] is True
+
+
+def test_the_planner_row_of_another_micro_batch_is_not_the_runs_estimate() -> None:
+    """--batch-size auto trains another micro-batch than the planner's: its row then
+    estimates a step that never ran, and the entry is made again for the trained batch."""
+    from types import SimpleNamespace
+
+    row = SimpleNamespace(strategy="single", applicable=True, label="single", micro_batch=8,
+                          per_device_bytes=[1 << 20], devices=["cuda:0"])
+    plan = SimpleNamespace(chosen=row, candidates=[])
+    task = user_task(_lm, TokenDataset(16), name="lm")
+    config = TrainConfig(model="fit:lm", data="fit:TokenDataset", batch_size=8)
+    same = memory_estimate(config, plan, task, "single", 1, "cpu")
+    assert same["source"] == "planner" and same["micro_batch"] == 8
+    searched = TrainConfig(model="fit:lm", data="fit:TokenDataset", batch_size=16)
+    other = memory_estimate(searched, plan, task, "single", 1, "cpu", model=_lm())
+    assert other["source"] != "planner"
+    assert other.get("micro_batch") in (None, 16)
