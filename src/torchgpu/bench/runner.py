@@ -19,8 +19,8 @@ from torchgpu.errors import UsageError
 from torchgpu.user_files import reading
 
 if TYPE_CHECKING:
-    # torch only here and inside functions: `torchgpu bench`'s parser reads
-    # max_threads() without importing torch.
+    # torch (and bench.result, whose timer imports it) only here and inside functions:
+    # `torchgpu bench`'s parser reads max_threads() without importing torch.
     import torch
 
     from torchgpu.bench.result import SuiteResult
