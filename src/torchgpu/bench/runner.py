@@ -10,16 +10,20 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from torchgpu.bench.pressure import PressureMonitor
-from torchgpu.bench.result import SuiteResult
 from torchgpu.bench.suites import SUITES
 from torchgpu.devices.cuda_status import cuda_device_count
 from torchgpu.errors import UsageError
 from torchgpu.user_files import reading
+
+if TYPE_CHECKING:
+    # torch (and bench.result, whose timer imports it) only here and inside functions:
+    # `torchgpu bench`'s parser reads max_threads() without importing torch.
+    import torch
+
+    from torchgpu.bench.result import SuiteResult
 
 # Every CPU variant, in this process and in worker processes alike, runs with this many
 # intra-op threads unless told otherwise: comparisons stay fair (a 2-thread variant against
@@ -53,6 +57,8 @@ def max_threads() -> int:
 def check_threads(threads: int) -> int:
     """``threads`` if it is in 1..:func:`max_threads`, else :class:`UsageError`."""
     if not 1 <= threads <= max_threads():
+        import torch
+
         raise UsageError(
             f"--threads {threads} is out of range: it must be in 1..{max_threads()} (at "
             f"least 1 intra-op thread per process, at most {THREADS_PER_CORE} per core of "
@@ -106,6 +112,8 @@ def _prepare(out: Path, force: bool) -> Path:
 
 def default_devices() -> list[torch.device]:
     """Every visible CUDA device, else the CPU. Asking initialises nothing at import time."""
+    import torch
+
     if torch.cuda.is_available():
         return [torch.device("cuda", i) for i in range(cuda_device_count())]
     return [torch.device("cpu")]
@@ -146,6 +154,8 @@ def run_suite(
     seed's experiment at a reduced image size and run count. ``out`` is created if
     missing (see :func:`prepare_out` for the checks the CLI makes first).
     """
+    import torch
+
     from torchgpu.bench.report import write_report
 
     module = importlib.import_module(SUITES[check_suite(name)][0])

@@ -13,12 +13,14 @@ import json
 import os
 import sys
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from torchgpu.bench.suites import SUITES
 from torchgpu.cli.common import ArgumentParser, int_in
 from torchgpu.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch  # imported by the suites once the flags parsed: --help needs none of it
 
 
 def _parser() -> ArgumentParser:
@@ -78,7 +80,6 @@ def _devices(specs: list[str] | None) -> list[torch.device] | None:
 
 def main(argv: list[str]) -> int:
     """Entry point for ``torchgpu bench``; returns the exit code."""
-    from torchgpu.bench.report import default_out, print_table
     from torchgpu.bench.runner import (
         DEFAULT_THREADS,
         SIZED_SUITES,
@@ -91,6 +92,8 @@ def main(argv: list[str]) -> int:
     from torchgpu.cli.signals import Stopped
 
     args = _parser().parse_args(argv)
+    from torchgpu.bench.report import default_out, print_table  # matplotlib, torch
+
     names = list(SUITES) if args.suite == "all" else [check_suite(args.suite)]
     threads = check_threads(DEFAULT_THREADS if args.threads is None else args.threads)
     if args.quick and args.size != "full":

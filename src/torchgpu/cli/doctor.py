@@ -25,8 +25,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from torchgpu.cli.common import ArgumentParser, parse_int
 from torchgpu.devices import nvml
 from torchgpu.devices.cuda_status import cuda_device_count, driver_evidence
@@ -39,7 +37,6 @@ from torchgpu.devices.visible import (
     physical_gpus,
 )
 from torchgpu.errors import UsageError
-from torchgpu.factories import resolve_factory
 from torchgpu.sizes import format_bytes
 
 FULL_FRACTION = 0.9  # a GPU with this share of its memory used is "almost full"
@@ -72,6 +69,8 @@ class Finding:
 
 def take_snapshot() -> EnvSnapshot:
     """Read this machine: torch build, NVML, driver traces and the variables."""
+    import torch  # here, not at the top: a mistyped flag or --help answers without it
+
     nccl: bool | None = None
     if torch.version.cuda is not None:
         import torch.distributed as dist
@@ -385,6 +384,8 @@ def _placement(model: str, input_shape: str | None, devices: str | None) -> int:
         )
     shape = _shape(input_shape)
     device_list = _device_list(devices) if devices is not None else None
+    from torchgpu.factories import resolve_factory  # imports torch
+
     factory = resolve_factory(model)
     # Imported here: the placement check is heavy and only needed with --model.
     placement: Any = importlib.import_module("torchgpu.placement")

@@ -30,23 +30,21 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
-from typing import Any
-
-import torch
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 from torchgpu.cli.common import ArgumentParser
 from torchgpu.errors import PlanError, UsageError
-from torchgpu.planning.decide import Plan
-from torchgpu.planning.footprint import Footprint
-from torchgpu.planning.planner import plan_from_footprint
-from torchgpu.planning.report import document
-from torchgpu.planning.strategies import Candidate, all_candidates
-from torchgpu.planning.targets import ACCEPTED, HEADROOM, DeviceTarget, parse_devices
-from torchgpu.planning.workload import Workload
+from torchgpu.planning.targets import ACCEPTED, HEADROOM, parse_devices
 from torchgpu.sizes import format_bytes
+
+if TYPE_CHECKING:
+    # torch, rich and the planner are imported once the flags parsed (in main, _render):
+    # a mistyped flag or --help answers without importing torch.
+    from torchgpu.planning.decide import Plan
+    from torchgpu.planning.footprint import Footprint
+    from torchgpu.planning.strategies import Candidate
+    from torchgpu.planning.targets import DeviceTarget
+    from torchgpu.planning.workload import Workload
 
 EXAMPLES = ("housing", "lenet", "resnet50")
 #: Input shape of one sample of each built-in example (torchgpu.data.example_data).
@@ -139,6 +137,13 @@ def main(argv: list[str]) -> int:
             "(samples per optimizer step). Pass a smaller value, e.g. --batch-size 32."
         )
     targets = parse_devices(args.devices)  # before the model: bad devices fail fast
+    import torch
+
+    from torchgpu.planning.planner import plan_from_footprint
+    from torchgpu.planning.report import document
+    from torchgpu.planning.strategies import all_candidates
+    from torchgpu.planning.workload import Workload
+
     pairs = False
     example = args.example if args.model is None else None
     if example is None and args.model is None:
@@ -240,6 +245,10 @@ def _render(
     candidates: list[Candidate],
     plan: Plan | None,
 ) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
     console = Console(highlight=False, soft_wrap=False, width=max(Console().width, 150))
     what = workload.example or workload.model
     batch = workload.batch_size

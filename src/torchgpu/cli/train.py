@@ -22,12 +22,12 @@ from torchgpu.train.config import (
     EXAMPLES,
     LOG_FORMATS,
     ON_NONFINITE,
+    OPTIMIZER_NAMES,
     PRECISIONS,
     PROGRESS_MODES,
     TrainConfig,
 )
 from torchgpu.train.config_file import FileSettings
-from torchgpu.train.optimizers import OPTIMIZER_NAMES
 from torchgpu.train.schedule import SCHEDULES
 from torchgpu.train.split_flags import parse_batch_size, parse_chunks, parse_num_workers
 from torchgpu.train.strategies.registry import describe as strategy_help

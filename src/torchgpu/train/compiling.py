@@ -22,12 +22,13 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
-
 from torchgpu.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:
+    # torch only here and inside functions: the CLI's parser reads COMPILE_MODES, and
+    # the config's checks validate(), without importing torch.
+    from torch import nn
+
     from torchgpu.train.config import TrainConfig
 
 #: ``--compile-mode`` values (``torch.compile``'s ``mode=``).
@@ -107,6 +108,8 @@ class CompileGuard:
         self.succeeded = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import torch
+
         cpu = torch.get_rng_state() if not self.succeeded else None
         cuda = (torch.cuda.get_rng_state_all()
                 if cpu is not None and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]

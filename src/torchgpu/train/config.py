@@ -20,6 +20,9 @@ PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "auto")
 ON_NONFINITE: tuple[str, ...] = ("stop", "skip")
 PROGRESS_MODES: tuple[str, ...] = ("auto", "rich", "plain", "off")
 LOG_FORMATS: tuple[str, ...] = ("jsonl", "tensorboard")  # tensorboard: jsonl + event files
+#: --optimizer's built-in names (torchgpu.train.optimizers makes them; listed here, in
+#: this torch-free leaf, for the CLI's help)
+OPTIMIZER_NAMES: tuple[str, ...] = ("adam", "adamw", "sgd")
 DEFAULT_PROFILE_STEPS = 5  # --profile without N
 #: Largest --seed: torch.manual_seed takes up to 2**64-1 and numpy's generators any
 #: non-negative integer; the loader seeds epoch e with seed + e, so stay below 2**63.

@@ -27,8 +27,8 @@ import torch
 from torch import nn
 
 from torchgpu.errors import ConfigError, TorchGpuError, UsageError, first_line
+from torchgpu.train.config import OPTIMIZER_NAMES as OPTIMIZER_NAMES
 
-OPTIMIZER_NAMES: tuple[str, ...] = ("adam", "adamw", "sgd")
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 #: A built-in name or a factory (see the module docstring).
 OptimizerChoice = str | OptimizerFactory

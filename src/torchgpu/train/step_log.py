@@ -6,8 +6,9 @@ nothing in metrics.jsonl until its end. :class:`StepLog` wraps the loop's ``on_s
 hook and, on rank 0, appends the records not written yet to metrics.jsonl every ``N``
 optimizer steps, or without ``N`` once :data:`~torchgpu.train.outputs.STEP_FLUSH_S`
 seconds have passed since the last write (one clock read per step; the hot path never
-writes per step). Each write is one append, flushed and fsynced
-(:func:`~torchgpu.train.outputs.append_lines`), so a crash never damages earlier lines.
+writes per step). Each write is one append, flushed
+(:func:`~torchgpu.train.outputs.append_lines`; fsynced at the run's end), so a crash
+never damages earlier lines.
 
 Under DDP a record holds this rank's own loss until the ranks' next agreement makes it
 the global mean, so only records up to the last agreed step are written
@@ -63,4 +64,4 @@ class StepLog:
         """Append the records not written yet (up to the last agreed step)."""
         assert self.path is not None
         self._last = time.monotonic()
-        outputs.append_lines(self.path, self.buffer.take_ready(self.agreed()))
+        outputs.append_lines(self.path, self.buffer.take_ready(self.agreed()), sync=False)

@@ -21,14 +21,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor, nn
-
 from torchgpu.errors import UsageError
-from torchgpu.parallel.data import unwrap
 from torchgpu.train.shard import Shard
 
 if TYPE_CHECKING:
+    # torch, and torchgpu.parallel (which imports it), only here and inside methods: the
+    # CLI builds its parser from the strategies' names and help without importing torch.
+    import torch
+    from torch import Tensor, nn
+
     from torchgpu.distributed import DistEnv
     from torchgpu.train.config import TrainConfig
     from torchgpu.train.run_steps import RunSteps, StepContext
@@ -151,12 +152,18 @@ class Strategy:
     def full_state(self, model: nn.Module) -> dict[str, Tensor]:
         """The whole model's weights under canonical keys, for the final save (collective
         where the weights are sharded: call on every rank)."""
+        from torch import Tensor
+
+        from torchgpu.parallel.data import unwrap
+
         state = unwrap(model).state_dict()
         # Left on their device: the writer finds tied weights by storage before copying.
         return {k: v.detach() for k, v in state.items() if isinstance(v, Tensor)}
 
     def eval_model(self, model: nn.Module) -> nn.Module:
         """The module evaluation calls (the unwrapped one: no collectives in eval)."""
+        from torchgpu.parallel.data import unwrap
+
         return unwrap(model)
 
     def output_device(self, model: nn.Module) -> torch.device | None:

@@ -11,14 +11,14 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import Tensor, nn
-
-from torchgpu.parallel.data import retie, wrap_data_parallel
 from torchgpu.train.strategies.base import Features, Strategy
 from torchgpu.train.strategies.single import SINGLE
 
 if TYPE_CHECKING:
+    # torch and torchgpu.parallel only here and inside methods (see strategies.base)
+    import torch
+    from torch import Tensor, nn
+
     from torchgpu.train.config import TrainConfig
     from torchgpu.train.task import Task
 
@@ -33,6 +33,8 @@ class DataParallel(Strategy):
 
     def wrap(self, model: nn.Module, config: TrainConfig, task: Task,
              device: torch.device) -> tuple[nn.Module, tuple[str, ...]]:
+        from torchgpu.parallel.data import wrap_data_parallel
+
         # wrap_data_parallel warns when it falls back to one device: shown as a note.
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -57,6 +59,8 @@ class Ddp(Strategy):
 
     def wrap(self, model: nn.Module, config: TrainConfig, task: Task,
              device: torch.device) -> tuple[nn.Module, tuple[str, ...]]:
+        from torchgpu.parallel.data import wrap_data_parallel
+
         model.to(device)  # in place; a model's own .to() override may return nothing
         return wrap_data_parallel(model, self.name, device=device), ()
 
@@ -76,10 +80,13 @@ class Fsdp(Ddp):
 
     def full_state(self, model: nn.Module) -> dict[str, Tensor]:
         """The full (gathered) state: collective, every rank calls it."""
+        from torch import Tensor
         from torch.distributed.checkpoint.state_dict import (  # heavy: only for fsdp runs
             StateDictOptions,
             get_model_state_dict,
         )
+
+        from torchgpu.parallel.data import retie
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state: dict[str, Any] = dict(get_model_state_dict(model, options=options))

@@ -7,13 +7,16 @@ checkpoints and the planner's names all read it from here.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from torchgpu.errors import ConfigError
 from torchgpu.train.strategies.base import Choice, Strategy
 from torchgpu.train.strategies.data_parallel import DDP, DP, FSDP
 from torchgpu.train.strategies.single import SINGLE
 from torchgpu.train.strategies.split import MODEL, PIPELINE
+
+if TYPE_CHECKING:
+    import torch  # only here: the CLI's parser reads names() and describe() without torch
 
 #: ``--strategy auto``: decided per run (ddp with several processes, else single, unless
 #: the planner finds the model does not fit one device: torchgpu.train.auto_strategy).

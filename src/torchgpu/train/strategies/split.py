@@ -6,16 +6,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
-
 from torchgpu.errors import UsageError
-from torchgpu.train import split_strategies
 from torchgpu.train.split_flags import device_list
 from torchgpu.train.strategies.base import Features, Strategy
 from torchgpu.train.strategies.stages import STAGES
 
 if TYPE_CHECKING:
+    # torch and the split's builders only here and inside methods (see strategies.base)
+    import torch
+    from torch import nn
+
     from torchgpu.distributed import DistEnv
     from torchgpu.train.config import TrainConfig
     from torchgpu.train.task import Task
@@ -59,6 +59,8 @@ class ModelSplit(Strategy):
                 "--devices cuda:0,cuda:1 (or --gpus 0,1 to use those GPUs).")
 
     def place(self, config: TrainConfig, env: DistEnv) -> torch.device | None:
+        from torchgpu.train import split_strategies
+
         return split_strategies.split_device(config, env)
 
     def device_note(self, config: TrainConfig) -> str | None:
@@ -66,9 +68,13 @@ class ModelSplit(Strategy):
 
     def wrap(self, model: nn.Module, config: TrainConfig, task: Task,
              device: torch.device) -> tuple[nn.Module, tuple[str, ...]]:
+        from torchgpu.train import split_strategies
+
         return split_strategies.build_split_model(model, task, config, device, self.name), ()
 
     def output_device(self, model: nn.Module) -> torch.device | None:
+        from torchgpu.train import split_strategies
+
         return split_strategies.output_device(model)
 
 

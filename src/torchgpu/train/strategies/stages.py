@@ -30,15 +30,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
-
 from torchgpu.errors import UsageError
 from torchgpu.train.shard import Shard
 from torchgpu.train.split_flags import device_list, stages_per_rank
 from torchgpu.train.strategies.base import Features, Strategy
 
 if TYPE_CHECKING:
+    import torch  # only here (see strategies.base)
+    from torch import nn
+
     from torchgpu.train.config import TrainConfig
     from torchgpu.train.run_steps import RunSteps, StepContext
     from torchgpu.train.task import Task
