@@ -57,7 +57,7 @@ def test_out_that_cannot_be_created_is_refused_before_data_loads(
 
 
 def test_out_check_leaves_nothing_behind(tmp_path: Path) -> None:
-    from torchgpu.train.out_dir import check_creatable
+    from torchgpu.train.outputs.out_dir import check_creatable
 
     check_creatable(str(tmp_path / "new" / "run"))
     check_creatable(str(tmp_path))  # existing and writable
@@ -210,9 +210,9 @@ def test_an_output_write_that_fails_is_one_paragraph_and_commits_nothing(
     """A file that cannot be written at the end of a run (something put in its place
     meanwhile) is a CheckpointWriteError naming it and why, with nothing half-written."""
     from torchgpu.errors import CheckpointWriteError
-    from torchgpu.train import outputs
     from torchgpu.train.config import TrainConfig
     from torchgpu.train.config_file import write_config
+    from torchgpu.train.outputs import files as outputs
 
     target = {"json": "summary.json", "plot": "loss.png", "config": "config.toml",
               "model": "model.safetensors"}[write]

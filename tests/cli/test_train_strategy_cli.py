@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from torchgpu.cli.main import main
 from torchgpu.models import HousingNet
-from torchgpu.train.auto_batch import SIMULATE_ENV
+from torchgpu.train.guards.auto_batch import SIMULATE_ENV
 
 QUICK = ["--example", "housing", "--data-size", "80", "--epochs", "1", "--progress", "plain"]
 

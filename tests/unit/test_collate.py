@@ -26,8 +26,8 @@ from torchgpu import fit
 from torchgpu.cli.main import main
 from torchgpu.data.collate import differing_shapes, resolve_collate
 from torchgpu.errors import DataError, UsageError
-from torchgpu.train.auto_batch import SIMULATE_ENV
 from torchgpu.train.config import TrainConfig
+from torchgpu.train.guards.auto_batch import SIMULATE_ENV
 from torchgpu.train.runner import train
 from torchgpu.train.task import seeded, user_task
 

@@ -34,7 +34,7 @@ from torchgpu.examples import housing
 from torchgpu.launch.stop_record import StopFlag
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.faults import crash_plan_from_env
-from torchgpu.train.report import TrainResult
+from torchgpu.train.outputs.report import TrainResult
 from torchgpu.train.runner import train
 from torchgpu.train.state import TrainState
 
@@ -154,7 +154,7 @@ def test_negative_controls_make_the_equivalence_fail(
     the equivalence test above can fail, so its passing means something."""
     out = tmp_path / "run"
     train(_config(out), stop_at_step=7)
-    from torchgpu.train import checkpointing
+    from torchgpu.train.checkpoints import run_checkpoints as checkpointing
 
     if dropped == "rng":
         monkeypatch.setattr(checkpointing, "restore_rng_state", lambda state: None)

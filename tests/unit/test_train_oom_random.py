@@ -13,9 +13,9 @@ from torch import nn
 
 from torchgpu.accumulate import GradAccumulator
 from torchgpu.precision import Precision
-from torchgpu.train.backoff import LoopBackoff, WindowRandomState
-from torchgpu.train.loop import run_epoch
-from torchgpu.train.loop_parts import LoopParts
+from torchgpu.train.guards.backoff import LoopBackoff, WindowRandomState
+from torchgpu.train.loop.epoch import run_epoch
+from torchgpu.train.loop.parts import LoopParts
 from torchgpu.train.state import TrainState
 
 Batches = list[tuple[torch.Tensor, torch.Tensor]]

@@ -39,11 +39,11 @@ from rich.table import Table
 
 from torchgpu.cli.common import ArgumentParser
 from torchgpu.errors import PlanError, UsageError
+from torchgpu.planning.candidates import Candidate, all_candidates
 from torchgpu.planning.decide import Plan
 from torchgpu.planning.footprint import Footprint
 from torchgpu.planning.planner import plan_from_footprint
 from torchgpu.planning.report import document
-from torchgpu.planning.strategies import Candidate, all_candidates
 from torchgpu.planning.targets import ACCEPTED, HEADROOM, DeviceTarget, parse_devices
 from torchgpu.planning.workload import Workload
 from torchgpu.sizes import format_bytes

@@ -16,6 +16,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from torchgpu.cli.common import ArgumentParser
+from torchgpu.cli.train_flags import parse_batch_size, parse_chunks, parse_num_workers
 from torchgpu.train.compiling import COMPILE_MODES
 from torchgpu.train.config import (
     DEFAULT_PROFILE_STEPS,
@@ -29,7 +30,6 @@ from torchgpu.train.config import (
 from torchgpu.train.config_file import FileSettings
 from torchgpu.train.optimizers import OPTIMIZER_NAMES
 from torchgpu.train.schedule import SCHEDULES
-from torchgpu.train.split_flags import parse_batch_size, parse_chunks, parse_num_workers
 from torchgpu.train.strategies.registry import describe as strategy_help
 from torchgpu.train.strategies.registry import names as strategy_names
 
@@ -362,8 +362,8 @@ def main(argv: list[str]) -> int:
         return code
     from torchgpu.errors import TorchGpuError
     from torchgpu.train.assemble import assemble, settle
-    from torchgpu.train.autoresume import RunFinished
-    from torchgpu.train.out_dir import OutHoldsRun
+    from torchgpu.train.checkpoints.autoresume import RunFinished
+    from torchgpu.train.outputs.out_dir import OutHoldsRun
 
     try:
         config = settle(config)  # validated, resolved, --out creatable: before any data

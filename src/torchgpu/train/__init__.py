@@ -3,8 +3,8 @@
 ``train(TrainConfig(...)) -> TrainResult`` runs one training job (what ``torchgpu train``
 does): :mod:`~torchgpu.train.assemble` assembles it once, the strategy objects of
 :mod:`~torchgpu.train.strategies` (one registry) place and wrap the model, and
-:mod:`torchgpu.train.loop` (``run_epoch``, ``start_epoch``) with
-:mod:`torchgpu.train.evaluation` (``evaluate``) trains it -- also for your own
+:mod:`torchgpu.train.loop.epoch` (``run_epoch``, ``start_epoch``) with
+:mod:`torchgpu.train.outputs.evaluation` (``evaluate``) trains it -- also for your own
 composition. Submodules import lazily.
 """
 
@@ -16,7 +16,7 @@ from torchgpu._lazy import exports
 
 if TYPE_CHECKING:  # the exports, one name per line (read by torchgpu._lazy)
     from torchgpu.train.config import TrainConfig as TrainConfig
-    from torchgpu.train.report import TrainResult as TrainResult
+    from torchgpu.train.outputs.report import TrainResult as TrainResult
     from torchgpu.train.runner import train as train
     from torchgpu.train.state import TrainState as TrainState
 else:

@@ -36,18 +36,19 @@ from torchgpu.distributed import DistEnv
 from torchgpu.errors import UsageError
 from torchgpu.launch.run import check_process_count
 from torchgpu.precision import resolve_mode
-from torchgpu.train import build, strategies
-from torchgpu.train.auto_batch import fixed_effective, simulated_limit
-from torchgpu.train.auto_strategy import decide_strategy
-from torchgpu.train.checkpointing import RunStart
+from torchgpu.train import placing as build
+from torchgpu.train import strategies
+from torchgpu.train.checkpoints.resume_plan import plan_resume
+from torchgpu.train.checkpoints.run_checkpoints import RunStart
 from torchgpu.train.config import TrainConfig, resolve
 from torchgpu.train.config_checks import validate
 from torchgpu.train.faults import crash_plan_from_env, hang_plan_from_env
-from torchgpu.train.memory_snapshot import refuse_off_cuda
-from torchgpu.train.out_dir import check_creatable, check_out_dir
+from torchgpu.train.guards.auto_batch import fixed_effective, simulated_limit
+from torchgpu.train.observe.memory_snapshot import refuse_off_cuda
+from torchgpu.train.outputs.out_dir import check_creatable, check_out_dir
 from torchgpu.train.plugin import task_for_config, with_optimizer
-from torchgpu.train.resume_plan import plan_resume
 from torchgpu.train.schedule import check as check_schedule
+from torchgpu.train.strategies.auto import decide_strategy
 from torchgpu.train.stream_run import check_stream
 from torchgpu.train.task import Task, probe
 
@@ -94,7 +95,10 @@ def settle(config: TrainConfig) -> TrainConfig:
     assert settled.out is not None
     check_creatable(settled.out)
     if settled.log == "tensorboard":
-        from torchgpu.train.tblog import check_available, check_log_dir  # imports tensorboard
+        from torchgpu.train.observe.tensorboard import (  # imports tensorboard
+            check_available,
+            check_log_dir,
+        )
 
         check_available()
         check_log_dir(settled.out)

@@ -34,23 +34,25 @@ from torchgpu.errors import (
 )
 from torchgpu.launch.heartbeat import Heartbeat, collective_failure
 from torchgpu.launch.stop_record import StopFlag
-from torchgpu.train import build, outputs, schedule, stream_run
-from torchgpu.train.agreement import share_stop
+from torchgpu.train import placing as build
+from torchgpu.train import schedule, stream_run
 from torchgpu.train.assemble import Assembly, assemble, settle, with_stop_at
-from torchgpu.train.auto_batch import apply_auto_batch, batch_line
-from torchgpu.train.autoresume import RunFinished, continue_hint
-from torchgpu.train.checkpointing import Ranks, RunCheckpoints, RunStart
+from torchgpu.train.checkpoints.autoresume import RunFinished, continue_hint
+from torchgpu.train.checkpoints.fingerprints import fingerprints
+from torchgpu.train.checkpoints.finished import finished_result
+from torchgpu.train.checkpoints.run_checkpoints import Ranks, RunCheckpoints, RunStart
 from torchgpu.train.config import TrainConfig
-from torchgpu.train.data_wait import DataWait
-from torchgpu.train.fingerprints import fingerprints
-from torchgpu.train.finished import finished_result
-from torchgpu.train.loop import agreed_steps, run_epoch, sync_now
-from torchgpu.train.observers import Observers
-from torchgpu.train.out_dir import clear_run
-from torchgpu.train.outputs import EpochRecord, MetricsBuffer
-from torchgpu.train.plugin import task_for_config
-from torchgpu.train.progress import NullProgress, make_progress
-from torchgpu.train.report import (
+from torchgpu.train.guards.agreement import share_stop
+from torchgpu.train.guards.auto_batch import apply_auto_batch, batch_line
+from torchgpu.train.guards.stop_deadline import StopDeadline
+from torchgpu.train.loop.epoch import agreed_steps, run_epoch, sync_now
+from torchgpu.train.observe.data_wait import DataWait
+from torchgpu.train.observe.observers import Observers
+from torchgpu.train.observe.progress import NullProgress, make_progress
+from torchgpu.train.outputs import files as outputs
+from torchgpu.train.outputs.files import EpochRecord, MetricsBuffer
+from torchgpu.train.outputs.out_dir import clear_run
+from torchgpu.train.outputs.report import (
     TrainResult,
     epoch_record,
     memory_reader,
@@ -58,11 +60,11 @@ from torchgpu.train.report import (
     summary_of,
     write_config,
 )
-from torchgpu.train.run_steps import StepContext
+from torchgpu.train.outputs.step_log import StepLog
+from torchgpu.train.plugin import task_for_config
 from torchgpu.train.state import TrainState
-from torchgpu.train.step_log import StepLog
-from torchgpu.train.stop_deadline import StopDeadline
 from torchgpu.train.strategies import Strategy
+from torchgpu.train.strategies.run_steps import StepContext
 from torchgpu.train.task import Task, spreads_inputs
 
 
@@ -72,7 +74,7 @@ def train(config: TrainConfig | None = None, *, stop: StopFlag | None = None,
     """Run ``config`` to the end (or until ``stop`` is set); return the result.
 
     ``stop_at_step``: stop (and checkpoint) after that optimizer step, as if the stop
-    flag were set then. Checkpointing and resume: :mod:`torchgpu.train.checkpointing`.
+    flag were set then. Checkpointing and resume: :mod:`torchgpu.train.checkpoints.run_checkpoints`.
 
     Under torchrun (WORLD_SIZE set) this forms the process group (:func:`process_group`:
     kept for the process's life, reused by the next ``train`` in it) and trains with the
@@ -212,7 +214,7 @@ def _run(
     beat: Heartbeat | None = None,
 ) -> TrainResult:
     """The run driver, the same for every strategy; what differs comes from the
-    strategy's steps (:mod:`torchgpu.train.run_steps`)."""
+    strategy's steps (:mod:`torchgpu.train.strategies.run_steps`)."""
     from torchgpu.data import make_loader
     from torchgpu.precision import Precision
     from torchgpu.transfer import Prefetcher

@@ -391,7 +391,7 @@ def probe(task: Task, model: nn.Module, *, model_label: str = "the model",
     gradients; its loss then runs with gradients on an output of tensors that require
     them (no backward), so a loss that cuts them off shows. The held-out probe runs in
     evaluation mode with the output cast to float, as
-    :func:`~torchgpu.train.evaluation.evaluate` runs it. The probes leave no trace: the
+    :func:`~torchgpu.train.outputs.evaluation.evaluate` runs it. The probes leave no trace: the
     CPU random state, the model's mode and its buffers (BatchNorm statistics) are put back.
     """
     from torchgpu.errors import TorchGpuError, first_line

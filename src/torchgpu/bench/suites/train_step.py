@@ -1,7 +1,7 @@
 """What ``torchgpu train`` runs per step, assembled the way ``train/runner.py`` assembles it,
 for the ``overhead`` suite.
 
-:func:`loop_parts` builds :class:`~torchgpu.train.loop_parts.LoopParts` with the same calls and
+:func:`loop_parts` builds :class:`~torchgpu.train.loop.parts.LoopParts` with the same calls and
 arguments as the runner's ``_run`` for one process: the built-in examples' optimizer
 (Adam, :mod:`torchgpu.examples.common`, made by :func:`torchgpu.train.optimizers.make`),
 ``GradAccumulator`` with the Precision and clip norm, the example's loss (the housing
@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
-    from torchgpu.train.loop_parts import LoopParts
+    from torchgpu.train.loop.parts import LoopParts
     from torchgpu.train.state import TrainState
 
 Batches = Sequence[tuple[Tensor, Tensor]]
@@ -51,10 +51,10 @@ def loop_parts(model: nn.Module, device: torch.device, *, batch_size: int, lr: f
     from torchgpu.examples.common import OPTIMIZER
     from torchgpu.precision import Precision
     from torchgpu.train import optimizers, strategies
-    from torchgpu.train.backoff import for_run as backoff_for_run
-    from torchgpu.train.loop_parts import LoopParts
-    from torchgpu.train.split_strategies import output_device
+    from torchgpu.train.guards.backoff import for_run as backoff_for_run
+    from torchgpu.train.loop.parts import LoopParts
     from torchgpu.train.state import TrainState
+    from torchgpu.train.strategies.split import output_device
 
     progress_state = state if state is not None else TrainState()
     mixed = Precision(precision, device)
@@ -94,8 +94,8 @@ class TrainEpoch:
     def __init__(self, model: nn.Module, device: torch.device, batches: Batches, *,
                  batch_size: int, lr: float) -> None:
         from torchgpu.launch.stop_record import StopFlag
-        from torchgpu.train.outputs import MetricsBuffer
-        from torchgpu.train.progress import NullProgress
+        from torchgpu.train.observe.progress import NullProgress
+        from torchgpu.train.outputs.files import MetricsBuffer
         from torchgpu.train.state import TrainState
 
         self.state = TrainState()
@@ -108,7 +108,7 @@ class TrainEpoch:
         import tempfile
 
         from torchgpu.train import schedule
-        from torchgpu.train.step_log import StepLog
+        from torchgpu.train.outputs.step_log import StepLog
 
         # the runner's on_step without --save-every: the LR record and the timed flush
         self._out = tempfile.TemporaryDirectory(prefix="torchgpu-bench-")
@@ -123,7 +123,7 @@ class TrainEpoch:
         self.progress = NullProgress()
 
     def __call__(self) -> None:
-        from torchgpu.train.loop import run_epoch
+        from torchgpu.train.loop.epoch import run_epoch
         from torchgpu.transfer import Prefetcher
 
         state = self.state

@@ -1,0 +1,471 @@
+"""Checkpoints and exact resume for ``torchgpu train``.
+
+**Where.** ``--save-every N`` writes ``OUT/checkpoints/step-SSSSSSSS`` every N optimizer
+steps with :func:`torchgpu.checkpoint.save_checkpoint` (atomic: temporary sibling,
+fsync, rename; ``latest`` updated after the commit; ``--keep-last K`` prunes after it).
+A stop (SIGTERM, SIGINT, or a step limit) always writes one at the step boundary where
+the run stops, with or without ``--save-every``. ``--resume`` continues from
+``OUT/checkpoints`` (``latest``; if it names a missing or incomplete directory, the
+newest complete one, with a message); ``--resume DIR`` from a run directory, its
+``checkpoints/`` or one checkpoint. No checkpoint there is a
+:class:`~torchgpu.errors.ResumeError` (exit 2), never a fresh start; nor is a resume
+whose ``--epochs`` asks for fewer optimizer steps than the checkpoint has done
+(:class:`~torchgpu.errors.ResumeStepsError`), or -- unless ``--force-resume`` -- one
+whose run's files changed since (:mod:`torchgpu.train.checkpoints.fingerprints`). A ``state.pt``
+that matches its manifest but holds a malformed position, epoch records or optimizer
+state is a :class:`~torchgpu.errors.CheckpointFormatError` naming the field. Each is
+refused before a file under ``--out`` changes. Orphan temporaries of dead writers are
+ignored and deleted. A checkpoint whose bytes do not match its manifest (a bit flip
+keeps the size, so it looks complete) is found when it is loaded: reached through
+``latest``, the run resumes from the newest checkpoint that verifies, with a note; named
+explicitly, the :class:`~torchgpu.errors.CheckpointCorruptError` (exit 2) names that
+checkpoint. ``--trust-checkpoint`` lets the resume unpickle a ``state.pt`` that needs
+globals outside the weights-only allowlist (never needed for checkpoints ``torchgpu
+train`` wrote).
+
+**Resuming from an earlier step.** ``latest`` always names the newest save of the current
+run. When a run resumes from step S and its ``OUT/checkpoints`` holds checkpoints with a
+step above S (the branch the resume abandons), they are moved, whole and loadable, to
+``OUT/checkpoints-abandoned-after-step-SSSSSSSS/`` with a message, before the run goes
+on; nothing is deleted, and ``--keep-last`` then prunes only the current run's line
+(oldest commit first). ``latest`` is pointed back at the resumed checkpoint when it lives
+in ``OUT/checkpoints``. A ``--resume`` that fails to load moves nothing.
+
+**What a checkpoint holds.** model weights (canonical keys), optimizer, scheduler (when
+there is one), the :class:`~torchgpu.precision.Precision` state (GradScaler) as
+``scaler``, the RNG states save_checkpoint captures, and in ``extra``:
+``train_state`` (:meth:`TrainState.to_dict`: epoch, step, ``batch_in_epoch`` = the data
+position, the loss history), ``epochs`` (the finished epochs' metrics records),
+``rng_per_rank`` (every rank's torch/CUDA/python/numpy RNG at the save),
+``epoch_rng_per_rank`` (every rank's torch CPU RNG when the saved epoch's loader
+iterator was created), for a stream with its own state ``data_position_per_rank``
+(every rank's loader state after the trained batches, :mod:`torchgpu.data.stream_loader`)
+and ``run`` (what must match for the position to mean the same
+thing: seed, batch size, accumulation, lr, world size, data, batches per epoch; a resume
+that changes one of them is refused with the differences named).
+
+**How a run resumes.** The model, optimizer and loaders are built exactly as in a fresh
+run (that consumes RNG), then the checkpoint's weights, optimizer and scaler states are
+loaded. The data order of epoch ``e`` is a function of ``(seed, e)`` (the
+``ShardBatches`` batch sampler with ``set_epoch``): the sampler's state is re-derived,
+not stored, so the resumed epoch's order is re-created and its first ``batch_in_epoch``
+batches are skipped (they are loaded and dropped); the loader's generator state is what
+``epoch_rng_per_rank`` restores. The torch RNG
+is set to the epoch-start state before that epoch's iterator is created (so the
+DataLoader draws the same base seed) and every RNG is restored to its state at the save
+right after it, so dropout continues exactly. ``metrics.jsonl`` is rewritten from the
+checkpoint's history (every step and epoch up to the checkpoint, including steps of the
+unfinished epoch that were never flushed) and then appended to as the run continues: it
+ends identical, apart from timings, to the uninterrupted run's. Resuming into the
+``--out`` that holds the run is allowed.
+
+**What is exact.** On CPU with ``--num-workers 0`` a run stopped at any step and resumed
+in a new process ends with bitwise identical weights and loss history. Under DDP every
+rank restores its own RNG; ranks load the checkpoint from ``--out``, so several nodes
+need ``--out`` on a shared file system. With DataLoader workers (``--num-workers N`` or
+``auto``) it stays exact: the order, the skip, the main process's RNG and the per-worker
+seeds (torch, random and numpy in each worker derive from the base seed, which is
+re-drawn identically) repeat, and workers are never persistent (each epoch forks them
+afresh from the main process, a resumed run's too: :mod:`torchgpu.data.workers`), so
+per-sample randomness drawn from those generators in ``__getitem__`` repeats. What is
+NOT restored: state that ``__getitem__`` changes in the dataset object of the main
+process (with ``--num-workers 0``; a generator of the dataset's own, say). On GPU, the
+CUDA RNG is restored but kernels may be non-deterministic (atomics in cuDNN/cuBLAS): a
+resumed GPU run matches to float tolerance, not bitwise.
+
+**Signals.** The SIGTERM/SIGINT handler only sets the :class:`StopFlag`; the loop stops
+at the next optimizer-step boundary (under DDP the ranks agree on the flag every ~0.5 s
+and at each epoch end through :class:`~torchgpu.train.guards.agreement.RankAgreement`, so all
+stop at the same step; a stop agreed at an epoch end ends the run), the checkpoint is
+saved and the process exits with code 0 and a message saying how to resume. The launcher
+handles SIGTERM/SIGINT itself and forwards them to the workers. Exit 0 is deliberate:
+torchrun's elastic agent restarts a worker group when a worker exits non-zero, so a
+deliberate, saved stop must exit 0 to stay stopped; ``summary.json`` records
+``stopped_early`` and ``stop_reason``. A second SIGINT raises KeyboardInterrupt (exit
+130); if it lands inside a save, the atomic commit removes the temporary and the
+previous checkpoint stays the newest complete one.
+
+**Restarts.** A worker restarted by torchrun (``TORCHELASTIC_RESTART_COUNT`` > 0) resumes
+automatically from the newest checkpoint in ``OUT/checkpoints``, or starts over when there
+is none yet. Rank 0's choice is broadcast so every rank loads the same checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from torchgpu.checkpoint import (
+    LoadedCheckpoint,
+    capture_rng_state,
+    load_checkpoint,
+    restore_rng_state,
+    save_checkpoint,
+)
+from torchgpu.checkpoint.atomic import write_pointer
+from torchgpu.checkpoint.discover import LATEST, later_checkpoints, newest_verified, set_aside
+from torchgpu.distributed import gather_objects
+from torchgpu.errors import (
+    CheckpointCorruptError,
+    ResumeError,
+)
+from torchgpu.launch.heartbeat import Heartbeat
+from torchgpu.launch.stop_record import StopFlag
+from torchgpu.train.checkpoints.autoresume import continue_hint
+from torchgpu.train.checkpoints.resume_plan import FIXED, ResumePlan, cannot_resume, checkpoints_dir
+from torchgpu.train.checkpoints.saved_position import (
+    check_steps_asked,
+    epoch_record,
+    saved_position,
+)
+from torchgpu.train.config import TrainConfig
+from torchgpu.train.faults import CrashPlan, HangPlan
+from torchgpu.train.loop import epoch as loop
+from torchgpu.train.outputs import files as outputs
+from torchgpu.train.outputs.files import EpochRecord, MetricsBuffer
+from torchgpu.train.schedule import FIXED as SCHEDULE_FIXED
+from torchgpu.train.state import TrainState
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """How the runner starts: the resume plan, the test-only crash and hang (see
+    :mod:`torchgpu.train.faults`) and an optional step limit (stop after that step)."""
+
+    plan: ResumePlan = field(default_factory=ResumePlan)
+    crash: CrashPlan | None = None
+    stop_at_step: int | None = None
+    hang: HangPlan | None = None
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's rank and the world size (what save_checkpoint's ``dist`` needs)."""
+
+    rank: int
+    world_size: int
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def history_lines(state: TrainState, records: Iterable[EpochRecord]) -> list[str]:
+    """The metrics.jsonl lines of a run at ``state``: each finished epoch's step lines and
+    epoch line, then the unfinished epoch's step lines (same format as the loop writes)."""
+    buffer = MetricsBuffer(lrs=state.step_lrs)
+    lines: list[str] = []
+    done = 0
+    for record in records:
+        buffer.steps = [(s, record.epoch, state.step_losses[s - 1])
+                        for s in range(done + 1, record.step + 1)]
+        lines += buffer.take_lines()
+        lines.append(json.dumps(
+            {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+             for k, v in record.as_dict().items()}))
+        done = record.step
+    buffer.steps = [(s, state.epoch, state.step_losses[s - 1])
+                    for s in range(done + 1, state.step + 1)]
+    return lines + buffer.take_lines()
+
+
+
+class DataPosition(Protocol):
+    """A loader whose position a checkpoint keeps (a stream's:
+    :class:`torchgpu.data.stream_loader.StreamLoader`)."""
+
+    def position_state(self, epoch: int, batch: int) -> object | None: ...
+
+    def resume_from(self, saved: object) -> None: ...
+
+
+def epoch_records(path: Path) -> list[EpochRecord]:
+    """The epoch records of a run's metrics.jsonl at ``path`` (unreadable lines and a
+    missing file give none)."""
+    records = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            data = json.loads(line)
+            if isinstance(data, dict) and data.get("kind") == "epoch":
+                records.append(epoch_record(data))
+        except (ValueError, TypeError):
+            continue
+    return records
+
+
+class RunCheckpoints:
+    """Saving and restoring one ``torchgpu train`` run (see the module docstring).
+
+    ``model`` and ``optimizer`` are what is saved and restored; where they are spread
+    over the ranks, ``before_save`` (every rank, before each save) gathers them so that
+    rank 0's ``model.state_dict()`` / ``optimizer.state_dict()`` hold the whole run.
+    The runner builds it once, calls :meth:`begin` (fresh or resumed state),
+    :meth:`start_epoch` instead of :func:`loop.start_epoch`, passes :meth:`step_hook` as
+    the loop's ``on_step``, and calls :meth:`stopped` when the loop stopped early.
+    Every rank calls every method (saves are collective under DDP); only rank 0 writes.
+    """
+
+    def __init__(self, config: TrainConfig, *, model: nn.Module, optimizer: Any,
+                 precision: Any, ranks: Ranks, records: list[EpochRecord], stop: StopFlag,
+                 batches_per_epoch: int, mode: str, out_dir: Path | None,
+                 scheduler: Any = None, crash: CrashPlan | None = None,
+                 stop_at_step: int | None = None,
+                 sync: Callable[[], bool] | None = None,
+                 heartbeat: Heartbeat | None = None,
+                 before_save: Callable[[], None] | None = None,
+                 files: Mapping[str, str] | None = None,
+                 data: DataPosition | None = None) -> None:
+        assert config.out is not None
+        self.config = config
+        self.data = data  # a stream's loader: its position is saved per rank
+        self.directory = checkpoints_dir(config.out)
+        self.model, self.optimizer, self.precision = model, optimizer, precision
+        self.scheduler = scheduler
+        self.ranks, self.records, self.stop = ranks, records, stop
+        self.mode, self.out_dir = mode, out_dir
+        self.crash, self.stop_at_step = crash, stop_at_step
+        # The loop's sync_now for this run (DDP agreement at a boundary); None: one process.
+        self.sync = sync
+        self.heartbeat = heartbeat  # marks the checkpoint's collectives (hang reports)
+        # Every rank, before each save: state spread over the ranks (the stage pipeline's
+        # weights and optimizer states) is gathered to rank 0, which writes.
+        self.before_save = before_save
+        self.save_every = config.save_every
+        # the sha256 of the run's files by path, in every checkpoint's meta.json: a
+        # resume compares them (torchgpu.train.checkpoints.resume_plan)
+        self.files = dict(files or {})
+        self.batches_per_epoch = batches_per_epoch
+        self.last_saved: Path | None = None
+        self.last_saved_step: int | None = None
+        self.resumed_from: Path | None = None
+        # Held while a checkpoint is written: a stop's deadline lets the write finish
+        # before it ends the process (torchgpu.train.guards.stop_deadline).
+        self.saving = threading.Lock()
+        self.fingerprint: dict[str, Any] = {
+            "run_name": config.run_name, "example": config.example, "data": config.data,
+            "target": config.target, "data_size": config.data_size, "seed": config.seed,
+            "batch_size": config.batch_size, "accumulate": config.accumulate, "lr": config.lr,
+            "world_size": ranks.world_size, "batches_per_epoch": batches_per_epoch,
+            **{key: getattr(config, key) for key in SCHEDULE_FIXED},
+        }
+        self._epoch_rng: torch.Tensor | None = None  # torch RNG as this epoch's loader began
+        self._pending: tuple[torch.Tensor | None, dict[str, Any]] | None = None
+
+    # -- starting ---------------------------------------------------------------------
+
+    def begin(self, plan: ResumePlan) -> TrainState:
+        """The state the run starts from: fresh, or loaded from ``plan.source`` (rank 0's
+        choice, broadcast). Rank 0 prints the plan's notes and rewrites metrics.jsonl."""
+        source = plan.source
+        if self.ranks.is_distributed:
+            from torchgpu.distributed import broadcast_object
+
+            source = broadcast_object(source, src=0)
+        if self.out_dir is not None:
+            for note in plan.notes:
+                print(note, file=sys.stderr)
+        state = TrainState() if source is None else self._load(source, plan.named)
+        if self.out_dir is not None and plan.continuing:
+            from torchgpu.checkpoint.atomic import write_file_atomic
+
+            lines = history_lines(state, self.records)
+            write_file_atomic(self.out_dir / outputs.METRICS_FILE,
+                              "".join(line + "\n" for line in lines).encode())
+        return state
+
+    def _read(self, source: Path) -> LoadedCheckpoint:
+        return load_checkpoint(source, model=self.model, optimizer=self.optimizer,
+                               scheduler=self.scheduler, scaler=self.precision,
+                               restore_rng=False, trust=self.config.trust_checkpoint)
+
+    def _read_or_fall_back(self, source: Path, named: bool) -> LoadedCheckpoint:
+        """Load ``source``; if its bytes do not match its manifest (checked before anything
+        is restored), fall back to the newest checkpoint beside it that verifies, unless
+        ``source`` was named explicitly: then the error names that checkpoint."""
+        try:
+            return self._read(source)
+        except CheckpointCorruptError as error:
+            fallback = newest_verified(source.parent, exclude=source)
+            if named or fallback is None:
+                hint = (f" The newest checkpoint that verifies is {fallback}: resume with "
+                        f"--resume {fallback}" if fallback is not None else "")
+                raise CheckpointCorruptError(f"{error}.{hint}") from None
+            if self.out_dir is not None:
+                print(f"note: {error}. Resuming from the newest checkpoint that verifies "
+                      f"instead: {fallback}", file=sys.stderr)
+            return self._read(fallback)
+
+    def _set_aside_later(self, loaded: Path, step: int) -> None:
+        """Move this run's checkpoints above ``step`` (an abandoned branch) aside; rank 0."""
+        later = later_checkpoints(self.directory, step)
+        if not later:
+            return
+        aside = set_aside(self.directory, later, f"step-{step:08d}")
+        if loaded.parent.resolve() == self.directory.resolve():
+            write_pointer(self.directory, loaded.name, LATEST)
+        print(f"note: resuming from step {step} abandons the later checkpoints "
+              f"{', '.join(p.name for p in later)} in {self.directory}; they were moved to "
+              f"{aside} (delete it when no longer needed), and `latest` names the newest "
+              "checkpoint of this run from now on", file=sys.stderr)
+
+    def _load(self, source: Path, named: bool = False) -> TrainState:
+        loaded = self._read_or_fall_back(source, named)
+        if len(set(gather_objects(str(loaded.path)))) > 1:
+            raise ResumeError(
+                f"the ranks loaded different checkpoints (rank {self.ranks.rank}: "
+                f"{loaded.path}); a damaged checkpoint read differently on some rank. Resume "
+                "with --resume naming one checkpoint that `torchgpu ckpt verify` accepts.")
+        extra = loaded.extra
+        if "train_state" not in extra:
+            raise ResumeError(
+                f"{loaded.path} holds no training position (it was not written by `torchgpu "
+                "train`), so the run cannot continue exactly from it: resume from a checkpoint "
+                "of `torchgpu train`, or load its weights with torchgpu.load_checkpoint."
+            )
+        saved = dict(extra.get("run") or {})
+        changed = [f"{key} {saved.get(key)!r} -> {self.fingerprint[key]!r}"
+                   for key in (*FIXED, *SCHEDULE_FIXED)
+                   if key in saved and saved[key] != self.fingerprint[key]]
+        if changed:
+            raise cannot_resume(loaded.path, changed)
+        state = self._saved_state(loaded.path, extra)
+        check_steps_asked(loaded.path, state, self.config, self.batches_per_epoch)
+        rngs = list(extra.get("rng_per_rank") or [])
+        epoch_rngs = list(extra.get("epoch_rng_per_rank") or [])
+        rank = self.ranks.rank
+        rng = rngs[rank] if rank < len(rngs) else {}
+        epoch_rng = epoch_rngs[rank] if rank < len(epoch_rngs) else None
+        self._pending = (epoch_rng, rng)
+        positions = list(extra.get("data_position_per_rank") or [])
+        if self.data is not None and rank < len(positions):
+            self.data.resume_from(positions[rank])
+        self.last_saved, self.last_saved_step = loaded.path, state.step
+        self.resumed_from = loaded.path
+        if self.out_dir is not None:
+            print(f"resuming from {loaded.path}: step {state.step}, epoch {state.epoch + 1}, "
+                  f"batch {state.batch_in_epoch}", file=sys.stderr)
+            self._set_aside_later(loaded.path, state.step)
+        return state
+
+    def _saved_state(self, path: Path, extra: Mapping[str, Any]) -> TrainState:
+        """The checkpoint's position, checked (:func:`saved_position`); its epoch records
+        go into ``self.records``."""
+        state, records = saved_position(path, extra, self.batches_per_epoch,
+                                        self.config.accumulate, self.optimizer)
+        self.records[:] = records
+        return state
+
+    def start_epoch(self, loader: Iterable[Any], seed: int, epoch: int,
+                    skip: int = 0) -> loop.EpochBatches:
+        """:func:`loop.start_epoch`, recording the RNG the loader's iterator starts from;
+        on the resumed epoch, replaying it and then restoring the RNG of the save."""
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[0] is not None:
+            torch.set_rng_state(pending[0])
+        self._epoch_rng = torch.get_rng_state()
+        batches = loop.start_epoch(loader, seed, epoch, skip)
+        if pending is not None and pending[1]:
+            # After the iterator drew its base seed: the RNG continues where the save was.
+            restore_rng_state(pending[1])
+        return batches
+
+    # -- during the run ---------------------------------------------------------------
+
+    def step_hook(self) -> Callable[[TrainState], None] | None:
+        """The loop's ``on_step``, or ``None`` when nothing happens per step."""
+        if self.save_every is None and self.crash is None and self.stop_at_step is None:
+            return None
+        return self.on_step
+
+    def on_step(self, state: TrainState) -> None:
+        """After every optimizer step: save every ``--save-every`` steps, then the
+        test-only crash; the step limit sets the stop flag (the loop stops at this boundary).
+
+        Under DDP the loop agrees on losses and the stop flag only now and then; before a
+        save or after a step limit every rank calls ``sync`` (:func:`loop.sync_now`) here (the same
+        steps on every rank, so the collective matches) so the checkpoint holds the global
+        loss history and the ranks stop together."""
+        due = self.save_every is not None and state.step % self.save_every == 0
+        limit = self.stop_at_step is not None and state.step >= self.stop_at_step
+        if limit:
+            self.stop.set("step limit")
+        if (due or limit) and self.sync is not None:
+            self.sync()
+        if due:
+            self.save(state)
+        if self.crash is not None:
+            self.crash.maybe_crash(state.step)
+
+    def save(self, state: TrainState) -> Path:
+        """Write the checkpoint of ``state`` (collective under DDP; rank 0 writes)."""
+        with self.saving:
+            if self.heartbeat is None:
+                return self._save(state)
+            with self.heartbeat.during("checkpoint"):
+                return self._save(state)
+
+    def _save(self, state: TrainState) -> Path:
+        if self.before_save is not None:
+            self.before_save()
+        rng = capture_rng_state()
+        epoch_rng = self._epoch_rng if self._epoch_rng is not None else rng["torch"]
+        position = (self.data.position_state(state.epoch, state.batch_in_epoch)
+                    if self.data is not None else None)
+        gathered = gather_objects((rng, epoch_rng, position))
+        extra: dict[str, Any] = {
+            "train_state": state.to_dict(),
+            "epochs": [record.as_dict() for record in self.records],
+            "rng_per_rank": [g[0] for g in gathered],
+            "epoch_rng_per_rank": [g[1] for g in gathered],
+            "run": dict(self.fingerprint),
+        }
+        if any(g[2] is not None for g in gathered):
+            extra["data_position_per_rank"] = [g[2] for g in gathered]
+        meta = {"config": dataclasses.asdict(self.config), "strategy": self.mode,
+                "position": {"epoch": state.epoch, "batch_in_epoch": state.batch_in_epoch},
+                "fingerprints": self.files}
+        path = save_checkpoint(
+            self.directory / f"step-{state.step:08d}", model=self.model,
+            optimizer=self.optimizer, scheduler=self.scheduler, scaler=self.precision,
+            step=state.step, epoch=state.epoch, extra=extra, meta=meta,
+            keep_last=self.config.keep_last, dist=self.ranks)
+        self.last_saved, self.last_saved_step = path, state.step
+        return path
+
+    def stopped(self, state: TrainState, buffer: MetricsBuffer, batches_per_epoch: int) -> None:
+        """The loop stopped at a step boundary: save (unless this step is saved), flush the
+        buffered step lines, and tell the user how to resume (rank 0)."""
+        if not self.stop.is_set():  # the stop was agreed from another rank's flag
+            self.stop.set("a stop on another rank")
+        if self.last_saved_step != state.step:
+            self.save(state)
+        if self.out_dir is None:
+            return
+        outputs.append_lines(self.out_dir / outputs.METRICS_FILE, buffer.take_lines())
+        print(
+            f"stopped by {self.stop.signal_name or 'request'} after step {state.step} (epoch "
+            f"{state.epoch + 1}, batch {state.batch_in_epoch} of {batches_per_epoch}); "
+            f"checkpoint: {self.last_saved}. To continue, {continue_hint(self.config)}.",
+            file=sys.stderr)
+
+    def summary(self) -> dict[str, Any]:
+        """The summary's ``checkpoints`` entry."""
+        return {"checkpoints": {
+            "directory": str(self.directory),
+            "last": str(self.last_saved) if self.last_saved is not None else None,
+            "resumed_from": str(self.resumed_from) if self.resumed_from is not None else None,
+        }}
