@@ -50,7 +50,7 @@ def worker(args: argparse.Namespace) -> None:
     from torchgpu.launch.stop_record import StopFlag
     from torchgpu.precision import Precision
     from torchgpu.train.guards.agreement import RankAgreement
-    from torchgpu.train.guards.backoff import LoopBackoff
+    from torchgpu.train.loop.backoff import LoopBackoff
     from torchgpu.train.loop.epoch import run_epoch
     from torchgpu.train.loop.parts import LoopParts
     from torchgpu.train.state import TrainState

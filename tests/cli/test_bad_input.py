@@ -57,7 +57,7 @@ def test_out_that_cannot_be_created_is_refused_before_data_loads(
 
 
 def test_out_check_leaves_nothing_behind(tmp_path: Path) -> None:
-    from torchgpu.train.outputs.out_dir import check_creatable
+    from torchgpu.train.out_dir import check_creatable
 
     check_creatable(str(tmp_path / "new" / "run"))
     check_creatable(str(tmp_path))  # existing and writable

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.procs import run_main
-from torchgpu.train.checkpoints import fingerprints
+from torchgpu.train import fingerprints
 from torchgpu.train.fit import config_from_settings
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+ (the reader falls back to tomli)

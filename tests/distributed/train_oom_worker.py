@@ -21,8 +21,8 @@ from torchgpu.errors import NonFiniteLossError
 from torchgpu.launch.stop_record import StopFlag
 from torchgpu.models import HousingNet
 from torchgpu.precision import Precision
-from torchgpu.train.guards.backoff import LoopBackoff
 from torchgpu.train.loop import epoch as loop
+from torchgpu.train.loop.backoff import LoopBackoff
 from torchgpu.train.loop.epoch import run_epoch
 from torchgpu.train.loop.parts import LoopParts
 from torchgpu.train.state import TrainState

@@ -123,10 +123,10 @@ def planner_consulted(argv: list[str], tmp_path: Path) -> bool:
     import dataclasses
 
     from torchgpu.cli.train import config_from_argv
+    from torchgpu.train.auto_strategy import decide_strategy
     from torchgpu.train.config import resolve
     from torchgpu.train.config_checks import validate
     from torchgpu.train.plugin import task_for_config
-    from torchgpu.train.strategies.auto import decide_strategy
 
     class Asked(Exception):
         pass

@@ -148,7 +148,7 @@ def test_oom_backoff_replays_do_not_step_the_scheduler() -> None:
     from torchgpu.accumulate import GradAccumulator
     from torchgpu.models import HousingNet
     from torchgpu.precision import Precision
-    from torchgpu.train.guards.backoff import LoopBackoff
+    from torchgpu.train.loop.backoff import LoopBackoff
     from torchgpu.train.loop.epoch import run_epoch
     from torchgpu.train.loop.parts import LoopParts
     from torchgpu.train.state import TrainState

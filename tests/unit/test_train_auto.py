@@ -17,6 +17,7 @@ from torchgpu.planning.footprint import Footprint, LayerFootprint
 from torchgpu.planning.planner import plan_from_footprint
 from torchgpu.planning.targets import parse_devices
 from torchgpu.planning.workload import Workload
+from torchgpu.train.auto_strategy import decide_strategy, planner_devices, step_bound_bytes
 from torchgpu.train.config import TrainConfig, resolve
 from torchgpu.train.guards.auto_batch import (
     SIMULATE_ENV,
@@ -25,7 +26,6 @@ from torchgpu.train.guards.auto_batch import (
     simulated_limit,
 )
 from torchgpu.train.runner import train
-from torchgpu.train.strategies.auto import decide_strategy, planner_devices, step_bound_bytes
 
 MiB = 1024**2
 

@@ -18,7 +18,7 @@ from torchgpu.accumulate import GradAccumulator
 from torchgpu.errors import OutOfMemoryBackoffError
 from torchgpu.models import HousingNet
 from torchgpu.precision import Precision
-from torchgpu.train.guards.backoff import LoopBackoff
+from torchgpu.train.loop.backoff import LoopBackoff
 from torchgpu.train.loop.epoch import run_epoch
 from torchgpu.train.loop.parts import LoopParts
 from torchgpu.train.state import TrainState

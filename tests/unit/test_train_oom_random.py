@@ -13,9 +13,10 @@ from torch import nn
 
 from torchgpu.accumulate import GradAccumulator
 from torchgpu.precision import Precision
-from torchgpu.train.guards.backoff import LoopBackoff, WindowRandomState
+from torchgpu.train.loop.backoff import LoopBackoff
 from torchgpu.train.loop.epoch import run_epoch
 from torchgpu.train.loop.parts import LoopParts
+from torchgpu.train.loop.random_state import WindowRandomState
 from torchgpu.train.state import TrainState
 
 Batches = list[tuple[torch.Tensor, torch.Tensor]]

@@ -11,7 +11,7 @@ from torchgpu.accumulate import GradAccumulator
 from torchgpu.data.shards import ShardLayout
 from torchgpu.models import HousingNet
 from torchgpu.precision import Precision
-from torchgpu.train.guards.backoff import LoopBackoff
+from torchgpu.train.loop.backoff import LoopBackoff
 from torchgpu.train.loop.epoch import run_epoch
 from torchgpu.train.loop.parts import LoopParts
 from torchgpu.train.loop.tail import EmptySafeLoss, TailWindows

@@ -363,7 +363,7 @@ def main(argv: list[str]) -> int:
     from torchgpu.errors import TorchGpuError
     from torchgpu.train.assemble import assemble, settle
     from torchgpu.train.checkpoints.autoresume import RunFinished
-    from torchgpu.train.outputs.out_dir import OutHoldsRun
+    from torchgpu.train.out_dir import OutHoldsRun
 
     try:
         config = settle(config)  # validated, resolved, --out creatable: before any data

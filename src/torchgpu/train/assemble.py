@@ -12,7 +12,7 @@ error for bad input, so a bad run leaves nothing behind:
    applied to either) and build the model (``task.build_model()``; a launcher that
    starts workers builds none: each worker builds its own); a model the plug-in does not
    vouch for (a user's: ``not task.trusted``) then runs one forward and loss on two
-   samples (:func:`~torchgpu.train.task.probe`), so a model that does not fit its data
+   samples (:func:`~torchgpu.train.probe.probe`), so a model that does not fit its data
    or loss is refused before ``--out`` exists.
 
 ``--strategy auto`` is the one exception to that order: the planner measures the data
@@ -38,6 +38,7 @@ from torchgpu.launch.run import check_process_count
 from torchgpu.precision import resolve_mode
 from torchgpu.train import placing as build
 from torchgpu.train import strategies
+from torchgpu.train.auto_strategy import decide_strategy
 from torchgpu.train.checkpoints.resume_plan import plan_resume
 from torchgpu.train.checkpoints.run_checkpoints import RunStart
 from torchgpu.train.config import TrainConfig, resolve
@@ -45,12 +46,12 @@ from torchgpu.train.config_checks import validate
 from torchgpu.train.faults import crash_plan_from_env, hang_plan_from_env
 from torchgpu.train.guards.auto_batch import fixed_effective, simulated_limit
 from torchgpu.train.observe.memory_snapshot import refuse_off_cuda
-from torchgpu.train.outputs.out_dir import check_creatable, check_out_dir
+from torchgpu.train.out_dir import check_creatable, check_out_dir
 from torchgpu.train.plugin import task_for_config, with_optimizer
+from torchgpu.train.probe import probe
 from torchgpu.train.schedule import check as check_schedule
-from torchgpu.train.strategies.auto import decide_strategy
 from torchgpu.train.stream_run import check_stream
-from torchgpu.train.task import Task, probe
+from torchgpu.train.task import Task
 
 
 @dataclass(frozen=True)

@@ -122,7 +122,7 @@ class TrainConfig:
     # an --out holding a run's files: remove them (train.out_dir.clear_run) and start over
     overwrite: bool = False
     # --resume goes on although a file the run is built from (a spec's file, a CSV)
-    # changed since the checkpoint was saved (torchgpu.train.checkpoints.fingerprints)
+    # changed since the checkpoint was saved (torchgpu.train.fingerprints)
     force_resume: bool = False
     # continue the run in --out from its newest good checkpoint, or start it when there
     # is none; a finished run there is left as it is (train.resume_plan)

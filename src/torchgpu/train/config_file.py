@@ -17,7 +17,7 @@ The optional ``[run]`` table records what the file came from (device, versions,
 ``cli = false`` for a :func:`torchgpu.fit` run, whose model and data were Python objects
 and cannot be rebuilt from the file); reading refuses a file with ``cli = false``. The
 optional ``[fingerprints]`` table records the sha256 of each of the run's files by its
-absolute path (:mod:`torchgpu.train.checkpoints.fingerprints`): a replay whose files changed warns.
+absolute path (:mod:`torchgpu.train.fingerprints`): a replay whose files changed warns.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from typing import Any
 
 from torchgpu.errors import ConfigError, UsageError
 from torchgpu.train.config import TrainConfig
-from torchgpu.train.outputs.files import CONFIG_FILE as CONFIG_FILE
 from torchgpu.user_files import read_text
 
+CONFIG_FILE = "config.toml"  # OUT/config.toml: the settings a run used
 RUN_TABLE = "run"  # metadata, not settings
 FINGERPRINTS_TABLE = "fingerprints"  # {path: sha256} of the run's files, not settings
 # Settings a reproduced run must not inherit: continuing or removing a run, the launcher's
@@ -196,7 +196,7 @@ class FileSettings:
         """A warning line for each file of ``config`` that differs from its recorded
         fingerprint: the replay runs the file as it is now, which may not reproduce the
         run the file records."""
-        from torchgpu.train.checkpoints.fingerprints import changed_files
+        from torchgpu.train.fingerprints import changed_files
 
         return [f"warning: --config {self.path} recorded {change.words()}: it changed "
                 "since that run, so this run uses it as it is now and may not reproduce "
@@ -365,7 +365,7 @@ def write_config(out_dir: Path, config: TrainConfig, *, world_size: int, local_w
     objects) still records its settings; the file says it cannot be re-run from the
     command line, and :func:`read_settings` refuses it.
     """
-    from torchgpu.train.outputs.files import versions
+    from torchgpu.version import versions
 
     from_fit = (config.model or "").startswith("fit:")
 

@@ -38,24 +38,23 @@ from torchgpu.train import placing as build
 from torchgpu.train import schedule, stream_run
 from torchgpu.train.assemble import Assembly, assemble, settle, with_stop_at
 from torchgpu.train.checkpoints.autoresume import RunFinished, continue_hint
-from torchgpu.train.checkpoints.fingerprints import fingerprints
 from torchgpu.train.checkpoints.finished import finished_result
 from torchgpu.train.checkpoints.run_checkpoints import Ranks, RunCheckpoints, RunStart
 from torchgpu.train.config import TrainConfig
+from torchgpu.train.fingerprints import fingerprints
 from torchgpu.train.guards.agreement import share_stop
 from torchgpu.train.guards.auto_batch import apply_auto_batch, batch_line
 from torchgpu.train.guards.stop_deadline import StopDeadline
 from torchgpu.train.loop.epoch import agreed_steps, run_epoch, sync_now
 from torchgpu.train.observe.data_wait import DataWait
 from torchgpu.train.observe.observers import Observers
-from torchgpu.train.observe.progress import NullProgress, make_progress
+from torchgpu.train.observe.progress import NullProgress, make_progress, memory_reader
+from torchgpu.train.out_dir import clear_run
 from torchgpu.train.outputs import files as outputs
 from torchgpu.train.outputs.files import EpochRecord, MetricsBuffer
-from torchgpu.train.outputs.out_dir import clear_run
 from torchgpu.train.outputs.report import (
     TrainResult,
     epoch_record,
-    memory_reader,
     peak_memory,
     summary_of,
     write_config,

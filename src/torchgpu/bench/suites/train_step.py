@@ -49,12 +49,12 @@ def loop_parts(model: nn.Module, device: torch.device, *, batch_size: int, lr: f
     from torchgpu.accumulate import GradAccumulator
     from torchgpu.data.shards import ShardLayout
     from torchgpu.examples.common import OPTIMIZER
+    from torchgpu.parallel.model import placed_output_device
     from torchgpu.precision import Precision
     from torchgpu.train import optimizers, strategies
-    from torchgpu.train.guards.backoff import for_run as backoff_for_run
+    from torchgpu.train.loop.backoff import for_run as backoff_for_run
     from torchgpu.train.loop.parts import LoopParts
     from torchgpu.train.state import TrainState
-    from torchgpu.train.strategies.split import output_device
 
     progress_state = state if state is not None else TrainState()
     mixed = Precision(precision, device)
@@ -63,7 +63,7 @@ def loop_parts(model: nn.Module, device: torch.device, *, batch_size: int, lr: f
     acc = GradAccumulator(model, optimizer, accumulate, precision=mixed, clip_norm=clip_norm,
                           zero_after_step=False)
     loss_fn = loss_fn if loss_fn is not None else nn.MSELoss()
-    target_device = output_device(model)
+    target_device = placed_output_device(model)
     if target_device == device:
         target_device = None
     return LoopParts(model=model, loss_fn=loss_fn, accumulator=acc, precision=mixed,

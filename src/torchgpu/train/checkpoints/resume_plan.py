@@ -4,7 +4,7 @@ torchrun restart -- from the run's own newest checkpoint (:func:`plan_resume`).
 Decided during assembly, before ``--out`` is written: a resume that finds no checkpoint,
 or one saved with settings the run now changes (the data position and optimizer state
 would mean something else), or -- unless ``--force-resume`` -- one saved by a run whose
-files (a spec's file, a CSV: :mod:`torchgpu.train.checkpoints.fingerprints`) changed since, is
+files (a spec's file, a CSV: :mod:`torchgpu.train.fingerprints`) changed since, is
 refused here (:class:`~torchgpu.errors.ResumeError`).
 Loading the checkpoint is :class:`torchgpu.train.checkpoints.run_checkpoints.RunCheckpoints`' job.
 """
@@ -22,8 +22,8 @@ from torchgpu.checkpoint import find_checkpoint
 from torchgpu.checkpoint.layout import read_meta
 from torchgpu.errors import ResumeError
 from torchgpu.train.checkpoints.autoresume import check_finished
-from torchgpu.train.checkpoints.fingerprints import changed_files
 from torchgpu.train.config import TrainConfig
+from torchgpu.train.fingerprints import changed_files
 from torchgpu.train.outputs.files import CHECKPOINTS_DIR as CHECKPOINTS_DIR
 from torchgpu.train.outputs.files import run_entries
 from torchgpu.train.schedule import FIXED as SCHEDULE_FIXED

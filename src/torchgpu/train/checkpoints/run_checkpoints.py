@@ -11,7 +11,7 @@ newest complete one, with a message); ``--resume DIR`` from a run directory, its
 :class:`~torchgpu.errors.ResumeError` (exit 2), never a fresh start; nor is a resume
 whose ``--epochs`` asks for fewer optimizer steps than the checkpoint has done
 (:class:`~torchgpu.errors.ResumeStepsError`), or -- unless ``--force-resume`` -- one
-whose run's files changed since (:mod:`torchgpu.train.checkpoints.fingerprints`). A ``state.pt``
+whose run's files changed since (:mod:`torchgpu.train.fingerprints`). A ``state.pt``
 that matches its manifest but holds a malformed position, epoch records or optimizer
 state is a :class:`~torchgpu.errors.CheckpointFormatError` naming the field. Each is
 refused before a file under ``--out`` changes. Orphan temporaries of dead writers are

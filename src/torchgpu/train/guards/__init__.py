@@ -1,5 +1,7 @@
-"""What keeps a run going, or ends it cleanly, when a step goes wrong: the out-of-memory
-back-off (:mod:`.backoff`), ``--batch-size auto`` (:mod:`.auto_batch`), the decisions every
-rank takes alike (:mod:`.agreement`: stop, loss, finite gradients) and the bound on a
-stop's wait (:mod:`.stop_deadline`).
+"""What keeps a run's ranks and its stop in step: the decisions every rank takes alike
+without a collective per step (:mod:`.agreement`: the stop, the logged loss, finite
+gradients), the bound on a stop's wait for its step boundary (:mod:`.stop_deadline`),
+and ``--batch-size auto``, the largest micro-batch that fits, agreed by all ranks
+(:mod:`.auto_batch`). The out-of-memory back-off replays the loop's window, so it is
+part of the loop (:mod:`torchgpu.train.loop.backoff`).
 """

@@ -248,10 +248,10 @@ def apply_auto_batch(
     if effective is None:  # keep the fixed-batch run's step: auto only cuts it to fit
         effective = config.batch_size * config.accumulate * world_size
     from torchgpu.parallel.data import unwrap
+    from torchgpu.parallel.model import placed_output_device
     from torchgpu.precision import Precision
-    from torchgpu.train.strategies.split import output_device
 
-    target = output_device(model)
+    target = placed_output_device(model)
     probe_model = model if target is not None else unwrap(model)
     precision = Precision(config.precision, device)
     found = search_batch_size(

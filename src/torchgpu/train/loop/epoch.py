@@ -23,7 +23,7 @@ What hooks in, rather than living here:
   ``on_step``) calls :func:`sync_now` -- a collective, so every rank must call it.
 - **Non-finite gradients under DDP**: decided from the already all-reduced gradients by
   a step pre-hook on the optimizer (:class:`~torchgpu.train.guards.agreement.FiniteGuard`).
-- **Out of memory**: with ``parts.backoff`` (:class:`torchgpu.train.guards.backoff.LoopBackoff`)
+- **Out of memory**: with ``parts.backoff`` (:class:`torchgpu.train.loop.backoff.LoopBackoff`)
   an OOM in forward or backward halves the micro-batch and replays the accumulation
   window (inside :class:`~torchgpu.train.loop.micro_step.MicroStep`); without it the error
   propagates.

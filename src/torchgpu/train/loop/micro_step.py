@@ -10,7 +10,7 @@ all-reduce carries the decision to every rank.
 
 What may take a micro-batch over, both decided here so the loop stays one path:
 
-- **OOM back-off** (``parts.backoff``, :class:`torchgpu.train.guards.backoff.LoopBackoff`): an
+- **OOM back-off** (``parts.backoff``, :class:`torchgpu.train.loop.backoff.LoopBackoff`): an
   out-of-memory error in forward or backward is handed to the back-off with the window's
   batches (held until the boundary), which halves the micro-batch and replays the window
   from the random state kept at the window's start (same dropout masks); once backed
@@ -21,7 +21,7 @@ What may take a micro-batch over, both decided here so the loop stays one path:
 
 Each call of :attr:`MicroStep.run` returns ``(value, bad, stepped, outcome)``: the
 loss, whether it was non-finite here, whether the optimizer stepped, and the back-off's
-or guard's :class:`~torchgpu.train.guards.backoff.BatchOutcome` when one took over (None
+or guard's :class:`~torchgpu.train.loop.outcome.BatchOutcome` when one took over (None
 otherwise).
 """
 
@@ -36,7 +36,7 @@ from torch import Tensor
 
 from torchgpu.memory.oom import is_oom
 from torchgpu.train.guards.agreement import FiniteGuard, NonFiniteGradients
-from torchgpu.train.guards.backoff import BatchOutcome
+from torchgpu.train.loop.outcome import BatchOutcome
 
 if TYPE_CHECKING:
     from torchgpu.train.loop.parts import LoopParts

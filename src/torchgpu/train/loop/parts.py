@@ -21,7 +21,7 @@ from torchgpu.train.state import TrainState
 
 if TYPE_CHECKING:
     from torchgpu.data.shards import ShardLayout
-    from torchgpu.train.guards.backoff import LoopBackoff
+    from torchgpu.train.loop.backoff import LoopBackoff
 
 
 class Accumulator(Protocol):
@@ -81,7 +81,7 @@ class LoopParts:
     # Labels' device when the output is not on ``device`` (model/pipeline: the last
     # stage's device, ``model.output_device``); None = leave labels where they are.
     target_device: torch.device | None = None
-    # OOM back-off (None: an out-of-memory error propagates). See torchgpu.train.guards.backoff.
+    # OOM back-off (None: an out-of-memory error propagates). See torchgpu.train.loop.backoff.
     backoff: LoopBackoff | None = None
     # DDP agreement on stop/losses, kept across epochs (its adaptive period) and reached
     # by on_step hooks through sync_now(parts); made here under ``agree`` when None.

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from torchgpu.errors import NonFiniteLossError
-from torchgpu.train.guards.backoff import BatchOutcome
+from torchgpu.train.loop.outcome import BatchOutcome
 from torchgpu.train.state import TrainState
 
 if TYPE_CHECKING:

@@ -11,10 +11,13 @@ import os
 import resource
 import sys
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from torchgpu.train.outputs.files import EpochRecord
 from torchgpu.train.state import TrainState
+
+if TYPE_CHECKING:
+    import torch
 
 MemoryReader = Callable[[], str]  # "" when there is nothing to show
 #: How the epoch line shows a metric: its label and format (others: ``name 0.1234``).
@@ -35,6 +38,20 @@ def process_rss_bytes() -> int:
 def read_process_rss() -> str:
     """The memory column on a CPU: the process's resident memory (RSS)."""
     return f"RSS {process_rss_bytes() / 2**30:.2f} GiB"
+
+
+def memory_reader(device: torch.device) -> Any:
+    """The progress display's memory column: the device's peak on CUDA, else the
+    process's resident memory."""
+    import torch
+
+    if device.type != "cuda":  # the CPU's memory is the process's (model, data, activations)
+        return read_process_rss
+
+    def read() -> str:
+        return f"{torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB"
+
+    return read
 
 
 class NullProgress:

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from torchgpu.errors import ConfigError, UsageError, first_line
+from torchgpu.train.out_dir import cannot_make_in
 from torchgpu.train.outputs.files import TENSORBOARD_DIR as TB_DIR  # under --out
 from torchgpu.train.outputs.files import EpochRecord
-from torchgpu.train.outputs.out_dir import cannot_make_in
 
 
 def check_available() -> None:

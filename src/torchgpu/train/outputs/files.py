@@ -12,13 +12,12 @@ import io
 import json
 import math
 import os
-import platform
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torchgpu.train.config_file import CONFIG_FILE as CONFIG_FILE
 from torchgpu.train.outputs.loss_plot import render
 
 METRICS_FILE = "metrics.jsonl"
@@ -27,7 +26,6 @@ STEP_FLUSH_S = 10.0
 SUMMARY_FILE = "summary.json"
 PLOT_FILE = "loss.png"
 MODEL_FILE = "model.safetensors"
-CONFIG_FILE = "config.toml"  # written by torchgpu.train.config_file
 CHECKPOINTS_DIR = "checkpoints"  # kept by torchgpu.train.checkpoints.run_checkpoints
 TENSORBOARD_DIR = "tensorboard"  # --log tensorboard (torchgpu.train.observe.tensorboard)
 PROFILE_TRACE_FILE = "profile.trace.json"  # --profile (torchgpu.train.observe.profiler)
@@ -141,21 +139,6 @@ def _json_value(value: Any) -> Any:
     if isinstance(value, float):
         return _finite(value)
     return value
-
-
-def versions() -> dict[str, str]:
-    """Versions of python, torch, torchgpu and the platform, for the summary."""
-    import torch
-
-    from torchgpu.version import __version__
-
-    return {
-        "torchgpu": __version__,
-        "torch": torch.__version__,
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "cuda": str(torch.version.cuda),
-    }
 
 
 def write_json(path: Path, payload: Mapping[str, Any]) -> None:

@@ -22,11 +22,10 @@ from torch import nn
 from torchgpu.launch.stop_record import StopFlag
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.config_file import write_config as write_config_file
-from torchgpu.train.observe.progress import read_process_rss
-from torchgpu.train.outputs import files as outputs
 from torchgpu.train.outputs.evaluation import EvalResult
 from torchgpu.train.outputs.files import EpochRecord
 from torchgpu.train.state import TrainState
+from torchgpu.version import versions
 
 if TYPE_CHECKING:
     from torchgpu.train.task import Task
@@ -55,16 +54,6 @@ def peak_memory(device: torch.device) -> int:  # bytes
     # ru_maxrss is KiB on Linux, bytes on macOS: the process's peak resident memory.
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
-
-
-def memory_reader(device: torch.device) -> Any:
-    if device.type != "cuda":  # the CPU's memory is the process's (model, data, activations)
-        return read_process_rss
-
-    def read() -> str:
-        return f"{torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB"
-
-    return read
 
 
 def write_config(out_dir: Path, config: TrainConfig, world: int, device: torch.device,
@@ -133,6 +122,6 @@ def summary_of(config: TrainConfig, data: Task, mode: str, world: int, state: Tr
         "stop_steps_by_rank": (stop.steps_by_rank or [state.step]) if stopped else None,
         "devices": [{"rank": r, "device": d, "name": n, "peak_memory_bytes": b}
                     for r, (d, n, b) in enumerate(peaks)],
-        "versions": outputs.versions(),
+        "versions": versions(),
         "config": {k: v for k, v in dataclasses.asdict(config).items()},
     }

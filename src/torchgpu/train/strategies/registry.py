@@ -17,7 +17,7 @@ from torchgpu.train.strategies.split import MODEL, Pipeline
 from torchgpu.train.strategies.stages.strategy import STAGES
 
 #: ``--strategy auto``: decided per run (ddp with several processes, else single, unless
-#: the planner finds the model does not fit one device: torchgpu.train.strategies.auto).
+#: the planner finds the model does not fit one device: torchgpu.train.auto_strategy).
 AUTO = "auto"
 
 #: ``pipeline``: one process, or one stage per process with several (its ``staged``).

@@ -131,7 +131,7 @@ class ModelSteps(RunSteps):
         from torchgpu.accumulate import GradAccumulator
         from torchgpu.parallel.data import unwrap
         from torchgpu.train.guards.agreement import RankAgreement
-        from torchgpu.train.guards.backoff import for_run as backoff_for_run
+        from torchgpu.train.loop.backoff import for_run as backoff_for_run
 
         config, model, device, task = ctx.config, ctx.model, ctx.device, ctx.task
         assert config.batch_size is not None and config.lr is not None

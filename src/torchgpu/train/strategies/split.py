@@ -180,13 +180,6 @@ def build_split_model(
     return pipe
 
 
-def output_device(model: nn.Module) -> torch.device | None:
-    """Where ``model``'s output lives if it places stages itself (labels go there)."""
-    from torchgpu.parallel.model import SplitModel
-
-    return model.output_device if isinstance(model, SplitModel) else None
-
-
 def device_list(spec: str) -> list[str]:
     """``"cuda:0, cuda:1"`` -> ``["cuda:0", "cuda:1"]``; UsageError for an empty item."""
     items = [item.strip() for item in spec.split(",")]
@@ -274,7 +267,9 @@ class ModelSplit(Strategy):
         return build_split_model(model, task, config, device, self.name), ()
 
     def output_device(self, model: nn.Module) -> torch.device | None:
-        return output_device(model)
+        from torchgpu.parallel.model import placed_output_device
+
+        return placed_output_device(model)
 
 
 class Pipeline(ModelSplit):
