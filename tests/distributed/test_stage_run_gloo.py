@@ -356,7 +356,7 @@ def test_activation_checkpointing_recomputes_inside_each_stage(checkpointing: bo
     gradients as without it."""
     from torchgpu.precision import Precision
     from torchgpu.train.config import TrainConfig
-    from torchgpu.train.strategies.stages.run import StageTrainer
+    from torchgpu.train.strategies.stages.trainer import StageTrainer
 
     model = dropout_bn().eval()  # eval: dropout and BatchNorm draw and update nothing
     calls: list[int] = []

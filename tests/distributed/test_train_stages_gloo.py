@@ -66,7 +66,7 @@ def test_two_stage_processes_match_one_process(tmp_path: Path, single: Path) -> 
 
 
 def test_default_chunks_prefer_an_equal_split() -> None:
-    from torchgpu.train.strategies.stages.run import default_stage_chunks
+    from torchgpu.train.strategies.stages.trainer import default_stage_chunks
 
     assert default_stage_chunks(20, "gpipe", 2, 2) == 5  # 8 wanted; 5 x 4 rows is one schedule
     assert default_stage_chunks(16, "gpipe", 2, 2) == 8

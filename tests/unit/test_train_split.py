@@ -29,7 +29,7 @@ from torchgpu.train.runner import train
 from torchgpu.train.state import TrainState
 from torchgpu.train.strategies import check_config
 from torchgpu.train.strategies.split import build_split_model, default_chunks, parse_balance
-from torchgpu.train.strategies.stages.run import chunk_ok, chunks_for_rows
+from torchgpu.train.strategies.stages.trainer import chunk_ok, chunks_for_rows
 from torchgpu.train.task import Task
 
 HOUSING = {"example": "housing", "data_size": 90, "epochs": 2, "batch_size": 8,

@@ -10,7 +10,7 @@ from pathlib import Path
 from torchgpu.checkpoint import load_state_dict
 from torchgpu.distributed import DistEnv
 from torchgpu.train.checkpoints.autoresume import RunFinished
-from torchgpu.train.checkpoints.run_checkpoints import epoch_records
+from torchgpu.train.checkpoints.history import epoch_records
 from torchgpu.train.outputs import files as outputs
 from torchgpu.train.outputs.report import TrainResult
 from torchgpu.train.state import TrainState

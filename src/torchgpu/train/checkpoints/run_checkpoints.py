@@ -1,100 +1,34 @@
-"""Checkpoints and exact resume for ``torchgpu train``.
+"""A run's checkpoints: :class:`RunCheckpoints` saves them and resumes from one, exactly.
 
-**Where.** ``--save-every N`` writes ``OUT/checkpoints/step-SSSSSSSS`` every N optimizer
-steps with :func:`torchgpu.checkpoint.save_checkpoint` (atomic: temporary sibling,
-fsync, rename; ``latest`` updated after the commit; ``--keep-last K`` prunes after it).
-A stop (SIGTERM, SIGINT, or a step limit) always writes one at the step boundary where
-the run stops, with or without ``--save-every``. ``--resume`` continues from
-``OUT/checkpoints`` (``latest``; if it names a missing or incomplete directory, the
-newest complete one, with a message); ``--resume DIR`` from a run directory, its
-``checkpoints/`` or one checkpoint. No checkpoint there is a
-:class:`~torchgpu.errors.ResumeError` (exit 2), never a fresh start; nor is a resume
-whose ``--epochs`` asks for fewer optimizer steps than the checkpoint has done
-(:class:`~torchgpu.errors.ResumeStepsError`), or -- unless ``--force-resume`` -- one
-whose run's files changed since (:mod:`torchgpu.train.fingerprints`). A ``state.pt``
-that matches its manifest but holds a malformed position, epoch records or optimizer
-state is a :class:`~torchgpu.errors.CheckpointFormatError` naming the field. Each is
-refused before a file under ``--out`` changes. Orphan temporaries of dead writers are
-ignored and deleted. A checkpoint whose bytes do not match its manifest (a bit flip
-keeps the size, so it looks complete) is found when it is loaded: reached through
-``latest``, the run resumes from the newest checkpoint that verifies, with a note; named
-explicitly, the :class:`~torchgpu.errors.CheckpointCorruptError` (exit 2) names that
-checkpoint. ``--trust-checkpoint`` lets the resume unpickle a ``state.pt`` that needs
-globals outside the weights-only allowlist (never needed for checkpoints ``torchgpu
-train`` wrote).
-
-**Resuming from an earlier step.** ``latest`` always names the newest save of the current
-run. When a run resumes from step S and its ``OUT/checkpoints`` holds checkpoints with a
-step above S (the branch the resume abandons), they are moved, whole and loadable, to
-``OUT/checkpoints-abandoned-after-step-SSSSSSSS/`` with a message, before the run goes
-on; nothing is deleted, and ``--keep-last`` then prunes only the current run's line
-(oldest commit first). ``latest`` is pointed back at the resumed checkpoint when it lives
-in ``OUT/checkpoints``. A ``--resume`` that fails to load moves nothing.
-
-**What a checkpoint holds.** model weights (canonical keys), optimizer, scheduler (when
-there is one), the :class:`~torchgpu.precision.Precision` state (GradScaler) as
-``scaler``, the RNG states save_checkpoint captures, and in ``extra``:
-``train_state`` (:meth:`TrainState.to_dict`: epoch, step, ``batch_in_epoch`` = the data
-position, the loss history), ``epochs`` (the finished epochs' metrics records),
-``rng_per_rank`` (every rank's torch/CUDA/python/numpy RNG at the save),
-``epoch_rng_per_rank`` (every rank's torch CPU RNG when the saved epoch's loader
-iterator was created), for a stream with its own state ``data_position_per_rank``
-(every rank's loader state after the trained batches, :mod:`torchgpu.data.stream_loader`)
-and ``run`` (what must match for the position to mean the same
-thing: seed, batch size, accumulation, lr, world size, data, batches per epoch; a resume
-that changes one of them is refused with the differences named).
-
-**How a run resumes.** The model, optimizer and loaders are built exactly as in a fresh
-run (that consumes RNG), then the checkpoint's weights, optimizer and scaler states are
-loaded. The data order of epoch ``e`` is a function of ``(seed, e)`` (the
-``ShardBatches`` batch sampler with ``set_epoch``): the sampler's state is re-derived,
-not stored, so the resumed epoch's order is re-created and its first ``batch_in_epoch``
-batches are skipped (they are loaded and dropped); the loader's generator state is what
-``epoch_rng_per_rank`` restores. The torch RNG
-is set to the epoch-start state before that epoch's iterator is created (so the
-DataLoader draws the same base seed) and every RNG is restored to its state at the save
-right after it, so dropout continues exactly. ``metrics.jsonl`` is rewritten from the
-checkpoint's history (every step and epoch up to the checkpoint, including steps of the
-unfinished epoch that were never flushed) and then appended to as the run continues: it
-ends identical, apart from timings, to the uninterrupted run's. Resuming into the
-``--out`` that holds the run is allowed.
-
-**What is exact.** On CPU with ``--num-workers 0`` a run stopped at any step and resumed
-in a new process ends with bitwise identical weights and loss history. Under DDP every
-rank restores its own RNG; ranks load the checkpoint from ``--out``, so several nodes
-need ``--out`` on a shared file system. With DataLoader workers (``--num-workers N`` or
-``auto``) it stays exact: the order, the skip, the main process's RNG and the per-worker
-seeds (torch, random and numpy in each worker derive from the base seed, which is
-re-drawn identically) repeat, and workers are never persistent (each epoch forks them
-afresh from the main process, a resumed run's too: :mod:`torchgpu.data.workers`), so
-per-sample randomness drawn from those generators in ``__getitem__`` repeats. What is
-NOT restored: state that ``__getitem__`` changes in the dataset object of the main
-process (with ``--num-workers 0``; a generator of the dataset's own, say). On GPU, the
-CUDA RNG is restored but kernels may be non-deterministic (atomics in cuDNN/cuBLAS): a
-resumed GPU run matches to float tolerance, not bitwise.
-
-**Signals.** The SIGTERM/SIGINT handler only sets the :class:`StopFlag`; the loop stops
-at the next optimizer-step boundary (under DDP the ranks agree on the flag every ~0.5 s
-and at each epoch end through :class:`~torchgpu.train.guards.agreement.RankAgreement`, so all
-stop at the same step; a stop agreed at an epoch end ends the run), the checkpoint is
-saved and the process exits with code 0 and a message saying how to resume. The launcher
-handles SIGTERM/SIGINT itself and forwards them to the workers. Exit 0 is deliberate:
-torchrun's elastic agent restarts a worker group when a worker exits non-zero, so a
-deliberate, saved stop must exit 0 to stay stopped; ``summary.json`` records
-``stopped_early`` and ``stop_reason``. A second SIGINT raises KeyboardInterrupt (exit
-130); if it lands inside a save, the atomic commit removes the temporary and the
-previous checkpoint stays the newest complete one.
-
-**Restarts.** A worker restarted by torchrun (``TORCHELASTIC_RESTART_COUNT`` > 0) resumes
-automatically from the newest checkpoint in ``OUT/checkpoints``, or starts over when there
-is none yet. Rank 0's choice is broadcast so every rank loads the same checkpoint.
+- **Where.** ``--save-every N`` saves ``OUT/checkpoints/step-SSSSSSSS`` every N optimizer
+  steps (atomic; ``latest`` updated after the commit; ``--keep-last K`` prunes), and a
+  stop (SIGTERM, SIGINT, a step limit) always saves at the step boundary where it stops,
+  then exits 0 (torchrun restarts a group only after a non-zero exit) with the resume
+  command; ``summary.json`` records ``stopped_early`` and ``stop_reason``.
+- **Resume** (``--resume [DIR]``; a torchrun restart resumes from the run's newest
+  checkpoint, rank 0's choice broadcast): decided before ``--out`` changes
+  (:mod:`.resume_plan`). No checkpoint, fewer steps asked than done, changed settings or,
+  unless ``--force-resume``, changed files (:mod:`torchgpu.train.fingerprints`) are
+  refused; a malformed position is a ``CheckpointFormatError`` naming the field
+  (:mod:`.saved_position`); a checkpoint whose bytes do not match its manifest is
+  skipped for the newest that verifies when reached through ``latest`` and refused when
+  named. Checkpoints past the resumed step are moved, whole, to
+  ``OUT/checkpoints-abandoned-after-step-SSSSSSSS/``; nothing is deleted.
+- **Held**: weights (canonical keys), optimizer, scheduler, the precision's scaler, RNG
+  states, and in ``extra`` the :class:`~torchgpu.train.state.TrainState`, the finished
+  epochs' records, every rank's RNG at the save and at the saved epoch's loader start, a
+  stream's position, and ``run`` (what must match for the position to mean the same).
+- **Exact.** The model, optimizer and loaders are built as in a fresh run, the states
+  loaded, the epoch's order re-created from ``(seed, epoch)`` and its first
+  ``batch_in_epoch`` batches skipped, the RNGs restored, and ``metrics.jsonl`` rewritten
+  from the checkpoint's history (:mod:`.history`): on CPU a resumed run ends bitwise
+  equal to the uninterrupted one, DataLoader workers included; on GPU to float
+  tolerance (non-deterministic kernels).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -122,10 +56,10 @@ from torchgpu.errors import (
 from torchgpu.launch.heartbeat import Heartbeat
 from torchgpu.launch.stop_record import StopFlag
 from torchgpu.train.checkpoints.autoresume import continue_hint
+from torchgpu.train.checkpoints.history import history_lines
 from torchgpu.train.checkpoints.resume_plan import FIXED, ResumePlan, cannot_resume, checkpoints_dir
 from torchgpu.train.checkpoints.saved_position import (
     check_steps_asked,
-    epoch_record,
     saved_position,
 )
 from torchgpu.train.config import TrainConfig
@@ -160,26 +94,6 @@ class Ranks:
         return self.world_size > 1
 
 
-def history_lines(state: TrainState, records: Iterable[EpochRecord]) -> list[str]:
-    """The metrics.jsonl lines of a run at ``state``: each finished epoch's step lines and
-    epoch line, then the unfinished epoch's step lines (same format as the loop writes)."""
-    buffer = MetricsBuffer(lrs=state.step_lrs)
-    lines: list[str] = []
-    done = 0
-    for record in records:
-        buffer.steps = [(s, record.epoch, state.step_losses[s - 1])
-                        for s in range(done + 1, record.step + 1)]
-        lines += buffer.take_lines()
-        lines.append(json.dumps(
-            {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-             for k, v in record.as_dict().items()}))
-        done = record.step
-    buffer.steps = [(s, state.epoch, state.step_losses[s - 1])
-                    for s in range(done + 1, state.step + 1)]
-    return lines + buffer.take_lines()
-
-
-
 class DataPosition(Protocol):
     """A loader whose position a checkpoint keeps (a stream's:
     :class:`torchgpu.data.stream_loader.StreamLoader`)."""
@@ -187,24 +101,6 @@ class DataPosition(Protocol):
     def position_state(self, epoch: int, batch: int) -> object | None: ...
 
     def resume_from(self, saved: object) -> None: ...
-
-
-def epoch_records(path: Path) -> list[EpochRecord]:
-    """The epoch records of a run's metrics.jsonl at ``path`` (unreadable lines and a
-    missing file give none)."""
-    records = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        try:
-            data = json.loads(line)
-            if isinstance(data, dict) and data.get("kind") == "epoch":
-                records.append(epoch_record(data))
-        except (ValueError, TypeError):
-            continue
-    return records
 
 
 class RunCheckpoints:
