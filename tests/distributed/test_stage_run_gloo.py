@@ -134,7 +134,7 @@ def test_a_sigterm_stops_both_stages_saved_and_resume_is_bitwise(tmp_path: Path)
 def test_bf16_runs_the_stages_forward_under_autocast(tmp_path: Path) -> None:
     """bf16 over two stage processes follows the one-process bf16 run (the same autocast
     forward and loss, in micro-batches), not the fp32 one."""
-    from torchgpu.cli.train import config_from_argv
+    from torchgpu.cli.train_flags import config_from_argv
     from torchgpu.train.runner import train
 
     common = ["--example", "housing", "--data-size", "123", "--epochs", "2",

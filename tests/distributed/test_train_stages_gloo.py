@@ -30,7 +30,7 @@ def _steps(out: Path) -> list[float]:
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from torchgpu.cli.train import config_from_argv
+    from torchgpu.cli.train_flags import config_from_argv
     from torchgpu.train.runner import train
 
     out = tmp_path_factory.mktemp("single") / "run"

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from torchgpu.cli.train import config_from_argv
+from torchgpu.cli.train_flags import config_from_argv
 from torchgpu.errors import PlanError, UsageError
 from torchgpu.planning.candidates import all_candidates, halvings, partition_by_capacity
 from torchgpu.planning.commands import run_device, train_command, train_settings

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchgpu.cli.train import config_from_argv
+from torchgpu.cli.train_flags import config_from_argv
 from torchgpu.train.config import DEFAULT_PROFILE_STEPS, TrainConfig
 from torchgpu.train.observe.observers import Observers
 from torchgpu.train.observe.profiler import (

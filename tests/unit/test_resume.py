@@ -275,7 +275,8 @@ def test_trust_checkpoint_flag_reaches_the_loader(
     """`torchgpu train --trust-checkpoint` is the only way to resume from a state.pt that
     needs globals outside the weights-only allowlist."""
     from torchgpu.checkpoint.layout import MANIFEST_FILE, manifest_bytes
-    from torchgpu.cli.train import config_from_argv, worker_argv
+    from torchgpu.cli.train import worker_argv
+    from torchgpu.cli.train_flags import config_from_argv
 
     trusting = config_from_argv(["--resume", "--out", "x", "--trust-checkpoint"])
     assert trusting.trust_checkpoint and "--trust-checkpoint" in worker_argv(trusting)
@@ -372,7 +373,7 @@ LONG = ["--example", "housing", "--data-size", "100", "--batch-size", "16", "--e
 @pytest.fixture(scope="module")
 def long_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
     """The uninterrupted LONG run (built-in model, as in the subprocesses)."""
-    from torchgpu.cli.train import config_from_argv
+    from torchgpu.cli.train_flags import config_from_argv
 
     out = tmp_path_factory.mktemp("long") / "run"
     with pytest.MonkeyPatch.context() as patch:

@@ -135,7 +135,7 @@ def test_auto_runs_what_the_printed_command_runs(
     """`train --strategy auto` and `torchgpu plan`'s command share one translation."""
     import shlex
 
-    from torchgpu.cli.train import config_from_argv
+    from torchgpu.cli.train_flags import config_from_argv
 
     decision = decide_strategy(
         _config(), 1, housing, plan_fn=_fake_plan(footprint, devices), small_step_bytes=0,
@@ -164,7 +164,7 @@ def test_the_printed_pipeline_command_builds_the_planned_pipeline(housing: Any) 
     `torchgpu train` builds (stage devices cpu,cpu stand in for cuda:0,cuda:1)."""
     import shlex
 
-    from torchgpu.cli.train import config_from_argv
+    from torchgpu.cli.train_flags import config_from_argv
     from torchgpu.parallel.pipeline import Pipeline
     from torchgpu.planning.candidates import all_candidates
     from torchgpu.planning.commands import train_command
