@@ -274,7 +274,8 @@ def test_trust_checkpoint_flag_reaches_the_loader(
 ) -> None:
     """`torchgpu train --trust-checkpoint` is the only way to resume from a state.pt that
     needs globals outside the weights-only allowlist."""
-    from torchgpu.checkpoint.layout import MANIFEST_FILE, manifest_bytes
+    from torchgpu.checkpoint.layout import MANIFEST_FILE
+    from torchgpu.checkpoint.manifest import manifest_bytes
     from torchgpu.cli.train import worker_argv
     from torchgpu.cli.train_flags import config_from_argv
 
