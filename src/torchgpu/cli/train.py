@@ -117,7 +117,7 @@ def main(argv: list[str]) -> int:
 
     stop = StopFlag()
     if _under_torchrun():  # a worker: the launcher checked everything; train() assembles
-        from torchgpu.distributed import GroupStopped
+        from torchgpu.rendezvous import GroupStopped
 
         early = signals.received()  # a stop while this worker was starting
         if early is not None:

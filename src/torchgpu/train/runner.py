@@ -21,9 +21,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchgpu.collectives import gather_objects
 from torchgpu.data.batches import install_call_convention
 from torchgpu.data.workers import loader_summary
-from torchgpu.distributed import DistSession, gather_objects, init_distributed
+from torchgpu.distributed import DistSession, init_distributed
 from torchgpu.errors import (
     CollectiveTimeoutError,
     DistributedError,
@@ -80,7 +81,7 @@ def train(config: TrainConfig | None = None, *, stop: StopFlag | None = None,
     resolved strategy. Raises torchgpu errors for bad input
     before anything is written. A ``stop`` requested while the group forms (on this
     rank, or recorded by another: :meth:`StopFlag.requested`) raises
-    :class:`torchgpu.distributed.GroupStopped` before anything is written.
+    :class:`torchgpu.rendezvous.GroupStopped` before anything is written.
 
     ``task``: what to train (:func:`torchgpu.fit` passes the user's model and data);
     by default the one ``config`` names. ``run``: the run already assembled

@@ -48,7 +48,7 @@ from torchgpu.checkpoint import (
 )
 from torchgpu.checkpoint.atomic import write_pointer
 from torchgpu.checkpoint.discover import LATEST, later_checkpoints, newest_verified, set_aside
-from torchgpu.distributed import gather_objects
+from torchgpu.collectives import gather_objects
 from torchgpu.errors import (
     CheckpointCorruptError,
     ResumeError,
@@ -168,7 +168,7 @@ class RunCheckpoints:
         choice, broadcast). Rank 0 prints the plan's notes and rewrites metrics.jsonl."""
         source = plan.source
         if self.ranks.is_distributed:
-            from torchgpu.distributed import broadcast_object
+            from torchgpu.collectives import broadcast_object
 
             source = broadcast_object(source, src=0)
         if self.out_dir is not None:
