@@ -235,8 +235,8 @@ def init_distributed(
 
     - ``stop``: asked every few tens of milliseconds while this process waits for its
       peers (a peer still starting, or stopped before it got here): when it answers
-      True before the group has formed, :class:`~torchgpu.rendezvous.GroupStopped` is raised instead of
-      waiting on (up to ``timeout``) for peers that are not coming. The group then
+      True before the group has formed, :class:`~torchgpu.rendezvous.GroupStopped` is
+      raised instead of waiting on (up to ``timeout``) for peers that are not coming. The group then
       does not exist, and a thread of this process may still wait in torch's rendezvous:
       end the process (``os._exit``) rather than go on.
 

@@ -124,7 +124,7 @@ class StageTrainer:
         """``--chunks auto``: the split-size sweep over ranks on the sample batch, over
         the equal splits of at least two rows that the schedule runs in one go."""
         from torchgpu.parallel.chunks import even_candidates
-        from torchgpu.parallel.stages import choose_stage_chunks
+        from torchgpu.parallel.stage_chunks import choose_stage_chunks
 
         x, y = self.sample
         rows = int(x.shape[0])
