@@ -177,9 +177,9 @@ def test_imports_under_type_checking_are_read() -> None:
 def test_graph_sees_imports_hidden_in_strings() -> None:
     graph = import_graph()
     # a name from a lazy package is an edge to its defining module; doctor's
-    # import_module("torchgpu.placement") is an edge too
+    # placement check's import_module("torchgpu.placement") is an edge too
     assert "torchgpu.devices.spec" in graph["torchgpu.train.placing"]  # get_device
-    assert "torchgpu.placement" in graph["torchgpu.cli.doctor"]
+    assert "torchgpu.placement" in graph["torchgpu.cli.doctor_placement"]
 
 
 def test_no_import_cycles() -> None:
