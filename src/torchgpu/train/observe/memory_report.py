@@ -1,7 +1,7 @@
 """The planner's memory estimate next to the measured peak, in ``summary.json``.
 
 Every run records ``peak_memory_bytes`` per device and, on CUDA, the estimate beside it
-(``estimated_peak_bytes``), so each GPU run checks the estimator:
+(``estimated_peak_bytes``), so every GPU run shows how close the estimator came:
 
 - ``--strategy auto`` ran the planner (a big step): its row for the strategy that ran
   (``source: "planner"``), no extra work;
