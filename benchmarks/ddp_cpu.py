@@ -7,7 +7,7 @@ Every process trains an MLP (13 -> H -> H -> 1) on its own batches of B samples
 
 - single:        rank 0 alone, plain model, hand-written loop (rank 1 waits)
 - raw_ddp:       both ranks, DistributedDataParallel, hand-written loop
-- torchgpu_ddp:  both ranks, the same DDP model through torchgpu.train.loop.run_epoch,
+- torchgpu_ddp:  both ranks, the same DDP model through torchgpu.train.loop.epoch.run_epoch,
                  set up as `torchgpu train` sets it up: OOM back-off armed, the
                  finite-gradient guard before every optimizer step, a stop flag, the
                  loss read every step and the periodic stop/loss agreement (one small
@@ -49,10 +49,10 @@ def worker(args: argparse.Namespace) -> None:
     from torchgpu.bench.timer import measure_interleaved
     from torchgpu.launch.stop_record import StopFlag
     from torchgpu.precision import Precision
-    from torchgpu.train.agreement import RankAgreement
-    from torchgpu.train.backoff import LoopBackoff
-    from torchgpu.train.loop import run_epoch
-    from torchgpu.train.loop_parts import LoopParts
+    from torchgpu.train.guards.agreement import RankAgreement
+    from torchgpu.train.loop.backoff import LoopBackoff
+    from torchgpu.train.loop.epoch import run_epoch
+    from torchgpu.train.loop.parts import LoopParts
     from torchgpu.train.state import TrainState
 
     torch.set_num_threads(1)

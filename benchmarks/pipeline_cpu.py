@@ -52,7 +52,8 @@ def worker(args: argparse.Namespace) -> None:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     from torchgpu.parallel.balance import saved_bytes
-    from torchgpu.parallel.stages import StagePipeline, choose_stage_chunks, partition
+    from torchgpu.parallel.stage_chunks import choose_stage_chunks
+    from torchgpu.parallel.stages import StagePipeline, partition
     from torchgpu.parallel.stages_demo import demo_batch, demo_model
 
     torch.set_num_threads(1)

@@ -12,7 +12,7 @@ from torchgpu.train.runner import train
 if TYPE_CHECKING:
     from torchgpu.launch.stop_record import StopFlag
     from torchgpu.train.config import TrainConfig
-    from torchgpu.train.report import TrainResult
+    from torchgpu.train.outputs.report import TrainResult
     from torchgpu.train.state import TrainState
 
 

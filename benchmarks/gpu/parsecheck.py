@@ -99,7 +99,7 @@ def check_torchgpu(argv: Sequence[str], repo: Path = HERE.parent.parent
     namespace = parse_with(module.main, argv[1:], what)
     try:
         if argv[0] == "train":
-            from torchgpu.cli.train import config_from_argv
+            from torchgpu.cli.train_flags import config_from_argv
             from torchgpu.train.config_checks import validate
 
             validate(config_from_argv(list(argv[1:])))

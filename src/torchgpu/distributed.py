@@ -4,7 +4,8 @@ torchrun (``torch.distributed.run``) starts one process per device and tells eac
 its place through environment variables: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and
 ``LOCAL_WORLD_SIZE``. :class:`DistEnv` reads them; :func:`init_distributed` binds the
 process to its GPU and forms the process group; the agreement helpers let every rank
-take the same decision (stop, skip, shrink a batch) without deadlocking.
+take the same decision (stop, skip, shrink a batch) without deadlocking
+(:mod:`torchgpu.collectives`).
 
 Without torchrun (``WORLD_SIZE`` unset) everything works single-process: no process
 group is created and the helpers are the identity.
@@ -15,33 +16,23 @@ from __future__ import annotations
 import atexit
 import os
 import socket
-import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import TracebackType
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
 from torchgpu.devices.cuda_status import cuda_device_count
 from torchgpu.errors import ConfigError, DistributedError, NoDeviceError
-
-T = TypeVar("T")
+from torchgpu.rendezvous import GroupStopped, await_peers, form_watching
 
 BACKENDS: tuple[str, ...] = ("auto", "nccl", "gloo", "mpi", "ucc", "xccl")
 DEFAULT_TIMEOUT = timedelta(minutes=10)
 
 _VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
-#: How often a stop is looked for while the process group forms (seconds).
-_STOP_POLL_S = 0.05
-#: After a stop is seen, how long a group that is forming may still take to form: the
-#: peers may have formed it already, and then every rank must take part in the stop.
-_STOP_GRACE_S = 0.5
-
-
 class _Kept:
     """The group :func:`init_distributed` formed with ``keep=True``: it lives until the
     process exits (destroyed then, by an ``atexit`` hook registered once)."""
@@ -51,11 +42,6 @@ class _Kept:
 
 
 _kept = _Kept()
-
-
-class GroupStopped(Exception):
-    """A stop was requested while this process waited for its peers to form the process
-    group (:func:`init_distributed` with ``stop``): no group exists, nothing ran."""
 
 
 def _read_int(environ: Mapping[str, str], name: str, default: int | None) -> int:
@@ -249,8 +235,8 @@ def init_distributed(
 
     - ``stop``: asked every few tens of milliseconds while this process waits for its
       peers (a peer still starting, or stopped before it got here): when it answers
-      True before the group has formed, :class:`GroupStopped` is raised instead of
-      waiting on (up to ``timeout``) for peers that are not coming. The group then
+      True before the group has formed, :class:`~torchgpu.rendezvous.GroupStopped` is
+      raised instead of waiting on (up to ``timeout``) for peers that are not coming. The group then
       does not exist, and a thread of this process may still wait in torch's rendezvous:
       end the process (``os._exit``) rather than go on.
 
@@ -295,7 +281,7 @@ def init_distributed(
 
         store, rank, world = next(rendezvous("env://", env.rank, env.world_size,
                                              timeout=joining))
-        _await_peers(store, world, joining)
+        await_peers(store, world, joining)
         store.set_timeout(timeout)
         store = PrefixStore("default_pg", store)  # as init_process_group's own
         if chosen == "nccl":
@@ -310,7 +296,7 @@ def init_distributed(
                                     timeout=timeout)
 
     try:
-        _form_watching(form, stop)
+        form_watching(form, stop)
     except GroupStopped:
         raise
     except Exception as exc:
@@ -331,26 +317,6 @@ def init_distributed(
     )
 
 
-_formed = [0]  # groups this process has formed: each meets its peers under its own key
-
-
-def _await_peers(store: dist.distributed_c10d.Store, world: int, timeout: timedelta) -> None:
-    """Wait until ``world`` ranks have arrived on ``store`` for this formation (every rank
-    forms its groups in the same order, so the n-th formation's key is the same on each),
-    or raise a timeout naming how many came within ``timeout``."""
-    _formed[0] += 1
-    key = f"torchgpu/joined/{_formed[0]}"
-    arrived = store.add(key, 1)
-    deadline = time.monotonic() + timeout.total_seconds()
-    while arrived < world:
-        if time.monotonic() >= deadline:
-            raise DistributedError(
-                f"timed out waiting {int(timeout.total_seconds() * 1000)} ms for the other "
-                f"ranks to form the process group: {arrived} of {world} arrived")
-        time.sleep(0.02)
-        arrived = store.add(key, 0)
-
-
 def _set_timeout(timeout: timedelta) -> None:
     """The default group's collectives wait ``timeout`` from now on (torch's
     ``_set_pg_timeout``; a torch without it keeps the timeout the group was formed with)."""
@@ -365,37 +331,6 @@ def _destroy_kept() -> None:
             and dist.distributed_c10d._get_default_group() is _kept.group:
         _kept.group = None
         dist.destroy_process_group()
-
-
-def _form_watching(form: Callable[[], None], stop: Callable[[], bool] | None) -> None:
-    """``form()`` (which blocks until every peer has joined); with ``stop``, in a thread
-    while this one polls ``stop`` and raises :class:`GroupStopped` when it answers True
-    before ``form`` returned (allowing :data:`_STOP_GRACE_S` for a group that is
-    forming at that moment). torch's rendezvous cannot be interrupted: a thread is how
-    the wait is left."""
-    if stop is None:
-        form()
-        return
-    if stop():
-        raise GroupStopped
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            form()
-        except BaseException as error:  # handed to the waiting thread
-            failure.append(error)
-
-    worker = threading.Thread(target=run, name="torchgpu-form-group", daemon=True)
-    worker.start()
-    while worker.is_alive():
-        worker.join(_STOP_POLL_S)
-        if worker.is_alive() and stop():
-            worker.join(_STOP_GRACE_S)
-            if worker.is_alive():
-                raise GroupStopped
-    if failure:
-        raise failure[0]
 
 
 def _bind_cuda_device(env: DistEnv) -> None:
@@ -420,80 +355,3 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
-
-
-def _group_active() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def current_rank() -> int:
-    """This process's global rank: from the group if formed, else ``RANK`` (default 0)."""
-    if dist.is_available() and dist.is_initialized():
-        return int(dist.get_rank())
-    try:
-        return int(os.environ.get("RANK", "0"))
-    except ValueError:
-        return 0
-
-
-def rank_zero_print(*args: object, **kwargs: Any) -> None:
-    """``print`` on global rank 0 only; other ranks stay silent."""
-    if current_rank() == 0:
-        print(*args, **kwargs)
-
-
-def _comm_device() -> torch.device:
-    # NCCL only reduces CUDA tensors; every other backend here takes CPU tensors.
-    if "nccl" in str(dist.get_backend()):
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _all_reduce_int(value: int, op: dist.ReduceOp.RedOpType) -> int:
-    tensor = torch.tensor([value], dtype=torch.int64, device=_comm_device())
-    dist.all_reduce(tensor, op=op)
-    return int(tensor.item())
-
-
-def agree_any(flag: bool) -> bool:
-    """True on every rank if ``flag`` is True on any rank (identity when not distributed).
-
-    A collective: every rank must call it, in the same order.
-    """
-    if not _group_active():
-        return bool(flag)
-    return _all_reduce_int(int(bool(flag)), dist.ReduceOp.MAX) > 0
-
-
-def agree_min(value: int) -> int:
-    """The smallest ``value`` over all ranks (identity when not distributed). Collective."""
-    if not _group_active():
-        return int(value)
-    return _all_reduce_int(int(value), dist.ReduceOp.MIN)
-
-
-def agree_max(value: int) -> int:
-    """The largest ``value`` over all ranks (identity when not distributed). Collective."""
-    if not _group_active():
-        return int(value)
-    return _all_reduce_int(int(value), dist.ReduceOp.MAX)
-
-
-def broadcast_object(obj: T, src: int = 0) -> T:
-    """Rank ``src``'s ``obj`` on every rank (picklable objects; identity when not
-    distributed). Collective."""
-    if not _group_active():
-        return obj
-    box: list[T] = [obj]  # rank src's obj on every rank after the broadcast
-    dist.broadcast_object_list(box, src=src)
-    return box[0]
-
-
-def gather_objects(obj: T) -> list[T]:
-    """Every rank's ``obj``, in rank order, on every rank (``[obj]`` when not
-    distributed). Collective."""
-    if not _group_active():
-        return [obj]
-    out: list[T] = [obj] * dist.get_world_size()  # every slot is filled by its rank
-    dist.all_gather_object(out, obj)
-    return out

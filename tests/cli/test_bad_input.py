@@ -210,9 +210,9 @@ def test_an_output_write_that_fails_is_one_paragraph_and_commits_nothing(
     """A file that cannot be written at the end of a run (something put in its place
     meanwhile) is a CheckpointWriteError naming it and why, with nothing half-written."""
     from torchgpu.errors import CheckpointWriteError
-    from torchgpu.train import outputs
     from torchgpu.train.config import TrainConfig
     from torchgpu.train.config_file import write_config
+    from torchgpu.train.outputs import files as outputs
 
     target = {"json": "summary.json", "plot": "loss.png", "config": "config.toml",
               "model": "model.safetensors"}[write]

@@ -318,7 +318,7 @@ def test_dp_ddp_plans_like_for_like() -> None:
     assert not torch.cuda.is_initialized()
 
 
-@needs("torchgpu.train.loop")
+@needs("torchgpu.train.loop.epoch")
 def test_overhead_quick(tmp_path: Path) -> None:
     doc = run_quick("overhead", tmp_path)
     found = rows(doc)
@@ -335,7 +335,7 @@ def test_overhead_loop_is_the_loop_torchgpu_train_runs(tmp_path: Path,
     from torchgpu.bench.suites.train_step import TrainEpoch
     from torchgpu.train import runner
     from torchgpu.train.config import TrainConfig
-    from torchgpu.train.loop_parts import LoopParts
+    from torchgpu.train.loop.parts import LoopParts
 
     seen: list[tuple[Any, dict[str, Any]]] = []
     real = runner.run_epoch
@@ -353,7 +353,7 @@ def test_overhead_loop_is_the_loop_torchgpu_train_runs(tmp_path: Path,
     batches = [(torch.randn(16, 13), torch.randn(16, 1)) for _ in range(3)]
     ours = TrainEpoch(HousingNet(), torch.device("cpu"), batches, batch_size=16, lr=1e-3)
     calls: list[tuple[Any, dict[str, Any]]] = []
-    monkeypatch.setattr("torchgpu.train.loop.run_epoch",
+    monkeypatch.setattr("torchgpu.train.loop.epoch.run_epoch",
                         lambda parts, b, state, **kw: calls.append((parts, kw)) or real(
                             parts, b, state, **kw))
     ours()

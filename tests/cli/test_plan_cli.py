@@ -336,7 +336,7 @@ def test_plan_with_model_and_data_specs_prints_a_train_command_that_validates() 
     import shlex
 
     from tests.procs import REPO, run_cli
-    from torchgpu.cli.train import config_from_argv
+    from torchgpu.cli.train_flags import config_from_argv
     from torchgpu.train.config_checks import validate
 
     done = run_cli(["plan", "--model", "tests.user_models:lm_factory", "--data",

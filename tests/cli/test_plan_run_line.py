@@ -58,7 +58,7 @@ def test_pairs_without_a_loss_get_no_train_line_that_would_be_refused(
 ])
 def test_the_optimizer_planned_is_the_one_the_run_line_trains_with(
         optimizer: str | None, flag: str | None, capsys: pytest.CaptureFixture[str]) -> None:
-    from torchgpu.cli.train import config_from_argv
+    from torchgpu.cli.train_flags import config_from_argv
     from torchgpu.train.config_checks import validate
 
     asked = ["--optimizer", optimizer] if optimizer else []

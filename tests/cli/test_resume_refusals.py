@@ -16,7 +16,8 @@ from torch.utils.data import TensorDataset
 
 from tests.procs import run_main
 from torchgpu import fit
-from torchgpu.checkpoint.layout import MANIFEST_FILE, REQUIRED_FILES, manifest_bytes
+from torchgpu.checkpoint.layout import MANIFEST_FILE, REQUIRED_FILES
+from torchgpu.checkpoint.manifest import manifest_bytes
 from torchgpu.errors import UsageError
 
 # housing, 40 rows: 32 train rows in batches of 8 = 4 optimizer steps per epoch

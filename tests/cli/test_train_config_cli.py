@@ -12,7 +12,7 @@ import pytest
 
 from tests.procs import REPO
 from torchgpu.cli.main import main
-from torchgpu.cli.train import config_from_argv
+from torchgpu.cli.train_flags import config_from_argv
 from torchgpu.train.config_file import read_settings
 
 

@@ -165,13 +165,8 @@ def worker(out_dir: Path) -> None:
     import torch
     import torch.distributed as dist
 
-    from torchgpu.distributed import (
-        agree_any,
-        agree_max,
-        agree_min,
-        broadcast_object,
-        init_distributed,
-    )
+    from torchgpu.collectives import agree_any, agree_max, agree_min, broadcast_object
+    from torchgpu.distributed import init_distributed
 
     torch.set_num_threads(1)
     result: dict[str, Any] = {}

@@ -36,7 +36,8 @@ def _unchanged(before: list[Any], pipe: Any) -> bool:
 def _check(config: str) -> dict[str, Any]:
     from torch import nn
 
-    from torchgpu.parallel.stages import StagePipeline, choose_stage_chunks
+    from torchgpu.parallel.stage_chunks import choose_stage_chunks
+    from torchgpu.parallel.stages import StagePipeline
     from torchgpu.parallel.stages_demo import demo_batch, demo_model
 
     name, chunks, *rest = config.split(":")

@@ -134,7 +134,7 @@ def test_a_sigterm_stops_both_stages_saved_and_resume_is_bitwise(tmp_path: Path)
 def test_bf16_runs_the_stages_forward_under_autocast(tmp_path: Path) -> None:
     """bf16 over two stage processes follows the one-process bf16 run (the same autocast
     forward and loss, in micro-batches), not the fp32 one."""
-    from torchgpu.cli.train import config_from_argv
+    from torchgpu.cli.train_flags import config_from_argv
     from torchgpu.train.runner import train
 
     common = ["--example", "housing", "--data-size", "123", "--epochs", "2",
@@ -194,7 +194,7 @@ def test_a_stage_that_never_arrives_is_named_with_its_step(tmp_path: Path, rank:
 @pytest.mark.slow
 def test_profile_tensorboard_and_memory_estimate(tmp_path: Path) -> None:
     from tests.unit.test_tensorboard_log import _scalars
-    from torchgpu.train.tblog import TB_DIR
+    from torchgpu.train.observe.tensorboard import TB_DIR
 
     out = tmp_path / "run"
     done = run_cli(["train", "--example", "housing", "--data-size", "123", "--epochs", "2",
@@ -255,7 +255,7 @@ def gloo_world_of_one(tmp_path: Path) -> Iterator[None]:
 def test_optimizer_state_is_keyed_by_parameter_and_fits_another_cut() -> None:
     """Saved from one cut (all layers on one stage), restored into two other stages: each
     parameter gets its own moments back, and a step from there equals the uncut one."""
-    from torchgpu.train.stage_state import StageOptimizers
+    from torchgpu.train.strategies.stages.state import StageOptimizers
 
     model = dropout_bn().eval()
     layers = list(model)
@@ -295,7 +295,7 @@ def test_optimizer_state_is_keyed_by_parameter_and_fits_another_cut() -> None:
 
 
 def test_a_checkpoint_of_another_model_or_strategy_is_refused() -> None:
-    from torchgpu.train.stage_state import StageOptimizers
+    from torchgpu.train.strategies.stages.state import StageOptimizers
 
     model = nn.Sequential(nn.Linear(2, 2))
     opt = torch.optim.Adam(model.parameters())
@@ -356,7 +356,7 @@ def test_activation_checkpointing_recomputes_inside_each_stage(checkpointing: bo
     gradients as without it."""
     from torchgpu.precision import Precision
     from torchgpu.train.config import TrainConfig
-    from torchgpu.train.stage_strategy import StageTrainer
+    from torchgpu.train.strategies.stages.trainer import StageTrainer
 
     model = dropout_bn().eval()  # eval: dropout and BatchNorm draw and update nothing
     calls: list[int] = []

@@ -15,7 +15,8 @@ from torch import nn
 from tests.procs import run_torchrun
 from torchgpu.errors import ConfigError
 from torchgpu.parallel.chunks import micro_batch_groups
-from torchgpu.parallel.stages import StagePipeline, check_schedule
+from torchgpu.parallel.stage_schedules import check_schedule
+from torchgpu.parallel.stages import StagePipeline
 from torchgpu.parallel.stages_demo import demo_batch, demo_model
 
 WIDTH, LAYERS, LR, SEED = 16, 4, 0.1, 0

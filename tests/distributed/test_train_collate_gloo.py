@@ -26,7 +26,7 @@ def test_ddp_with_a_collate_function_matches_one_process(tmp_path: Path) -> None
                    "--num-workers", "1", "--out", str(ddp_out)], timeout=240, cwd=REPO,
                   PYTHONPATH=f"{SRC}:{REPO}")
     assert ddp.returncode == 0, ddp.stderr[-3000:]
-    from torchgpu.cli.train import config_from_argv
+    from torchgpu.cli.train_flags import config_from_argv
     from torchgpu.train.runner import train
 
     one = train(config_from_argv([*COMMON, "--batch-size", "8", "--out", str(one_out)]))

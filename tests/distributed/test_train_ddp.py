@@ -34,7 +34,7 @@ def test_ddp_two_processes_match_one_process_with_the_global_batch(
     ddp = run_cli(["train", *common, "--nproc", "2", "--strategy", "ddp", "--batch-size", "8",
                    "--out", str(ddp_out)])
     assert ddp.returncode == 0, ddp.stderr[-2000:]
-    from torchgpu.cli.train import config_from_argv
+    from torchgpu.cli.train_flags import config_from_argv
     from torchgpu.train.runner import train
 
     one = train(config_from_argv([*common, "--batch-size", "16", "--out", str(one_out)]))

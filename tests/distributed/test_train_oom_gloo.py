@@ -18,7 +18,7 @@ WORKER = Path(__file__).with_name("train_oom_worker.py")
 @pytest.fixture(scope="module", params=["micro-batch", "step"])
 def reports(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
     # "step": the loss read once per optimizer step, as on an accelerator
-    # (torchgpu.train.loss_reader); "micro-batch": as on the CPU.
+    # (torchgpu.train.loop.loss_reader); "micro-batch": as on the CPU.
     proc = run_torchrun(WORKER, 2, TEST_LOSS_READ=request.param)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]

@@ -30,7 +30,7 @@ def _steps(out: Path) -> list[float]:
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from torchgpu.cli.train import config_from_argv
+    from torchgpu.cli.train_flags import config_from_argv
     from torchgpu.train.runner import train
 
     out = tmp_path_factory.mktemp("single") / "run"
@@ -66,7 +66,7 @@ def test_two_stage_processes_match_one_process(tmp_path: Path, single: Path) -> 
 
 
 def test_default_chunks_prefer_an_equal_split() -> None:
-    from torchgpu.train.stage_strategy import default_stage_chunks
+    from torchgpu.train.strategies.stages.trainer import default_stage_chunks
 
     assert default_stage_chunks(20, "gpipe", 2, 2) == 5  # 8 wanted; 5 x 4 rows is one schedule
     assert default_stage_chunks(16, "gpipe", 2, 2) == 8

@@ -26,7 +26,7 @@ DDP = ["--strategy", "ddp"]
 
 def _train_here(args: list[str]) -> Any:
     """One process, in this interpreter (the runner's result)."""
-    from torchgpu.cli.train import config_from_argv
+    from torchgpu.cli.train_flags import config_from_argv
     from torchgpu.train.runner import train
 
     return train(config_from_argv([*COMMON, *args]))

@@ -21,10 +21,10 @@ from torchgpu.errors import NonFiniteLossError
 from torchgpu.launch.stop_record import StopFlag
 from torchgpu.models import HousingNet
 from torchgpu.precision import Precision
-from torchgpu.train import loop
-from torchgpu.train.backoff import LoopBackoff
-from torchgpu.train.loop import run_epoch
-from torchgpu.train.loop_parts import LoopParts
+from torchgpu.train.loop import epoch as loop
+from torchgpu.train.loop.backoff import LoopBackoff
+from torchgpu.train.loop.epoch import run_epoch
+from torchgpu.train.loop.parts import LoopParts
 from torchgpu.train.state import TrainState
 
 

@@ -13,7 +13,7 @@ from torch import nn
 
 from torchgpu.bench.suites.train_step import loop_parts
 from torchgpu.errors import NonFiniteLossError
-from torchgpu.train.loop import run_epoch
+from torchgpu.train.loop.epoch import run_epoch
 from torchgpu.train.state import TrainState
 
 pytestmark = pytest.mark.gpu

@@ -18,7 +18,7 @@ from tests.step_limit import train_until
 from torchgpu import fit
 from torchgpu.errors import UsageError
 from torchgpu.train.config import TrainConfig
-from torchgpu.train.report import TrainResult
+from torchgpu.train.outputs.report import TrainResult
 from torchgpu.train.runner import train
 from torchgpu.train.task import user_task
 

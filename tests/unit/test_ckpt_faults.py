@@ -195,7 +195,7 @@ DIST_SCRIPT = textwrap.dedent("""
     import torch.distributed as dist
     from torch import nn
     from torchgpu.checkpoint import save_checkpoint
-    from torchgpu.checkpoint.layout import is_complete
+    from torchgpu.checkpoint.manifest import is_complete
     from torchgpu.errors import CheckpointError
 
     @dataclass(frozen=True)

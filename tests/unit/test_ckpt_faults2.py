@@ -26,7 +26,8 @@ from torchgpu.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
-from torchgpu.checkpoint.layout import MANIFEST_FILE, manifest_bytes
+from torchgpu.checkpoint.layout import MANIFEST_FILE
+from torchgpu.checkpoint.manifest import manifest_bytes
 from torchgpu.cli.main import main
 from torchgpu.errors import CheckpointCorruptError, CheckpointError, CheckpointFormatError
 

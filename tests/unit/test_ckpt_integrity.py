@@ -29,7 +29,7 @@ from torchgpu.checkpoint import (
 from torchgpu.cli.main import main
 from torchgpu.errors import CheckpointCorruptError, CheckpointError, CheckpointFormatError
 from torchgpu.models.housing import HousingNet
-from torchgpu.train import outputs
+from torchgpu.train.outputs import files as outputs
 
 ROOT = os.geteuid() == 0 if hasattr(os, "geteuid") else False
 

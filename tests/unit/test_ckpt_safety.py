@@ -20,7 +20,7 @@ from torchgpu.checkpoint import (
     load_state_dict,
     save_checkpoint,
 )
-from torchgpu.checkpoint.layout import manifest_bytes
+from torchgpu.checkpoint.manifest import manifest_bytes
 from torchgpu.checkpoint.readers import read_pickle, unsafe_globals
 from torchgpu.errors import CheckpointFormatError
 

@@ -239,7 +239,7 @@ def test_fsdp_takes_the_checkpoint_flags() -> None:
 def test_an_fsdp_resume_from_a_single_file_checkpoint_is_refused(tmp_path: Path) -> None:
     from torchgpu.checkpoint import save_checkpoint
     from torchgpu.errors import ResumeError
-    from torchgpu.train.checkpointing import _refuse_whole
+    from torchgpu.train.checkpoints.run_checkpoints import _refuse_whole
 
     model, optim = _trained()
     whole = save_checkpoint(tmp_path / "ddp" / "step-00000003", model=model, optimizer=optim,

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from torchgpu.checkpoint import files, save_checkpoint
-from torchgpu.checkpoint.layout import MANIFEST_FILE, MODEL_FILE, verify_directory
+from torchgpu.checkpoint.layout import MANIFEST_FILE, MODEL_FILE
+from torchgpu.checkpoint.manifest import verify_directory
 from torchgpu.cli.main import main
 from torchgpu.errors import CheckpointCorruptError
 

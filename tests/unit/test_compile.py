@@ -203,7 +203,8 @@ def test_guard_falls_back_once_and_leaves_the_models_own_errors_alone(
 
 
 def test_flags_reach_the_workers() -> None:
-    from torchgpu.cli.train import config_from_argv, worker_argv
+    from torchgpu.cli.train import worker_argv
+    from torchgpu.cli.train_flags import config_from_argv
 
     config = TrainConfig(activation_checkpointing="ConvUnit", compile=True,
                          compile_mode="max-autotune", out="r")

@@ -427,7 +427,7 @@ def test_tensor_datasets_are_read_a_batch_at_a_time_with_the_same_batches(
     from torch.utils.data import Dataset, TensorDataset
 
     from torchgpu.data.loader import batch_sampler_of
-    from torchgpu.train.shard import Shard
+    from torchgpu.train.strategies.shard import Shard
 
     class RowByRow(Dataset[tuple[torch.Tensor, torch.Tensor]]):  # the same rows, one at a time
         def __init__(self, inner: TensorDataset) -> None:

@@ -8,17 +8,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from torchgpu.distributed import (
-    DistEnv,
-    DistSession,
-    agree_any,
-    agree_max,
-    agree_min,
-    broadcast_object,
-    free_port,
-    init_distributed,
-    rank_zero_print,
-)
+from torchgpu.collectives import agree_any, agree_max, agree_min, broadcast_object, rank_zero_print
+from torchgpu.distributed import DistEnv, DistSession, free_port, init_distributed
 from torchgpu.errors import ConfigError, NoDeviceError
 
 _TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from torchgpu.errors import UsageError
-from torchgpu.train.auto_batch import batch_line, fixed_effective
 from torchgpu.train.config import TrainConfig
+from torchgpu.train.guards.auto_batch import batch_line, fixed_effective
 from torchgpu.train.runner import train
 
 

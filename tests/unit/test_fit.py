@@ -321,7 +321,8 @@ def test_probe_refuses_a_model_without_a_loss_before_anything_is_written(
 
 def test_probe_leaves_batchnorm_statistics_and_the_random_state_alone() -> None:
     from tests.user_models import cnn_data, cnn_factory
-    from torchgpu.train.task import probe, user_task
+    from torchgpu.train.probe import probe
+    from torchgpu.train.task import user_task
 
     train_ds, _ = cnn_data()
     task = user_task(cnn_factory, train_ds, loss=torch.nn.CrossEntropyLoss())

@@ -53,7 +53,7 @@ def test_fit_settings_and_train_config_do_not_drift() -> None:
 
 
 def test_every_fit_setting_is_a_cli_flag_or_documented_fit_only() -> None:
-    from torchgpu.cli.train import _parser
+    from torchgpu.cli.train_flags import _parser
 
     dests = {action.dest for action in _parser()._actions}
     keywords = [p.name for p in inspect.signature(fit).parameters.values()

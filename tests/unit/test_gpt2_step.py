@@ -133,7 +133,7 @@ for step in steps.make_plan('default').steps:
         continue  # pytest runs in a child of its own (parsecheck.check_pytest)
     checked.append(parsecheck.check_command(Path('.'), argv, step.environment(ctx)))
 import importlib
-for name in ('torchgpu.train.runner', 'torchgpu.train.build', 'torchgpu.examples.resnet50',
+for name in ('torchgpu.train.runner', 'torchgpu.train.placing', 'torchgpu.examples.resnet50',
              'torchgpu.bench.suites.transfer', 'torchgpu.bench.suites.train_step',
              'torchgpu.train.compiling', 'transformers.models.gpt2.modeling_gpt2'):
     importlib.import_module(name)

@@ -125,7 +125,7 @@ def planner_consulted(argv: list[str], tmp_path: Path) -> bool:
     it was asked (and a tiny data set: only one sample's shape is read)."""
     import dataclasses
 
-    from torchgpu.cli.train import config_from_argv
+    from torchgpu.cli.train_flags import config_from_argv
     from torchgpu.train.auto_strategy import decide_strategy
     from torchgpu.train.config import resolve
     from torchgpu.train.config_checks import validate
@@ -156,7 +156,7 @@ def test_the_oom_step_reaches_the_loop_with_its_batch(tmp_path: Path) -> None:
     step = next(s for s in steps.STEPS if s.name == "train-oom-backoff")
     argv = step.command(CTX)
     assert argv[1:4] == ["-m", "torchgpu", "train"]
-    from torchgpu.cli.train import config_from_argv
+    from torchgpu.cli.train_flags import config_from_argv
 
     config = config_from_argv(argv[4:])
     assert (config.strategy, config.batch_size, config.precision) == ("single", 8192, "fp32")

@@ -376,7 +376,7 @@ def test_collective_timeout_must_be_positive_seconds_within_torchs_range(value: 
     """Up to 2**31 - 1 ms: torch's store polls its sockets with an int of milliseconds
     (3e6 s wrapped to a negative wait, 1e10 s failed the rendezvous, 1e15 s overflowed
     Python's timedelta in every worker)."""
-    from torchgpu.cli.train import config_from_argv
+    from torchgpu.cli.train_flags import config_from_argv
     from torchgpu.train.config import MAX_COLLECTIVE_TIMEOUT_S
     from torchgpu.train.config_checks import validate
 
@@ -389,7 +389,8 @@ def test_collective_timeout_must_be_positive_seconds_within_torchs_range(value: 
 
 
 def test_collective_timeout_reaches_the_workers_and_fit() -> None:
-    from torchgpu.cli.train import config_from_argv, worker_argv
+    from torchgpu.cli.train import worker_argv
+    from torchgpu.cli.train_flags import config_from_argv
     from torchgpu.train.fit import SETTINGS
 
     config = config_from_argv(["--collective-timeout", "12.5"])

@@ -12,6 +12,12 @@ Imports that hide count too: ``importlib.import_module("torchgpu....")`` /
 import name`` is an edge to the module that defines ``name``, and ``import pkg`` an edge
 to every module it exports from. A strongly connected component of more than one module
 is a cycle: it fails the test with the modules and the edges that close it.
+
+The same holds one level up, for the training engine's layout: each sub-package of
+``torchgpu.train`` (``loop/``, ``strategies/``, ``checkpoints/``...) taken as one node and
+each of its top-level modules as another, the graph has no cycle either, so the
+packages are layers a reader can take in order; and ``train/config.py`` (the settings)
+imports nothing of the engine.
 """
 
 from __future__ import annotations
@@ -171,9 +177,9 @@ def test_imports_under_type_checking_are_read() -> None:
 def test_graph_sees_imports_hidden_in_strings() -> None:
     graph = import_graph()
     # a name from a lazy package is an edge to its defining module; doctor's
-    # import_module("torchgpu.placement") is an edge too
-    assert "torchgpu.devices.spec" in graph["torchgpu.train.build"]  # get_device
-    assert "torchgpu.placement" in graph["torchgpu.cli.doctor"]
+    # placement check's import_module("torchgpu.placement") is an edge too
+    assert "torchgpu.devices.spec" in graph["torchgpu.train.placing"]  # get_device
+    assert "torchgpu.placement" in graph["torchgpu.cli.doctor_placement"]
 
 
 def test_no_import_cycles() -> None:
@@ -221,3 +227,68 @@ def test_launch_never_imports_train() -> None:
         found += [_chain(via, start, target) for target in sorted(via)
                   if target.split(".")[:2] == ["torchgpu", "train"]]
     assert not found, "torchgpu.launch imports torchgpu.train:\n" + "\n".join(found)
+
+
+TRAIN = "torchgpu.train"
+
+
+def train_layout(graph: dict[str, set[str]]) -> tuple[dict[str, set[str]],
+                                                       dict[tuple[str, str], list[str]]]:
+    """The engine's graph one level up: ``{node: nodes it imports}``, a node being a
+    sub-package of torchgpu.train (``torchgpu.train.loop``) or one of its top-level
+    modules (``torchgpu.train.runner``), and for each edge the module imports behind it."""
+
+    def node(module: str) -> str | None:
+        parts = module.split(".")
+        if parts[:2] != TRAIN.split(".") or len(parts) < 3:
+            return None
+        return ".".join(parts[:3])
+
+    layout: dict[str, set[str]] = {}
+    behind: dict[tuple[str, str], list[str]] = {}
+    for module, targets in graph.items():
+        source = node(module)
+        if source is None:
+            continue
+        layout.setdefault(source, set())
+        for target in targets:
+            into = node(target)
+            if into is not None and into != source:
+                layout[source].add(into)
+                behind.setdefault((source, into), []).append(f"{module} -> {target}")
+    return layout, behind
+
+
+def test_layout_finder_sees_a_package_cycle() -> None:
+    graph = {"torchgpu.train.loop.epoch": {"torchgpu.train.guards.agreement"},
+             "torchgpu.train.guards.agreement": {"torchgpu.train.loop.tail"},
+             "torchgpu.train.loop.tail": set(), "torchgpu.train.config": set()}
+    layout, behind = train_layout(graph)
+    assert cycles(layout) == [["torchgpu.train.guards", "torchgpu.train.loop"]]
+    assert behind[("torchgpu.train.guards", "torchgpu.train.loop")] == [
+        "torchgpu.train.guards.agreement -> torchgpu.train.loop.tail"]
+
+
+def test_train_packages_are_layers() -> None:
+    """No two of train's sub-packages (or top-level modules) import each other, through
+    any path: e.g. the loop never imports a strategy, a checkpoint or an observer; they
+    hook into it."""
+    layout, behind = train_layout(import_graph())
+    assert {"torchgpu.train.loop", "torchgpu.train.strategies", "torchgpu.train.runner"
+            } <= set(layout)
+    found = cycles(layout)
+    detail = [
+        f"{' , '.join(component)} (imports: "
+        + "; ".join(edge for a in component for b in sorted(layout[a]) if b in component
+                    for edge in behind[(a, b)])
+        + ")"
+        for component in found
+    ]
+    assert not found, "sub-packages of torchgpu.train import each other:\n" + "\n".join(detail)
+
+
+def test_train_config_is_a_leaf() -> None:
+    """The settings (``TrainConfig``) import nothing of the engine: every part of it can
+    read them."""
+    imported = import_graph()["torchgpu.train.config"]
+    assert not {name for name in imported if name.startswith(TRAIN)}, imported

@@ -16,9 +16,9 @@ from torch.autograd import Function
 
 from torchgpu.accumulate import GradAccumulator
 from torchgpu.precision import Precision
-from torchgpu.train.backoff import LoopBackoff
-from torchgpu.train.loop import run_epoch
-from torchgpu.train.loop_parts import LoopParts
+from torchgpu.train.loop.backoff import LoopBackoff
+from torchgpu.train.loop.epoch import run_epoch
+from torchgpu.train.loop.parts import LoopParts
 from torchgpu.train.state import TrainState
 
 LIMIT = 16

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from tests.procs import test_env
-from torchgpu.train import loss_plot
-from torchgpu.train.loss_plot import render
-from torchgpu.train.outputs import EpochRecord, MetricsBuffer, plot_losses
+from torchgpu.train.outputs import loss_plot
+from torchgpu.train.outputs.files import EpochRecord, MetricsBuffer, plot_losses
+from torchgpu.train.outputs.loss_plot import render
 
 XS = list(range(1, 31))
 TRAIN = [500.0 / x for x in XS]
@@ -83,7 +83,7 @@ def test_unusual_losses_still_give_a_plot(tmp_path: Path, train: list[float],
 
 def test_drawing_imports_no_matplotlib() -> None:
     code = ("import sys, io\n"
-            "from torchgpu.train.loss_plot import render\n"
+            "from torchgpu.train.outputs.loss_plot import render\n"
             "render(io.BytesIO(), [1, 2], [2.0, 1.0], [3.0, 2.0], 't')\n"
             "assert 'matplotlib' not in sys.modules\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

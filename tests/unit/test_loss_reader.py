@@ -1,7 +1,7 @@
 """The loss read once per optimizer step, as on an accelerator, exercised on the CPU.
 
 On CUDA the loop keeps each micro-batch's loss on the device and reads the window once,
-in the step's pre-hook (torchgpu.train.loss_reader). Here the device is the CPU, so the
+in the step's pre-hook (torchgpu.train.loop.loss_reader). Here the device is the CPU, so the
 choice is forced (the ``per_step`` fixture); the syncs are counted through a
 TorchFunctionMode that sees every Tensor-to-host read (``item``, ``tolist``,
 ``float()``, ``bool()``, ``.cpu()``...). The GPU kit checks the same on CUDA with
@@ -25,8 +25,8 @@ from tests.user_models import TokenDataset, lm_factory
 from torchgpu import fit
 from torchgpu.bench.suites.train_step import loop_parts
 from torchgpu.errors import NonFiniteLossError
-from torchgpu.train import loop
-from torchgpu.train.loop import run_epoch
+from torchgpu.train.loop import epoch as loop
+from torchgpu.train.loop.epoch import run_epoch
 from torchgpu.train.state import TrainState
 
 SYNCS = {"item", "tolist", "__float__", "__bool__", "__int__", "__index__", "cpu", "numpy"}

@@ -149,9 +149,9 @@ def test_oom_backoff_replays_do_not_step_the_scheduler() -> None:
     from torchgpu.accumulate import GradAccumulator
     from torchgpu.models import HousingNet
     from torchgpu.precision import Precision
-    from torchgpu.train.backoff import LoopBackoff
-    from torchgpu.train.loop import run_epoch
-    from torchgpu.train.loop_parts import LoopParts
+    from torchgpu.train.loop.backoff import LoopBackoff
+    from torchgpu.train.loop.epoch import run_epoch
+    from torchgpu.train.loop.parts import LoopParts
     from torchgpu.train.state import TrainState
 
     def over_limit(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:

@@ -1,4 +1,4 @@
-"""The memory estimate a run records beside its measured peak (train/memory_check.py):
+"""The memory estimate a run records beside its measured peak (train/observe/memory_report.py):
 made on a meta twin of the trained model (the factory runs once per run), labelled with
 the devices that ran, and honest about what a CPU peak is."""
 
@@ -17,7 +17,7 @@ from torchgpu import estimate_memory, fit
 from torchgpu.distributed import free_port
 from torchgpu.memory.activation_checkpointing import apply_activation_checkpointing
 from torchgpu.train.config import TrainConfig
-from torchgpu.train.memory_check import memory_estimate, meta_twin
+from torchgpu.train.observe.memory_report import memory_estimate, meta_twin
 from torchgpu.train.task import user_task
 
 

@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from torchgpu.errors import ConfigError
-from torchgpu.train import memory_snapshot as ms
 from torchgpu.train.config import TrainConfig
-from torchgpu.train.memory_check import NOT_ASKED, annotate_devices, memory_estimate
+from torchgpu.train.observe import memory_snapshot as ms
+from torchgpu.train.observe.memory_report import NOT_ASKED, annotate_devices, memory_estimate
 from torchgpu.train.runner import train
 
 

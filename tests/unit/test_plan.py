@@ -8,18 +8,18 @@ from dataclasses import dataclass
 
 import pytest
 
-from torchgpu.cli.train import config_from_argv
+from torchgpu.cli.train_flags import config_from_argv
 from torchgpu.errors import PlanError, UsageError
+from torchgpu.planning.candidates import all_candidates, halvings, partition_by_capacity
 from torchgpu.planning.commands import run_device, train_command, train_settings
 from torchgpu.planning.decide import SMALL_STEP_BYTES, bf16_would_fit
 from torchgpu.planning.footprint import Footprint, LayerFootprint
 from torchgpu.planning.planner import plan_from_footprint
-from torchgpu.planning.strategies import all_candidates, halvings, partition_by_capacity
 from torchgpu.planning.targets import DeviceTarget, parse_devices
 from torchgpu.planning.workload import Workload
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.config_checks import validate
-from torchgpu.train.split_flags import device_list, parse_balance
+from torchgpu.train.strategies.split import device_list, parse_balance
 
 GiB = 1024**3
 MiB = 1024**2

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchgpu.cli.train import config_from_argv
+from torchgpu.cli.train_flags import config_from_argv
 from torchgpu.train.config import DEFAULT_PROFILE_STEPS, TrainConfig
-from torchgpu.train.observers import Observers
-from torchgpu.train.profiling import (
+from torchgpu.train.observe.observers import Observers
+from torchgpu.train.observe.profiler import (
     FORWARD_LABEL,
     TABLE_FILE,
     TRACE_FILE,
@@ -127,7 +127,7 @@ def test_a_trace_that_cannot_take_its_place_is_an_error_not_a_silent_loss(
     """torch's exporter only logs a failed rename; torchgpu checks the trace arrived and
     names the file in one paragraph, with no temporary left behind."""
     from torchgpu.errors import CheckpointWriteError
-    from torchgpu.train.profiling import export_trace
+    from torchgpu.train.observe.profiler import export_trace
 
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         torch.ones(4).sum()

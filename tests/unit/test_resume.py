@@ -35,7 +35,7 @@ from torchgpu.examples import housing
 from torchgpu.launch.stop_record import StopFlag
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.faults import crash_plan_from_env
-from torchgpu.train.report import TrainResult
+from torchgpu.train.outputs.report import TrainResult
 from torchgpu.train.runner import train
 from torchgpu.train.state import TrainState
 
@@ -155,7 +155,7 @@ def test_negative_controls_make_the_equivalence_fail(
     the equivalence test above can fail, so its passing means something."""
     out = tmp_path / "run"
     train_until(7, _config(out))
-    from torchgpu.train import checkpointing
+    from torchgpu.train.checkpoints import run_checkpoints as checkpointing
 
     if dropped == "rng":
         monkeypatch.setattr(checkpointing, "restore_rng_state", lambda state: None)
@@ -275,8 +275,10 @@ def test_trust_checkpoint_flag_reaches_the_loader(
 ) -> None:
     """`torchgpu train --trust-checkpoint` is the only way to resume from a state.pt that
     needs globals outside the weights-only allowlist."""
-    from torchgpu.checkpoint.layout import MANIFEST_FILE, manifest_bytes
-    from torchgpu.cli.train import config_from_argv, worker_argv
+    from torchgpu.checkpoint.layout import MANIFEST_FILE
+    from torchgpu.checkpoint.manifest import manifest_bytes
+    from torchgpu.cli.train import worker_argv
+    from torchgpu.cli.train_flags import config_from_argv
 
     trusting = config_from_argv(["--resume", "--out", "x", "--trust-checkpoint"])
     assert trusting.trust_checkpoint and "--trust-checkpoint" in worker_argv(trusting)
@@ -373,7 +375,7 @@ LONG = ["--example", "housing", "--data-size", "100", "--batch-size", "16", "--e
 @pytest.fixture(scope="module")
 def long_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
     """The uninterrupted LONG run (built-in model, as in the subprocesses)."""
-    from torchgpu.cli.train import config_from_argv
+    from torchgpu.cli.train_flags import config_from_argv
 
     out = tmp_path_factory.mktemp("long") / "run"
     with pytest.MonkeyPatch.context() as patch:

@@ -9,7 +9,7 @@ from torch.utils.data import TensorDataset
 
 from torchgpu.data import make_loader, set_epoch
 from torchgpu.data.shards import ShardBatches, ShardLayout
-from torchgpu.train.shard import Shard
+from torchgpu.train.strategies.shard import Shard
 
 
 def _numbers(n: int) -> TensorDataset:

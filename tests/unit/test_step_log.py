@@ -12,9 +12,10 @@ import pytest
 
 from tests.procs import run_cli
 from tests.step_limit import train_until
-from torchgpu.train import outputs, step_log
 from torchgpu.train.config import TrainConfig
-from torchgpu.train.outputs import MetricsBuffer
+from torchgpu.train.outputs import files as outputs
+from torchgpu.train.outputs import step_log
+from torchgpu.train.outputs.files import MetricsBuffer
 from torchgpu.train.runner import train
 
 BASE = {"example": "housing", "data_size": 100, "epochs": 3, "batch_size": 16,

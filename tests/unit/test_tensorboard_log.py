@@ -18,8 +18,8 @@ import pytest
 from tests.procs import run_main
 from torchgpu.errors import ConfigError
 from torchgpu.train.config import TrainConfig
+from torchgpu.train.observe.tensorboard import TB_DIR
 from torchgpu.train.runner import train
-from torchgpu.train.tblog import TB_DIR
 
 
 def _scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:

@@ -17,9 +17,9 @@ from torchgpu.accumulate import GradAccumulator
 from torchgpu.launch.stop_record import StopFlag
 from torchgpu.models import HousingNet
 from torchgpu.precision import Precision
-from torchgpu.train.agreement import FiniteGuard, NonFiniteGradients, RankAgreement
-from torchgpu.train.loop import run_epoch
-from torchgpu.train.loop_parts import LoopParts
+from torchgpu.train.guards.agreement import FiniteGuard, NonFiniteGradients, RankAgreement
+from torchgpu.train.loop.epoch import run_epoch
+from torchgpu.train.loop.parts import LoopParts
 from torchgpu.train.state import TrainState
 
 

@@ -17,9 +17,9 @@ from torchgpu.planning.footprint import Footprint, LayerFootprint
 from torchgpu.planning.planner import plan_from_footprint
 from torchgpu.planning.targets import parse_devices
 from torchgpu.planning.workload import Workload
-from torchgpu.train.auto_batch import apply_auto_batch, search_batch_size
 from torchgpu.train.auto_strategy import decide_strategy, planner_devices, step_bound_bytes
 from torchgpu.train.config import TrainConfig, resolve
+from torchgpu.train.guards.auto_batch import apply_auto_batch, search_batch_size
 from torchgpu.train.run_hooks import RunHooks
 from torchgpu.train.runner import train
 from torchgpu.train.simulated_memory import SIMULATE_ENV, SimulatedMemory, simulated_limit
@@ -132,7 +132,7 @@ def test_auto_runs_what_the_printed_command_runs(
     """`train --strategy auto` and `torchgpu plan`'s command share one translation."""
     import shlex
 
-    from torchgpu.cli.train import config_from_argv
+    from torchgpu.cli.train_flags import config_from_argv
 
     decision = decide_strategy(
         _config(), 1, housing, plan_fn=_fake_plan(footprint, devices), small_step_bytes=0,
@@ -161,12 +161,12 @@ def test_the_printed_pipeline_command_builds_the_planned_pipeline(housing: Any) 
     `torchgpu train` builds (stage devices cpu,cpu stand in for cuda:0,cuda:1)."""
     import shlex
 
-    from torchgpu.cli.train import config_from_argv
+    from torchgpu.cli.train_flags import config_from_argv
     from torchgpu.parallel.pipeline import Pipeline
+    from torchgpu.planning.candidates import all_candidates
     from torchgpu.planning.commands import train_command
     from torchgpu.planning.measure import measure_footprint
-    from torchgpu.planning.strategies import all_candidates
-    from torchgpu.train.split_strategies import build_split_model
+    from torchgpu.train.strategies.split import build_split_model
 
     model = housing.build_model()
     fp = measure_footprint(model, housing.train.tensors[0][:16])
@@ -238,7 +238,7 @@ def test_ranks_agree_on_the_smaller_limit(housing: Any) -> None:
     """The other rank fits 12: with agree = min over both ranks, this one (fits 30) gets 12.
     (Two real gloo ranks: tests/distributed/test_train_auto_batch_gloo.py.)"""
     from torchgpu.memory.batch_size_search import find_batch_size
-    from torchgpu.train.auto_batch import make_probe
+    from torchgpu.train.guards.auto_batch import make_probe
 
     probe = SimulatedMemory(30).wrap_probe(make_probe(
         nn.Linear(13, 1), nn.MSELoss(), *housing.train.tensors, torch.device("cpu")))

@@ -7,7 +7,8 @@ import datetime
 
 import pytest
 
-from torchgpu.cli.train import config_from_argv, worker_argv
+from torchgpu.cli.train import worker_argv
+from torchgpu.cli.train_flags import config_from_argv
 from torchgpu.errors import ConfigError, TorchGpuError, UsageError
 from torchgpu.train.config import EXAMPLE_DEFAULTS, TrainConfig, resolve
 from torchgpu.train.config_checks import validate

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from torchgpu.train import build
+from torchgpu.train import placing as build
 from torchgpu.train.config import TrainConfig
 
 

@@ -19,10 +19,10 @@ from torchgpu.launch.stop_record import StopFlag
 from torchgpu.models import HousingNet
 from torchgpu.precision import Precision
 from torchgpu.train.config import TrainConfig
-from torchgpu.train.evaluation import evaluate
-from torchgpu.train.loop import run_epoch, start_epoch
-from torchgpu.train.loop_parts import LoopParts
-from torchgpu.train.progress import NullProgress, PlainProgress, make_progress
+from torchgpu.train.loop.epoch import run_epoch, start_epoch
+from torchgpu.train.loop.parts import LoopParts
+from torchgpu.train.observe.progress import NullProgress, PlainProgress, make_progress
+from torchgpu.train.outputs.evaluation import evaluate
 from torchgpu.train.runner import train
 from torchgpu.train.state import TrainState
 
@@ -175,7 +175,7 @@ def test_stop_flag_ends_the_epoch_at_a_step_boundary() -> None:
 
 def test_epoch_order_depends_only_on_seed_and_epoch() -> None:
     from torchgpu.data import make_loader
-    from torchgpu.train.shard import Shard
+    from torchgpu.train.strategies.shard import Shard
 
     data = torch.utils.data.TensorDataset(torch.arange(40.0).unsqueeze(1), torch.zeros(40, 1))
 
@@ -236,7 +236,7 @@ def test_a_stop_after_the_last_step_stops_nothing(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """A signal landing during the last evaluation: the run has finished, so the summary
     must not claim an early stop (nor name a stop step)."""
-    from torchgpu.train import run_steps
+    from torchgpu.train.strategies import run_steps
 
     stop = StopFlag()
     real = run_steps.evaluate

@@ -13,10 +13,11 @@ from torch import nn
 
 from torchgpu.accumulate import GradAccumulator
 from torchgpu.precision import Precision
-from torchgpu.train import loop
-from torchgpu.train.backoff import LoopBackoff, WindowRandomState
-from torchgpu.train.loop import run_epoch
-from torchgpu.train.loop_parts import LoopParts
+from torchgpu.train.loop import epoch as loop
+from torchgpu.train.loop.backoff import LoopBackoff
+from torchgpu.train.loop.epoch import run_epoch
+from torchgpu.train.loop.parts import LoopParts
+from torchgpu.train.loop.random_state import WindowRandomState
 from torchgpu.train.state import TrainState
 
 Batches = list[tuple[torch.Tensor, torch.Tensor]]
@@ -26,7 +27,7 @@ Batches = list[tuple[torch.Tensor, torch.Tensor]]
 @pytest.fixture(autouse=True, params=["micro-batch", "step"])
 def loss_read(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every case with the loss read per micro-batch (the CPU's way) and once per
-    optimizer step (an accelerator's: torchgpu.train.loss_reader)."""
+    optimizer step (an accelerator's: torchgpu.train.loop.loss_reader)."""
     if request.param == "step":
         monkeypatch.setattr(loop, "per_step_optimizer", lambda device, acc: acc.optimizer)
 

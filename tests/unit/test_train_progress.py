@@ -6,13 +6,13 @@ import io
 
 import pytest
 
-from torchgpu.train.outputs import EpochRecord
-from torchgpu.train.progress import (
+from torchgpu.train.observe.progress import (
     PlainProgress,
     RichProgress,
     process_rss_bytes,
     read_process_rss,
 )
+from torchgpu.train.outputs.files import EpochRecord
 from torchgpu.train.state import TrainState
 
 

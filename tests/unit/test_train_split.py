@@ -21,16 +21,15 @@ from torchgpu.parallel.pipeline import Pipeline
 from torchgpu.precision import Precision
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.config_checks import validate
-from torchgpu.train.evaluation import evaluate
-from torchgpu.train.loop import run_epoch
-from torchgpu.train.loop_parts import LoopParts
+from torchgpu.train.loop.epoch import run_epoch
+from torchgpu.train.loop.parts import LoopParts
 from torchgpu.train.metrics import Accuracy
+from torchgpu.train.outputs.evaluation import evaluate
 from torchgpu.train.runner import train
-from torchgpu.train.split_flags import parse_balance
-from torchgpu.train.split_strategies import build_split_model, default_chunks
-from torchgpu.train.stage_strategy import chunk_ok, chunks_for_rows
 from torchgpu.train.state import TrainState
 from torchgpu.train.strategies import check_config
+from torchgpu.train.strategies.split import build_split_model, default_chunks, parse_balance
+from torchgpu.train.strategies.stages.trainer import chunk_ok, chunks_for_rows
 from torchgpu.train.task import Task
 
 HOUSING = {"example": "housing", "data_size": 90, "epochs": 2, "batch_size": 8,

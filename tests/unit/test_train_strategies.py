@@ -17,7 +17,7 @@ from torchgpu.train import strategies
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.config_checks import validate
 from torchgpu.train.strategies import Features, Strategy
-from torchgpu.train.strategies.stages import STAGES
+from torchgpu.train.strategies.stages.strategy import STAGES
 
 
 class Doubled(Strategy):

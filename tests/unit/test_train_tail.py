@@ -11,11 +11,11 @@ from torchgpu.accumulate import GradAccumulator
 from torchgpu.data.shards import ShardLayout
 from torchgpu.models import HousingNet
 from torchgpu.precision import Precision
-from torchgpu.train.backoff import LoopBackoff
-from torchgpu.train.loop import run_epoch
-from torchgpu.train.loop_parts import LoopParts
+from torchgpu.train.loop.backoff import LoopBackoff
+from torchgpu.train.loop.epoch import run_epoch
+from torchgpu.train.loop.parts import LoopParts
+from torchgpu.train.loop.tail import EmptySafeLoss, TailWindows
 from torchgpu.train.state import TrainState
-from torchgpu.train.tail import EmptySafeLoss, TailWindows
 
 Batches = list[tuple[torch.Tensor, torch.Tensor]]
 

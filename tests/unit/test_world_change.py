@@ -1,4 +1,5 @@
-"""The arithmetic of resuming on another number of processes (torchgpu.train.world_change):
+"""The arithmetic of resuming on another number of processes
+(torchgpu.train.checkpoints.world_change):
 every sample of the epoch is trained exactly once across the change, the accumulation
 keeps the effective batch, and what cannot keep it, or keeps the world fixed, is said."""
 
@@ -13,9 +14,9 @@ import pytest
 
 from torchgpu.data.shards import ShardBatches
 from torchgpu.errors import ResumeError
+from torchgpu.train.checkpoints.world_change import WorldChange, at_load, plan
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.state import TrainState
-from torchgpu.train.world_change import WorldChange, at_load, plan
 
 SAMPLES = 85  # 5 samples in the last global batch of 16: the short tail is crossed
 

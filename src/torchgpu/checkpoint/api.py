@@ -33,12 +33,12 @@ from torchgpu.checkpoint.layout import (
     MODEL_FILE,
     STATE_FILE,
     check_weights_only_safe,
-    manifest_bytes,
     meta_bytes,
     model_bytes,
     read_meta,
     torch_bytes,
 )
+from torchgpu.checkpoint.manifest import manifest_bytes
 from torchgpu.checkpoint.readers import read_pickle
 from torchgpu.checkpoint.rng import capture_rng_state, restore_rng_state
 from torchgpu.checkpoint.sharded_load import is_sharded, load_sharded_states

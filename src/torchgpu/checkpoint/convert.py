@@ -32,14 +32,9 @@ from torchgpu.checkpoint.discover import (
 )
 from torchgpu.checkpoint.files import show
 from torchgpu.checkpoint.inspect import common_prefix, wrapper_prefixes
-from torchgpu.checkpoint.keys import (
-    candidate_states,
-    metadata_of,
-    normalize,
-    remap_metadata,
-    with_metadata,
-)
+from torchgpu.checkpoint.keys import candidate_states, normalize, remap_metadata
 from torchgpu.checkpoint.layout import split_shared, torch_bytes
+from torchgpu.checkpoint.module_metadata import metadata_of, with_metadata
 from torchgpu.checkpoint.sources import read_weights
 from torchgpu.errors import CheckpointError, CheckpointFormatError
 

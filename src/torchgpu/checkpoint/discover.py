@@ -27,11 +27,9 @@ from torchgpu.checkpoint.layout import (
     MODEL_FILE,
     STATE_FILE,
     commit_order,
-    is_complete,
-    read_manifest,
     read_meta,
-    verify_directory,
 )
+from torchgpu.checkpoint.manifest import is_complete, read_manifest, verify_directory
 from torchgpu.errors import CheckpointCorruptError, CheckpointError, CheckpointFormatError
 
 LATEST = "latest"

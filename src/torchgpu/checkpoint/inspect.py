@@ -27,14 +27,8 @@ from torchgpu.checkpoint.discover import (
 )
 from torchgpu.checkpoint.files import show
 from torchgpu.checkpoint.keys import candidate_states
-from torchgpu.checkpoint.layout import (
-    ALIASES_KEY,
-    MANIFEST_FILE,
-    MODEL_FILE,
-    is_complete,
-    read_manifest,
-    read_meta,
-)
+from torchgpu.checkpoint.layout import ALIASES_KEY, MANIFEST_FILE, MODEL_FILE, read_meta
+from torchgpu.checkpoint.manifest import is_complete, read_manifest
 from torchgpu.checkpoint.readers import read_pickle, safetensors_header, sniff, unsafe_globals
 from torchgpu.checkpoint.sources import INDEX_FILE, WEIGHT_FILES
 from torchgpu.errors import CheckpointError, CheckpointFormatError

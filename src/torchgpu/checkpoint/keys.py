@@ -25,6 +25,13 @@ from typing import Any, TypeGuard
 import torch
 from torch import nn
 
+from torchgpu.checkpoint.module_metadata import (
+    key_space_modules,
+    legacy_keys,
+    metadata_of,
+    with_metadata,
+    without_prefix,
+)
 from torchgpu.checkpoint.ties import tie_groups, tied_elsewhere
 from torchgpu.errors import CheckpointError
 
@@ -81,26 +88,6 @@ def is_state_dict(obj: object) -> TypeGuard[Mapping[str, object]]:
         return False
     tensors = sum(isinstance(v, torch.Tensor) for v in obj.values())
     return tensors > 0 and tensors >= len(obj) / 2
-
-
-def metadata_of(state: object) -> Mapping[object, object] | None:
-    """The ``_metadata`` a ``state_dict()`` carries (module path -> ``{"version": N}``),
-    or ``None``. Torch's version-aware loading (``_load_from_state_dict`` reading
-    ``local_metadata["version"]``) needs it to upgrade old layouts, e.g. a BatchNorm
-    state dict of version 1 without ``num_batches_tracked``."""
-    metadata = getattr(state, "_metadata", None)
-    return metadata if isinstance(metadata, Mapping) else None
-
-
-def with_metadata(state: Mapping[str, object],
-                  metadata: Mapping[str, object] | Mapping[object, object] | None
-                  ) -> dict[str, object]:
-    """A copy of ``state`` carrying ``metadata`` as ``_metadata`` (an ``OrderedDict``,
-    like ``state_dict()`` returns, since a plain dict cannot hold the attribute)."""
-    copy: OrderedDict[str, object] = OrderedDict(state)
-    if metadata is not None:
-        copy._metadata = OrderedDict(metadata)  # type: ignore[attr-defined]
-    return copy
 
 
 def remap_metadata(metadata: Mapping[object, object], strip: str, add: str,
@@ -241,43 +228,6 @@ def mapping_error(report: KeyMapping, source: Mapping[str, object],
     return CheckpointError(" ".join(parts))
 
 
-def _legacy_keys(missing: tuple[str, ...], current: Mapping[str, Mapping[object, object]],
-                 metadata: Mapping[str, Mapping[object, object]]) -> set[str]:
-    """The ``missing`` target keys that torch's version-aware loading may supply: keys
-    owned directly by a module whose current version (``current``: the target's own
-    ``state_dict()._metadata``) is above 1 while the source records an older version (or
-    none) for it -- BatchNorm's ``num_batches_tracked``, added in version 2, is the
-    classic case. Both are keyed by the module paths of the state dict's key space,
-    which is not always the module tree (a split model's keys are its inner model's)."""
-    found = set()
-    for key in missing:
-        path, _, _name = key.rpartition(".")
-        version = current.get(path, {}).get("version", 1)
-        saved = metadata.get(path, {}).get("version")
-        if isinstance(version, int) and version > 1 and (
-                not isinstance(saved, int) or saved < version):
-            found.add(key)
-    return found
-
-
-def _key_space_modules(model: nn.Module, target: Mapping[str, object]
-                       ) -> dict[str, dict[object, object]]:
-    """Module path -> ``{"version": N}`` in the key space of ``model.state_dict()``.
-
-    Taken from the ``_metadata`` torch's ``state_dict()`` records while it walks the
-    modules, so it follows whatever the model's ``state_dict`` delegates to (a split
-    model or pipeline gives its inner model's keys under ``module.``-less paths; DDP,
-    DataParallel and torch.compile keep ``module.`` / ``_orig_mod.``) -- exactly the
-    paths ``load_state_dict`` looks versions up under. A state dict without metadata
-    falls back to the module tree."""
-    recorded = metadata_of(target)
-    if recorded is not None:
-        return {path: dict(info) for path, info in recorded.items()
-                if isinstance(path, str) and isinstance(info, Mapping)}
-    return {name: {"version": getattr(type(module), "_version", 1)}
-            for name, module in model.named_modules()}
-
-
 def _loader(model: nn.Module) -> tuple[nn.Module, str]:
     """``(module, prefix)``: the module to call ``load_state_dict`` on, and the prefix its
     keys lack compared with ``model.state_dict()``.
@@ -300,18 +250,6 @@ def _loader(model: nn.Module) -> tuple[nn.Module, str]:
     if type(inner).load_state_dict is nn.Module.load_state_dict:
         return model, ""
     return inner, prefix
-
-
-def _without(prefix: str, state: Mapping[str, object],
-             metadata: Mapping[str, dict[object, object]] | None) -> dict[str, object]:
-    """``state`` (every key starting with ``prefix``) and its module-path ``metadata``
-    with ``prefix`` removed; metadata of the wrappers above it is dropped."""
-    keys = {k[len(prefix):]: v for k, v in state.items()}
-    if metadata is None:
-        return with_metadata(keys, None)
-    inner = {f"{path}."[len(prefix):].removesuffix("."): info
-             for path, info in metadata.items() if f"{path}.".startswith(prefix)}
-    return with_metadata(keys, inner)
 
 
 def load_state_dict(
@@ -359,13 +297,13 @@ def load_state_dict(
         candidates = [("", {})]  # nothing to load into a model with no state: torch agrees
     report, pairs, source = match_keys(candidates, target)
     saved = metadata_of(source)
-    current = _key_space_modules(model, target)
+    current = key_space_modules(model, target)
     modules = {normalize(path): path for path in current}
     metadata = (remap_metadata(saved, report.strip, report.add, modules)
                 if saved is not None else None)
     ties = tie_groups(target)
     tied = tied_elsewhere(target, pairs.values(), ties)  # loaded through another name
-    legacy = _legacy_keys(report.missing, current, metadata or {})
+    legacy = legacy_keys(report.missing, current, metadata or {})
     expected = replace(report, missing=tuple(k for k in report.missing
                                              if k not in legacy and k not in tied))
     if (strict and not expected.exact) or (report.matched == 0 and not expected.exact):
@@ -381,7 +319,7 @@ def load_state_dict(
             "nothing was loaded. Convert them with torch.as_tensor(...) or use a state dict "
             "saved by model.state_dict()")
     loader, prefix = _loader(model)
-    remapped = _without(prefix, {pairs[k]: source[k] for k in source if k in pairs}, metadata)
+    remapped = without_prefix(prefix, {pairs[k]: source[k] for k in source if k in pairs}, metadata)
     # strict=False here: the strict check was done above, before any weight was copied,
     # and torch's own check would fail on the keys its version-aware loading supplies.
     try:

@@ -55,10 +55,10 @@ from torchgpu.checkpoint.layout import (
     SHARDS_DIR,
     STATE_FILE,
     check_weights_only_safe,
-    manifest_bytes,
     meta_bytes,
     torch_bytes,
 )
+from torchgpu.checkpoint.manifest import manifest_bytes
 from torchgpu.checkpoint.rng import capture_rng_state
 from torchgpu.checkpoint.sharded_load import (
     MODEL_KEY,

@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from torchgpu.checkpoint import files
-from torchgpu.checkpoint.layout import SHARDED, SHARDS_DIR, read_manifest, read_meta
+from torchgpu.checkpoint.layout import SHARDED, SHARDS_DIR, read_meta
+from torchgpu.checkpoint.manifest import read_manifest
 from torchgpu.errors import CheckpointCorruptError, CheckpointError
 
 MODEL_KEY, OPTIM_KEY = "model", "optim"  # the top-level entries of the DCP state
@@ -111,7 +112,7 @@ def load_sharded_states(directory: str | Path, model: nn.Module,
     ``model`` / ``optimizer`` on any world size: FSDP2-sharded, DDP-wrapped or plain,
     in a process group of any size or none (DCP re-shards on load). Collective when a
     process group is initialised: every rank calls it. Verify the files first
-    (:func:`~torchgpu.checkpoint.layout.verify_directory`); this checks the shard
+    (:func:`~torchgpu.checkpoint.manifest.verify_directory`); this checks the shard
     metadata against the manifest. A state that does not fit the model is a
     :class:`CheckpointError` naming the checkpoint."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict

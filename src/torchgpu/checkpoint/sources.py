@@ -24,8 +24,8 @@ from torchgpu.checkpoint.layout import (
     MODEL_FILE,
     STATE_FILE,
     apply_aliases,
-    verify_directory,
 )
+from torchgpu.checkpoint.manifest import verify_directory
 from torchgpu.checkpoint.readers import read_pickle, read_safetensors, sniff
 from torchgpu.checkpoint.sharded_load import is_sharded, read_sharded_model
 from torchgpu.errors import CheckpointCorruptError, CheckpointFormatError
@@ -48,7 +48,7 @@ def read_file(path: Path, *, trust: bool = False, map_location: MAP_LOCATION = "
 
 
 def verify_before_loading(directory: Path) -> dict[str, int]:
-    """:func:`~torchgpu.checkpoint.layout.verify_directory` for a loader: a missing
+    """:func:`~torchgpu.checkpoint.manifest.verify_directory` for a loader: a missing
     manifest is a :class:`CheckpointCorruptError` that also names the opt-out."""
     if not files.exists(directory / MANIFEST_FILE):
         gone = [name for name in (STATE_FILE, META_FILE) if not files.exists(directory / name)]

@@ -154,7 +154,7 @@ def _shards_line(directory: Path) -> str:
 def _verify(path: Path) -> int:
     from torchgpu.checkpoint.discover import newest_verified
     from torchgpu.checkpoint.files import exists, show
-    from torchgpu.checkpoint.layout import verify_directory
+    from torchgpu.checkpoint.manifest import verify_directory
 
     if not exists(path):
         return fail(f"{show(path)}: no such file or directory. Check the path", EXIT_USAGE)

@@ -9,23 +9,24 @@ found. Never initialises CUDA.
 
 ``torchgpu doctor --model module:factory --input-shape 2,3,128,128 [--devices
 cuda:0,cuda:1]`` instead runs the fake-device placement check of
-:func:`torchgpu.placement.check_placement` and exits 0 when the placement is sound, 1
-when a module or tensor is on the wrong device, 2 when it could not check (the factory
-raised, or the forward failed for another reason, such as a wrong --input-shape).
+:func:`torchgpu.placement.check_placement` (:mod:`.doctor_placement`) and exits 0 when
+the placement is sound, 1 when a module or tensor is on the wrong device, 2 when it could
+not check (the factory raised, or the forward failed for another reason, such as a wrong
+--input-shape).
 
 The checks are a pure function, :func:`find_problems`, over an :class:`EnvSnapshot`.
 """
 
 from __future__ import annotations
 
-import importlib
-import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
-from torchgpu.cli.common import ArgumentParser, parse_int
+import torch
+
+from torchgpu.cli.common import ArgumentParser
+from torchgpu.cli.doctor_placement import check_model_placement
 from torchgpu.devices import nvml
 from torchgpu.devices.cuda_status import cuda_device_count, driver_evidence
 from torchgpu.devices.visible import (
@@ -69,7 +70,6 @@ class Finding:
 
 def take_snapshot() -> EnvSnapshot:
     """Read this machine: torch build, NVML, driver traces and the variables."""
-    import torch  # here, not at the top: a mistyped flag or --help answers without it
 
     nccl: bool | None = None
     if torch.version.cuda is not None:
@@ -329,73 +329,6 @@ def format_findings(findings: list[Finding], s: EnvSnapshot) -> str:
     return "\n".join(lines)
 
 
-#: Largest input batch the placement check builds, in elements: its fake tensors hold
-#: no memory, but torch computes their size in bytes as a signed 64-bit number.
-MAX_INPUT_ELEMENTS = 2**60
-#: Largest GPU index a device string may name: torch keeps device indices in 8 bits
-#: (cuda:128 silently becomes cuda:-128).
-MAX_DEVICE_INDEX = 127
-
-
-def _shape(text: str) -> tuple[int, ...]:
-    parts = [p.strip() for p in text.split(",")]
-    if not parts or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise UsageError(
-            f"--input-shape {text!r} is not a shape: use positive integers separated by "
-            "commas, batch first, e.g. --input-shape 2,3,128,128"
-        )
-    shape = tuple(parse_int("--input-shape", p, 1, MAX_INPUT_ELEMENTS, " (one dimension)")
-                  for p in parts)
-    if math.prod(shape) > MAX_INPUT_ELEMENTS:
-        raise UsageError(
-            f"--input-shape {text} holds {math.prod(shape):.3g} elements, more than the "
-            f"{MAX_INPUT_ELEMENTS:.3g} (2**60) torch can size: give the shape of one real "
-            "input batch, batch first, e.g. --input-shape 2,3,128,128"
-        )
-    return shape
-
-
-def _device_list(devices: str) -> list[str]:
-    """``--devices`` as a list of ``cpu``, ``cuda`` and ``cuda:N`` (N in
-    0..MAX_DEVICE_INDEX), else UsageError naming the entry."""
-    listed = [d.strip() for d in devices.split(",")]
-    if not all(listed):
-        raise UsageError(
-            f"--devices {devices!r} has an empty entry: use e.g. --devices cuda:0,cuda:1"
-        )
-    for entry in listed:
-        kind, colon, index = entry.partition(":")
-        if kind not in ("cpu", "cuda") or (colon and (kind != "cuda" or not index.isdigit())):
-            raise UsageError(
-                f"--devices {devices!r}: {entry!r} is not a device the check can place: use "
-                "cpu, cuda or cuda:N, e.g. --devices cuda:0,cuda:1"
-            )
-        if index:
-            parse_int(f"--devices {entry}: the GPU index", index, 0, MAX_DEVICE_INDEX,
-                      " (torch keeps device indices in 8 bits)")
-    return listed
-
-
-def _placement(model: str, input_shape: str | None, devices: str | None) -> int:
-    if input_shape is None:
-        raise UsageError(
-            "--model needs --input-shape (the shape of one input batch, batch first), "
-            "e.g. --input-shape 2,3,128,128"
-        )
-    shape = _shape(input_shape)
-    device_list = _device_list(devices) if devices is not None else None
-    from torchgpu.factories import resolve_factory  # imports torch
-
-    factory = resolve_factory(model)
-    # Imported here: the placement check is heavy and only needed with --model.
-    placement: Any = importlib.import_module("torchgpu.placement")
-    report = placement.check_placement(factory, shape, device_list)
-    if getattr(report, "error", None):  # not checked: the factory or --input-shape is wrong
-        raise UsageError(f"--model {model}: {report.error}")
-    print(report.format())
-    return 0 if report.ok else 1
-
-
 def main(argv: list[str]) -> int:
     parser = ArgumentParser(
         prog="torchgpu doctor",
@@ -406,7 +339,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--devices", metavar="LIST", help="e.g. cuda:0,cuda:1 (for --model)")
     args = parser.parse_args(argv)
     if args.model is not None:
-        return _placement(args.model, args.input_shape, args.devices)
+        return check_model_placement(args.model, args.input_shape, args.devices)
     if args.input_shape is not None or args.devices is not None:
         raise UsageError("--input-shape and --devices go with --model module:factory")
     snapshot = take_snapshot()

@@ -34,15 +34,21 @@ from typing import TYPE_CHECKING, Any
 
 from torchgpu.cli.common import ArgumentParser
 from torchgpu.errors import PlanError, UsageError
-from torchgpu.planning.targets import ACCEPTED, HEADROOM, parse_devices
+from torchgpu.planning.candidates import Candidate, all_candidates
+from torchgpu.planning.decide import Plan
+from torchgpu.planning.footprint import Footprint
+from torchgpu.planning.planner import plan_from_footprint
+from torchgpu.planning.report import document
+from torchgpu.planning.targets import ACCEPTED, HEADROOM, DeviceTarget, parse_devices
+from torchgpu.planning.workload import Workload
 from torchgpu.sizes import format_bytes
 
 if TYPE_CHECKING:
     # torch, rich and the planner are imported once the flags parsed (in main, _render):
     # a mistyped flag or --help answers without importing torch.
+    from torchgpu.planning.candidates import Candidate
     from torchgpu.planning.decide import Plan
     from torchgpu.planning.footprint import Footprint
-    from torchgpu.planning.strategies import Candidate
     from torchgpu.planning.targets import DeviceTarget
     from torchgpu.planning.workload import Workload
 
@@ -139,9 +145,6 @@ def main(argv: list[str]) -> int:
     targets = parse_devices(args.devices)  # before the model: bad devices fail fast
     import torch
 
-    from torchgpu.planning.planner import plan_from_footprint
-    from torchgpu.planning.report import document
-    from torchgpu.planning.strategies import all_candidates
     from torchgpu.planning.workload import Workload
 
     pairs = False

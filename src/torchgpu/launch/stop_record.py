@@ -98,7 +98,7 @@ class StopFlag:
     the next optimizer-step boundary. A second SIGINT while the flag is already set
     raises KeyboardInterrupt as usual, so a stuck run can still be interrupted; a
     second SIGTERM only shortens the stop's bound (``signals`` counts them;
-    :mod:`torchgpu.train.stop_deadline`).
+    :mod:`torchgpu.train.guards.stop_deadline`).
 
     ``signal_name``: why the run stops (``"SIGTERM"``, ``"step limit"``; under DDP
     ``"SIGTERM on rank 1"`` on the ranks that got no signal). ``steps_by_rank``: set

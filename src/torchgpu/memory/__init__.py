@@ -39,8 +39,8 @@ if TYPE_CHECKING:  # the exports, one name per line (read by torchgpu._lazy)
     )
     from torchgpu.memory.batch_size_search import find_batch_size as find_batch_size
     from torchgpu.memory.batch_size_search import keep_effective as keep_effective
-    from torchgpu.memory.estimate.estimator import MemoryEstimate as MemoryEstimate
     from torchgpu.memory.estimate.estimator import estimate_memory as estimate_memory
+    from torchgpu.memory.estimate.result import MemoryEstimate as MemoryEstimate
     from torchgpu.memory.oom import OOMBackoff as OOMBackoff
     from torchgpu.memory.oom import is_oom as is_oom
     from torchgpu.memory.repeated_blocks import find_repeated_blocks as find_repeated_blocks

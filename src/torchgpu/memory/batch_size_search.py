@@ -65,7 +65,7 @@ def find_batch_size(
     Grows from ``start`` by doubling until a probe fails or ``max_size`` is reached, then
     binary-searches between the last size that fit and the first that failed (below
     ``start`` if ``start`` itself fails). ``agree`` returns the minimum of an int over all
-    ranks (default :func:`torchgpu.distributed.agree_min`, the identity without a
+    ranks (default :func:`torchgpu.collectives.agree_min`, the identity without a
     process group): collective, so every rank must call this function together.
     ``release`` runs after each failed probe (default: garbage collection and
     ``torch.cuda.empty_cache()`` when CUDA is initialised); ``try_step`` should not keep

@@ -36,7 +36,7 @@ the same decision, or the next collective hangs. :meth:`OOMBackoff.check` is the
 collective: every rank calls it after every attempt, with the error it caught or
 ``None``; the ranks agree on "any rank ran out of memory" and on the new micro-batch
 through one injectable ``agree`` callable (the minimum of an int over ranks,
-:func:`torchgpu.distributed.agree_min` by default, which is the identity without a
+:func:`torchgpu.collectives.agree_min` by default, which is the identity without a
 process group). Under DDP the gradient all-reduce runs inside ``backward``, so a rank
 that fails before reaching it leaves the others waiting there; the loop must reach the
 agreement before that collective (run the micro-steps under ``no_sync`` and agree
@@ -121,9 +121,9 @@ def is_oom(error: BaseException | None) -> bool:
 
 
 def default_agree() -> Agree:
-    """:func:`torchgpu.distributed.agree_min`: the minimum over ranks, identity when not
+    """:func:`torchgpu.collectives.agree_min`: the minimum over ranks, identity when not
     distributed. Imported on first use so this module stays cheap to import."""
-    from torchgpu.distributed import agree_min
+    from torchgpu.collectives import agree_min
 
     agree: Agree = agree_min
     return agree
@@ -224,7 +224,7 @@ class OOMBackoff:
     raises :class:`OutOfMemoryBackoffError` with the numbers and the fix. ``device``
     (optional) is named in that error, with its memory figures when CUDA is initialised.
     ``agree`` returns the minimum of an int over all ranks (see the module docstring);
-    tests inject a fake, the default is :func:`torchgpu.distributed.agree_min`.
+    tests inject a fake, the default is :func:`torchgpu.collectives.agree_min`.
     """
 
     def __init__(

@@ -366,3 +366,9 @@ def split_model(
     counts = resolve_balance(layers, devs, balance, sample)
     return SplitModel(owner, layers, devs, counts, [name for name, _ in named])
 
+
+
+def placed_output_device(model: nn.Module) -> torch.device | None:
+    """Where ``model``'s output lives when it places its stages itself (a
+    :class:`SplitModel`, a pipeline included: labels go there), else None."""
+    return model.output_device if isinstance(model, SplitModel) else None

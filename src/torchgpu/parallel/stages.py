@@ -22,11 +22,8 @@ than 1F1B needs runs as GPipe (interleaved: looped BFS) — the same gradients. 
 stage's shape inference (torch runs the stage once) leaves the module's buffers, e.g.
 BatchNorm's running statistics, untouched.
 
-Schedule rules (checked up front by :func:`check_schedule`): 1F1B needs
-``chunks >= stages`` (every stage must have a micro-batch in flight before the first
-backward); interleaved 1F1B holds ``stages_per_rank`` stages per rank (rank ``r``
-gets stages ``r, r + P, r + 2P, ...``) and needs ``chunks`` to be a multiple of the
-number of ranks P.
+The schedule rules are :mod:`torchgpu.parallel.stage_schedules`; the split-size sweep
+across ranks is :mod:`torchgpu.parallel.stage_chunks`.
 """
 
 from __future__ import annotations
@@ -42,7 +39,7 @@ import torch.distributed as dist
 from torch import nn
 
 from torchgpu.errors import ConfigError, DistributedError
-from torchgpu.parallel.chunks import ChunkChoice, micro_batch_groups, sweep_chunks
+from torchgpu.parallel.chunks import micro_batch_groups
 from torchgpu.parallel.microbatch import batch_size
 from torchgpu.parallel.model import (
     BalanceSpec,
@@ -51,6 +48,7 @@ from torchgpu.parallel.model import (
     resolve_balance,
 )
 from torchgpu.parallel.stage_forward import StageForward, stage_class
+from torchgpu.parallel.stage_schedules import check_schedule, stage_indices
 
 if TYPE_CHECKING:
     from torch.distributed.pipelining.schedules import (
@@ -59,48 +57,10 @@ if TYPE_CHECKING:
     )
     from torch.distributed.pipelining.stage import _PipelineStageBase
 
-__all__ = [
-    "MAX_CACHED_SHAPES", "SCHEDULES", "StagePipeline", "check_schedule", "choose_stage_chunks",
-    "partition", "stage_indices",
-]
+__all__ = ["MAX_CACHED_SHAPES", "StagePipeline", "partition"]
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b")
 #: Batch shapes whose schedules (and torch stages) are kept; the least recent is dropped.
 MAX_CACHED_SHAPES = 8
-
-
-def check_schedule(schedule: str, chunks: int, num_ranks: int, stages_per_rank: int = 1) -> None:
-    """Raise ConfigError if ``schedule`` cannot run ``chunks`` micro-batches on
-    ``num_ranks`` ranks with ``stages_per_rank`` stages each."""
-    if schedule not in SCHEDULES:
-        raise ConfigError(f"schedule {schedule!r} is not known: use one of {', '.join(SCHEDULES)}")
-    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
-        raise ConfigError(f"chunks={chunks!r} must be a positive integer (micro-batches per step)")
-    if stages_per_rank < 1 or (schedule != "interleaved1f1b" and stages_per_rank != 1):
-        raise ConfigError(
-            f"stages_per_rank={stages_per_rank} needs schedule='interleaved1f1b' (and >= 1); "
-            "gpipe and 1f1b run exactly one stage per rank"
-        )
-    stages = num_ranks * stages_per_rank
-    if schedule == "1f1b" and chunks < stages:
-        raise ConfigError(
-            f"1F1B needs at least as many micro-batches as stages, got chunks={chunks} for "
-            f"{stages} "
-            f"stages: every stage must hold a micro-batch before the first backward; use "
-            f"chunks>={stages} or schedule='gpipe'"
-        )
-    if schedule == "interleaved1f1b" and chunks % num_ranks != 0:
-        raise ConfigError(
-            f"interleaved 1F1B needs chunks to be a multiple of the {num_ranks} ranks, got "
-            f"chunks={chunks}: "
-            f"use chunks={max(num_ranks, chunks - chunks % num_ranks)} or "
-            f"{chunks + num_ranks - chunks % num_ranks}"
-        )
-
-
-def stage_indices(rank: int, world_size: int, stages_per_rank: int = 1) -> list[int]:
-    """The stages rank ``rank`` runs: ``rank, rank + P, ...`` (looped placement)."""
-    return [rank + k * world_size for k in range(stages_per_rank)]
 
 
 def partition(
@@ -425,60 +385,3 @@ def _concat(parts: list[Any]) -> Any:  # the last layer's outputs
     if isinstance(parts[0], torch.Tensor):
         return torch.cat(parts)
     return type(parts[0])(_concat(list(items)) for items in zip(*parts, strict=True))
-
-
-def choose_stage_chunks(
-    pipe: StagePipeline,
-    x: object,
-    target: object,
-    candidates: Sequence[int],
-    steps: int = 3,
-    warmup: int = 1,
-) -> ChunkChoice:
-    """The split-size sweep across ranks: every rank runs the same interleaved rounds;
-    rank 0's timings decide and the choice is broadcast. Candidates the schedule cannot
-    run (e.g. 1F1B below the stage count) are skipped; ``pipe.chunks`` is left unchanged.
-    Gradients and buffers (BatchNorm statistics) are restored afterwards; the weights
-    are never stepped."""
-    ok = []
-    for m in candidates:
-        try:
-            check_schedule(pipe.schedule_name, m, pipe.world_size, pipe.stages_per_rank)
-            ok.append(m)
-        except ConfigError:
-            continue
-    original = pipe.chunks
-    buffers = [b for m in pipe.modules for b in m.buffers()]
-    saved = [b.detach().clone() for b in buffers]
-    params = list(pipe.parameters())
-    saved_grads = [p.grad for p in params]
-
-    def make_step(m: int) -> Callable[[], None]:
-        def step() -> None:
-            # From no gradient: a backward adds into an existing .grad in place, which
-            # would change the caller's saved gradients.
-            for p in params:
-                p.grad = None
-            pipe.chunks = m
-            pipe.step(x, target)
-
-        return step
-
-    rows = int(x.shape[0]) if isinstance(x, torch.Tensor) else 0
-    barrier: Callable[[], None] | None = (
-        (lambda: dist.barrier(group=pipe.group)) if dist.is_initialized() else None
-    )
-    try:
-        choice = sweep_chunks(make_step, ok, rows, steps, warmup, barrier)
-    finally:
-        pipe.chunks = original
-        for p, g in zip(params, saved_grads, strict=True):
-            p.grad = g
-        with torch.no_grad():
-            for buf, old in zip(buffers, saved, strict=True):
-                buf.copy_(old)
-    box: list[ChunkChoice] = [choice]  # rank 0's choice on every rank after the broadcast
-    if dist.is_initialized():
-        dist.broadcast_object_list(box, src=0, group=pipe.group)
-    return box[0]
-

@@ -4,7 +4,7 @@
 - :mod:`~torchgpu.planning.footprint`: a model's training memory, device-independent
 - :mod:`~torchgpu.planning.measure`: the footprint from
   :func:`torchgpu.memory.estimate.estimate_memory`
-- :mod:`~torchgpu.planning.strategies`: memory per device and step time of every strategy
+- :mod:`~torchgpu.planning.candidates`: memory per device and step time of every strategy
 - :mod:`~torchgpu.planning.workload`: what is being planned (model, data, batch, precision)
 - :mod:`~torchgpu.planning.decide`: the choice ("fit with the least slowdown")
 - :mod:`~torchgpu.planning.commands`: a plan as ``torchgpu train`` settings, command or Python

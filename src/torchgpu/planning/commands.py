@@ -1,7 +1,7 @@
 """A plan row as ``torchgpu train`` settings, as the command that runs it, or as Python.
 
 :func:`train_settings` is the one translation from a plan row (a
-:class:`~torchgpu.planning.strategies.Candidate`) to the settings of ``torchgpu train``
+:class:`~torchgpu.planning.candidates.Candidate`) to the settings of ``torchgpu train``
 (:class:`~torchgpu.train.config.TrainConfig` field values). Both consumers go through it,
 so they cannot disagree:
 
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from torchgpu.planning.strategies import Candidate
+from torchgpu.planning.candidates import Candidate
 from torchgpu.planning.targets import DeviceTarget
 from torchgpu.planning.workload import Workload
 

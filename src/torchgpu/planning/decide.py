@@ -1,7 +1,7 @@
 """Pick the plan: among the strategies that fit, the one with the least estimated slowdown.
 
 The rule is "fit with the least slowdown", made concrete by the step-time factors of
-:mod:`torchgpu.planning.strategies` (relative to one device doing the whole batch). With
+:mod:`torchgpu.planning.candidates` (relative to one device doing the whole batch). With
 ``N >= 2`` equal devices and the default factors the preference order comes out as
 
 1. ``ddp`` -- every device computes, gradients all-reduced during backward (~1.05/N);
@@ -28,9 +28,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from torchgpu.errors import PlanError
+from torchgpu.planning.candidates import Candidate, all_candidates
 from torchgpu.planning.commands import TrainSettings
 from torchgpu.planning.footprint import Footprint
-from torchgpu.planning.strategies import Candidate, all_candidates
 from torchgpu.planning.targets import HEADROOM, DeviceTarget
 from torchgpu.sizes import format_bytes
 

@@ -16,10 +16,10 @@ import torch
 from torch import nn
 
 from torchgpu.errors import ConfigError
+from torchgpu.planning.candidates import COSTS, Costs, all_candidates
 from torchgpu.planning.commands import python_snippet, train_command, train_settings
 from torchgpu.planning.decide import Plan, choose
 from torchgpu.planning.footprint import Footprint
-from torchgpu.planning.strategies import COSTS, Costs, all_candidates
 from torchgpu.planning.targets import HEADROOM, DeviceTarget, parse_devices
 from torchgpu.planning.workload import Workload
 

@@ -35,9 +35,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from torchgpu.planning.candidates import Candidate
 from torchgpu.planning.decide import Plan
 from torchgpu.planning.footprint import Footprint
-from torchgpu.planning.strategies import Candidate
 from torchgpu.planning.targets import HEADROOM, DeviceTarget
 from torchgpu.planning.workload import Workload
 

@@ -12,7 +12,7 @@ error for bad input, so a bad run leaves nothing behind:
    applied to either) and build the model (``task.build_model()``; a launcher that
    starts workers builds none: each worker builds its own); a model the plug-in does not
    vouch for (a user's: ``not task.trusted``) then runs one forward and loss on two
-   samples (:func:`~torchgpu.train.task.probe`), so a model that does not fit its data
+   samples (:func:`~torchgpu.train.probe.probe`), so a model that does not fit its data
    or loss is refused before ``--out`` exists.
 
 ``--strategy auto`` is the one exception to that order: the planner measures the data
@@ -35,21 +35,23 @@ from torchgpu.distributed import DistEnv
 from torchgpu.errors import UsageError
 from torchgpu.launch.run import check_process_count
 from torchgpu.precision import resolve_mode
-from torchgpu.train import build, strategies
-from torchgpu.train.auto_batch import fixed_effective
+from torchgpu.train import placing as build
+from torchgpu.train import strategies
 from torchgpu.train.auto_strategy import decide_strategy
-from torchgpu.train.checkpointing import RunStart
+from torchgpu.train.checkpoints.resume_plan import plan_resume
+from torchgpu.train.checkpoints.run_checkpoints import RunStart
+from torchgpu.train.checkpoints.world_change import check_asked
 from torchgpu.train.config import TrainConfig, resolve
 from torchgpu.train.config_checks import validate
-from torchgpu.train.memory_snapshot import refuse_off_cuda
+from torchgpu.train.guards.auto_batch import fixed_effective
+from torchgpu.train.observe.memory_snapshot import refuse_off_cuda
 from torchgpu.train.out_dir import check_creatable, check_out_dir
 from torchgpu.train.plugin import task_for_config, with_optimizer
-from torchgpu.train.resume_plan import plan_resume
+from torchgpu.train.probe import probe
 from torchgpu.train.run_hooks import RunHooks
 from torchgpu.train.schedule import check as check_schedule
 from torchgpu.train.stream_run import check_stream
-from torchgpu.train.task import Task, probe
-from torchgpu.train.world_change import check_asked
+from torchgpu.train.task import Task
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,10 @@ def settle(config: TrainConfig) -> TrainConfig:
     assert settled.out is not None
     check_creatable(settled.out)
     if settled.log == "tensorboard":
-        from torchgpu.train.tblog import check_available, check_log_dir  # imports tensorboard
+        from torchgpu.train.observe.tensorboard import (  # imports tensorboard
+            check_available,
+            check_log_dir,
+        )
 
         check_available()
         check_log_dir(settled.out)

@@ -34,9 +34,9 @@ from typing import Any
 
 from torchgpu.errors import ConfigError, UsageError
 from torchgpu.train.config import TrainConfig
-from torchgpu.train.outputs import CONFIG_FILE as CONFIG_FILE
 from torchgpu.user_files import read_text
 
+CONFIG_FILE = "config.toml"  # OUT/config.toml: the settings a run used
 RUN_TABLE = "run"  # metadata, not settings
 FINGERPRINTS_TABLE = "fingerprints"  # {path: sha256} of the run's files, not settings
 # Settings a reproduced run must not inherit: continuing or removing a run, the launcher's
@@ -366,7 +366,7 @@ def write_config(out_dir: Path, config: TrainConfig, *, world_size: int, local_w
     objects) still records its settings; the file says it cannot be re-run from the
     command line, and :func:`read_settings` refuses it.
     """
-    from torchgpu.train.outputs import versions
+    from torchgpu.version import versions
 
     from_fit = (config.model or "").startswith("fit:")
 

@@ -6,7 +6,7 @@ records each file's sha256 by its absolute path in ``OUT/config.toml`` (its
 ``[fingerprints]`` table), ``summary.json`` (``fingerprints``) and every checkpoint's
 ``meta.json``. A replay (``--config OUT/config.toml``) whose files changed since warns,
 naming each; a resume whose files changed is refused unless ``--force-resume``
-(:func:`torchgpu.train.resume_plan.plan_resume`). Built-in examples, module specs
+(:func:`torchgpu.train.checkpoints.resume_plan.plan_resume`). Built-in examples, module specs
 (``package.module:attr``) and :func:`torchgpu.fit`'s objects have no file to record.
 
 Hashing streams each file in 1 MiB blocks, and a file is hashed once per process while

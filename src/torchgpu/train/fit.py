@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from torchgpu.errors import UsageError
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.fit_settings import SETTINGS, FitSettings, unknown_settings_error
-from torchgpu.train.report import TrainResult
+from torchgpu.train.outputs.report import TrainResult
 from torchgpu.train.runner import train
 from torchgpu.train.task import as_factory, seeded, user_task
 
@@ -189,7 +189,7 @@ def fit(
       the run was built from changed since), ``overwrite`` (an ``out`` holding a run's
       files is refused without ``resume`` or it), ``autoresume`` (continue the run in
       ``out`` if it has a checkpoint, else start it; a finished run there is not trained
-      again: its result is returned, :mod:`torchgpu.train.autoresume`), ``log_every``
+      again: its result is returned, :mod:`torchgpu.train.checkpoints.autoresume`), ``log_every``
       (step records written to metrics.jsonl every N steps; default every 10 s),
       ``seed``, ``device``, ``progress``, ``on_nonfinite``, ``collective_timeout``,
       ``startup_timeout``, ``stop_timeout`` (seconds), ``profile`` (N steps under

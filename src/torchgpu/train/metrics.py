@@ -16,7 +16,7 @@ A metric is one of two things:
 batch for dict batches (:mod:`torchgpu.data.batches`). :class:`R2` and :class:`Accuracy`
 are the built-in examples' metrics (:mod:`torchgpu.examples`), objects of the second
 kind; ``--metrics`` names them (:data:`BUILT_IN`) or specs (:func:`from_specs`).
-:class:`Tally` is what :func:`torchgpu.train.evaluation.evaluate` keeps while it
+:class:`Tally` is what :func:`torchgpu.train.outputs.evaluation.evaluate` keeps while it
 runs the batches.
 """
 

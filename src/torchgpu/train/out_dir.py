@@ -6,7 +6,7 @@ without creating anything. :func:`check_creatable` walks up to the first existin
 ancestor and asks the file system itself whether a new directory can be made there.
 
 An ``--out`` that already holds a run's files (any of
-:data:`~torchgpu.train.outputs.RUN_ENTRIES`: checkpoints, config.toml, metrics...) is never
+:data:`~torchgpu.train.outputs.files.RUN_ENTRIES`: checkpoints, config.toml, metrics...) is never
 written over unasked: :func:`check_out_dir` refuses it unless the run continues it
 (``--resume``, a torchrun restart) or ``--overwrite`` was given; with ``--overwrite``
 :func:`clear_run` removes those entries, and nothing else, just before the new run
@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from torchgpu.errors import UsageError
-from torchgpu.train import outputs
 from torchgpu.train.config import TrainConfig
+from torchgpu.train.outputs import files as outputs
 
 FIX = "pass a directory you can write to, e.g. --out runs/my-run"
 
@@ -82,7 +82,7 @@ def _check_outputs(directory: Path, out: str) -> None:
     """Raise UsageError when something other than a file (a directory, a FIFO, a
     socket) stands where the run may write one of its files in existing ``--out``
     ``directory``, or something other than a directory where it keeps a directory
-    (:data:`~torchgpu.train.outputs.RUN_ENTRIES`): the run would fail only when it
+    (:data:`~torchgpu.train.outputs.files.RUN_ENTRIES`): the run would fail only when it
     writes there, after its training."""
     for name, want_dir in outputs.RUN_ENTRIES.items():
         path = directory / name
@@ -162,7 +162,7 @@ def check_out_dir(config: TrainConfig, *, resuming: bool) -> Path:
     The one check of whether a run may write into an existing ``--out``; ``resuming`` is
     the caller's decision that the run continues the one there (``--resume``, a torchrun
     restart), which may then write into it. Otherwise an ``--out`` holding any of the
-    run's entries (:data:`~torchgpu.train.outputs.RUN_ENTRIES`) is refused with
+    run's entries (:data:`~torchgpu.train.outputs.files.RUN_ENTRIES`) is refused with
     :class:`OutHoldsRun` (exit 2: how to continue it, or ``--overwrite``), unless
     ``config.overwrite``: then the runner removes them (:func:`clear_run`) before it
     writes. A file where the directory should be is a UsageError either way. Reads only.
@@ -187,7 +187,7 @@ run_entries = outputs.run_entries
 
 def clear_run(out_dir: Path) -> list[str]:
     """Remove the entries of a previous run from ``out_dir`` (``--overwrite``) and return
-    their names: only :data:`~torchgpu.train.outputs.RUN_ENTRIES`, never another file.
+    their names: only :data:`~torchgpu.train.outputs.files.RUN_ENTRIES`, never another file.
     A link is removed, not what it points to, except a linked directory, whose contents
     are removed (the new run writes through the link again). UsageError naming the
     entry when one cannot be removed."""
@@ -228,7 +228,7 @@ class OutHoldsRun(UsageError):
         self.out = config.out
         self.entries = list(entries)
         self.newest = newest_checkpoint(Path(config.out))
-        from torchgpu.train.resume_plan import saved_changes
+        from torchgpu.train.checkpoints.resume_plan import saved_changes
 
         self.changed = saved_changes(config, self.newest) if self.newest else []
         self.from_fit = (config.model or "").startswith("fit:")
@@ -297,7 +297,7 @@ def newest_checkpoint(out_dir: Path) -> Path | None:
     continues from when ``latest`` is intact), or None; reads only."""
     from torchgpu.checkpoint import list_checkpoints
     from torchgpu.errors import CheckpointError
-    from torchgpu.train.resume_plan import checkpoints_dir
+    from torchgpu.train.checkpoints.resume_plan import checkpoints_dir
 
     try:
         found = list_checkpoints(checkpoints_dir(out_dir))

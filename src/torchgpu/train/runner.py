@@ -21,9 +21,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchgpu.collectives import gather_objects
 from torchgpu.data.batches import install_call_convention
 from torchgpu.data.workers import loader_summary
-from torchgpu.distributed import DistSession, gather_objects, init_distributed
+from torchgpu.distributed import DistSession, init_distributed
 from torchgpu.errors import (
     CollectiveTimeoutError,
     DistributedError,
@@ -34,36 +35,37 @@ from torchgpu.errors import (
 )
 from torchgpu.launch.heartbeat import Heartbeat, collective_failure
 from torchgpu.launch.stop_record import StopFlag
-from torchgpu.train import build, outputs, schedule, stream_run
-from torchgpu.train.agreement import share_stop
+from torchgpu.train import placing as build
+from torchgpu.train import schedule, stream_run
 from torchgpu.train.assemble import Assembly, assemble, settle
-from torchgpu.train.auto_batch import apply_auto_batch, batch_line
-from torchgpu.train.autoresume import RunFinished, continue_hint
-from torchgpu.train.checkpointing import Ranks, RunCheckpoints, RunStart
+from torchgpu.train.checkpoints.autoresume import RunFinished, continue_hint
+from torchgpu.train.checkpoints.finished import finished_result
+from torchgpu.train.checkpoints.run_checkpoints import Ranks, RunCheckpoints, RunStart
 from torchgpu.train.config import TrainConfig
-from torchgpu.train.data_wait import DataWait
-from torchgpu.train.final_model import final_weights
 from torchgpu.train.fingerprints import fingerprints
-from torchgpu.train.finished import finished_result
-from torchgpu.train.loop import agreed_steps, run_epoch, sync_now
-from torchgpu.train.observers import Observers
+from torchgpu.train.guards.agreement import share_stop
+from torchgpu.train.guards.auto_batch import apply_auto_batch, batch_line
+from torchgpu.train.guards.stop_deadline import StopDeadline
+from torchgpu.train.loop.epoch import agreed_steps, run_epoch, sync_now
+from torchgpu.train.observe.data_wait import DataWait
+from torchgpu.train.observe.observers import Observers
+from torchgpu.train.observe.progress import NullProgress, make_progress, memory_reader
 from torchgpu.train.out_dir import clear_run
-from torchgpu.train.outputs import EpochRecord, MetricsBuffer
-from torchgpu.train.plugin import task_for_config
-from torchgpu.train.progress import NullProgress, make_progress
-from torchgpu.train.report import (
+from torchgpu.train.outputs import files as outputs
+from torchgpu.train.outputs.files import EpochRecord, MetricsBuffer
+from torchgpu.train.outputs.final_model import final_weights
+from torchgpu.train.outputs.report import (
     TrainResult,
     epoch_record,
-    memory_reader,
     peak_memory,
     summary_of,
     write_config,
 )
-from torchgpu.train.run_steps import StepContext
+from torchgpu.train.outputs.step_log import StepLog
+from torchgpu.train.plugin import task_for_config
 from torchgpu.train.state import TrainState
-from torchgpu.train.step_log import StepLog
-from torchgpu.train.stop_deadline import StopDeadline
 from torchgpu.train.strategies import Strategy
+from torchgpu.train.strategies.run_steps import StepContext
 from torchgpu.train.task import Task, spreads_inputs
 
 
@@ -71,7 +73,7 @@ def train(config: TrainConfig | None = None, *, stop: StopFlag | None = None,
           task: Task | None = None, run: Assembly | None = None) -> TrainResult:
     """Run ``config`` to the end (or until ``stop`` is set); return the result.
 
-    Checkpointing and resume: :mod:`torchgpu.train.checkpointing`; hooks into the run
+    Checkpointing and resume: :mod:`torchgpu.train.checkpoints.run_checkpoints`; hooks into the run
     (a step limit, a planted fault): :mod:`torchgpu.train.run_hooks`.
 
     Under torchrun (WORLD_SIZE set) this forms the process group (:func:`process_group`:
@@ -79,7 +81,7 @@ def train(config: TrainConfig | None = None, *, stop: StopFlag | None = None,
     resolved strategy. Raises torchgpu errors for bad input
     before anything is written. A ``stop`` requested while the group forms (on this
     rank, or recorded by another: :meth:`StopFlag.requested`) raises
-    :class:`torchgpu.distributed.GroupStopped` before anything is written.
+    :class:`torchgpu.rendezvous.GroupStopped` before anything is written.
 
     ``task``: what to train (:func:`torchgpu.fit` passes the user's model and data);
     by default the one ``config`` names. ``run``: the run already assembled
@@ -208,7 +210,7 @@ def _run(
     beat: Heartbeat | None = None,
 ) -> TrainResult:
     """The run driver, the same for every strategy; what differs comes from the
-    strategy's steps (:mod:`torchgpu.train.run_steps`)."""
+    strategy's steps (:mod:`torchgpu.train.strategies.run_steps`)."""
     from torchgpu.data import make_loader
     from torchgpu.precision import Precision
     from torchgpu.transfer import Prefetcher

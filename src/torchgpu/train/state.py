@@ -5,9 +5,8 @@ RNG: which epoch, how many optimizer steps, how many micro-batches of the curren
 epoch were consumed, and the loss history. The data order of an epoch is a function
 of ``(seed, epoch)`` (a run's training set: ``randperm`` seeded with ``seed + epoch``,
 DistributedSampler's order, :mod:`torchgpu.data.shards`; a generator-shuffled loader:
-:func:`torchgpu.train.loop.epoch_seed`), so a resumed run re-creates the epoch's order
-and skips ``batch_in_epoch`` micro-batches. The stop flag and the run's stop record live
-in :mod:`torchgpu.launch.stop_record`.
+:func:`torchgpu.train.loop.epoch.epoch_seed`), so a resumed run re-creates the epoch's order
+and skips ``batch_in_epoch`` micro-batches. A leaf: every layer of the engine reads it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What ``torchgpu train`` runs per step, assembled the way ``train/runner.py`` assembles it,
 for the ``overhead`` suite.
 
-:func:`loop_parts` builds :class:`~torchgpu.train.loop_parts.LoopParts` with the same calls and
+:func:`loop_parts` builds :class:`~torchgpu.train.loop.parts.LoopParts` with the same calls and
 arguments as the runner's ``_run`` for one process: the built-in examples' optimizer
 (Adam, :mod:`torchgpu.examples.common`, made by :func:`torchgpu.train.optimizers.make`),
 ``GradAccumulator`` with the Precision and clip norm, the example's loss (the housing
@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
-    from torchgpu.train.loop_parts import LoopParts
+    from torchgpu.train.loop.parts import LoopParts
     from torchgpu.train.state import TrainState
 
 Batches = Sequence[tuple[Tensor, Tensor]]
@@ -49,11 +49,11 @@ def loop_parts(model: nn.Module, device: torch.device, *, batch_size: int, lr: f
     from torchgpu.accumulate import GradAccumulator
     from torchgpu.data.shards import ShardLayout
     from torchgpu.examples.common import OPTIMIZER
+    from torchgpu.parallel.model import placed_output_device
     from torchgpu.precision import Precision
     from torchgpu.train import optimizers, strategies
-    from torchgpu.train.backoff import for_run as backoff_for_run
-    from torchgpu.train.loop_parts import LoopParts
-    from torchgpu.train.split_strategies import output_device
+    from torchgpu.train.loop.backoff import for_run as backoff_for_run
+    from torchgpu.train.loop.parts import LoopParts
     from torchgpu.train.state import TrainState
 
     progress_state = state if state is not None else TrainState()
@@ -63,7 +63,7 @@ def loop_parts(model: nn.Module, device: torch.device, *, batch_size: int, lr: f
     acc = GradAccumulator(model, optimizer, accumulate, precision=mixed, clip_norm=clip_norm,
                           zero_after_step=False)
     loss_fn = loss_fn if loss_fn is not None else nn.MSELoss()
-    target_device = output_device(model)
+    target_device = placed_output_device(model)
     if target_device == device:
         target_device = None
     return LoopParts(model=model, loss_fn=loss_fn, accumulator=acc, precision=mixed,
@@ -94,8 +94,8 @@ class TrainEpoch:
     def __init__(self, model: nn.Module, device: torch.device, batches: Batches, *,
                  batch_size: int, lr: float) -> None:
         from torchgpu.launch.stop_record import StopFlag
-        from torchgpu.train.outputs import MetricsBuffer
-        from torchgpu.train.progress import NullProgress
+        from torchgpu.train.observe.progress import NullProgress
+        from torchgpu.train.outputs.files import MetricsBuffer
         from torchgpu.train.state import TrainState
 
         self.state = TrainState()
@@ -108,7 +108,7 @@ class TrainEpoch:
         import tempfile
 
         from torchgpu.train import schedule
-        from torchgpu.train.step_log import StepLog
+        from torchgpu.train.outputs.step_log import StepLog
 
         # the runner's on_step without --save-every: the LR record and the timed flush
         self._out = tempfile.TemporaryDirectory(prefix="torchgpu-bench-")
@@ -123,7 +123,7 @@ class TrainEpoch:
         self.progress = NullProgress()
 
     def __call__(self) -> None:
-        from torchgpu.train.loop import run_epoch
+        from torchgpu.train.loop.epoch import run_epoch
         from torchgpu.transfer import Prefetcher
 
         state = self.state

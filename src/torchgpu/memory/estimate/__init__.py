@@ -18,13 +18,8 @@ from __future__ import annotations
 
 from torchgpu.memory.estimate.activations import ActivationProfile, measure_activations
 from torchgpu.memory.estimate.arithmetic import OPTIMIZERS, optimizer_kind, state_bytes
-from torchgpu.memory.estimate.estimator import (
-    STRATEGIES,
-    DeviceMemory,
-    MemoryEstimate,
-    bytes_per_sample,
-    estimate_memory,
-)
+from torchgpu.memory.estimate.estimator import STRATEGIES, estimate_memory
+from torchgpu.memory.estimate.result import DeviceMemory, MemoryEstimate, bytes_per_sample
 
 __all__ = [
     "OPTIMIZERS",

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torchgpu.errors import UsageError
-from torchgpu.train.shard import Shard
+from torchgpu.parallel.data import unwrap
+from torchgpu.train.strategies.shard import Shard
 
 if TYPE_CHECKING:
     # torch, and torchgpu.parallel (which imports it), only here and inside methods: the
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 
     from torchgpu.distributed import DistEnv
     from torchgpu.train.config import TrainConfig
-    from torchgpu.train.run_steps import RunSteps, StepContext
+    from torchgpu.train.strategies.run_steps import RunSteps, StepContext
     from torchgpu.train.task import Task
 
 #: Every --precision value; a strategy's ``precisions`` is a subset.
@@ -79,7 +80,7 @@ class Strategy:
     ``processes``: ``"one"`` (runs in one process; several are refused), ``"several"``
     (one per device; in one process it falls back to :meth:`alone`), ``"any"``.
     Every strategy runs through the same run driver and loop
-    (:func:`torchgpu.train.runner.train`, :func:`torchgpu.train.loop.run_epoch`);
+    (:func:`torchgpu.train.runner.train`, :func:`torchgpu.train.loop.epoch.run_epoch`);
     :meth:`steps` supplies what its run does differently.
     """
 
@@ -154,7 +155,6 @@ class Strategy:
         where the weights are sharded: call on every rank)."""
         from torch import Tensor
 
-        from torchgpu.parallel.data import unwrap
 
         state = unwrap(model).state_dict()
         # Left on their device: the writer finds tied weights by storage before copying.
@@ -162,7 +162,6 @@ class Strategy:
 
     def eval_model(self, model: nn.Module) -> nn.Module:
         """The module evaluation calls (the unwrapped one: no collectives in eval)."""
-        from torchgpu.parallel.data import unwrap
 
         return unwrap(model)
 
@@ -178,10 +177,21 @@ class Strategy:
 
     def steps(self, ctx: StepContext) -> RunSteps:
         """What this strategy's run supplies to the run driver (see
-        :mod:`torchgpu.train.run_steps`). Default: the wrapped model, its optimizer and
-        the engine's accumulator (:class:`~torchgpu.train.run_steps.ModelSteps`)."""
-        from torchgpu.train.run_steps import ModelSteps
+        :mod:`torchgpu.train.strategies.run_steps`). Default: the wrapped model, its optimizer and
+        the engine's accumulator (:class:`~torchgpu.train.strategies.run_steps.ModelSteps`)."""
+        from torchgpu.train.strategies.run_steps import ModelSteps
 
         return ModelSteps(ctx, backoff=self.features.backoff is None,
                           target_device=self.output_device(ctx.model),
                           eval_model=self.eval_model(ctx.model), full_state=self.full_state)
+
+
+def processes(config: Any) -> int:
+    """Processes the run has: ``--nproc``, else torchrun's ``WORLD_SIZE`` (workers get no
+    ``--nproc``), else 1."""
+    if config.nproc is not None:
+        return int(config.nproc) * int(config.nnodes)
+    import os
+
+    world = os.environ.get("WORLD_SIZE", "")
+    return int(world) if world.isdigit() and int(world) > 0 else 1

@@ -14,14 +14,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from torchgpu.errors import ConfigError, UsageError
-from torchgpu.train.split_flags import (
-    SCHEDULES,
-    device_list,
-    parse_balance,
-    processes,
-)
-from torchgpu.train.strategies.base import Strategy
+from torchgpu.train.strategies.base import Strategy, processes
 from torchgpu.train.strategies.registry import AUTO, REGISTRY, get
+from torchgpu.train.strategies.split import SCHEDULES, device_list, parse_balance
 
 if TYPE_CHECKING:
     from torchgpu.train.config import TrainConfig

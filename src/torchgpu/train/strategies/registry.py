@@ -13,7 +13,8 @@ from torchgpu.errors import ConfigError
 from torchgpu.train.strategies.base import Choice, Strategy
 from torchgpu.train.strategies.data_parallel import DDP, DP, FSDP
 from torchgpu.train.strategies.single import SINGLE
-from torchgpu.train.strategies.split import MODEL, PIPELINE
+from torchgpu.train.strategies.split import MODEL, Pipeline
+from torchgpu.train.strategies.stages.strategy import STAGES
 
 if TYPE_CHECKING:
     import torch  # only here: the CLI's parser reads names() and describe() without torch
@@ -21,6 +22,9 @@ if TYPE_CHECKING:
 #: ``--strategy auto``: decided per run (ddp with several processes, else single, unless
 #: the planner finds the model does not fit one device: torchgpu.train.auto_strategy).
 AUTO = "auto"
+
+#: ``pipeline``: one process, or one stage per process with several (its ``staged``).
+PIPELINE = Pipeline(staged=STAGES)
 
 REGISTRY: dict[str, Strategy] = {
     SINGLE.name: SINGLE,

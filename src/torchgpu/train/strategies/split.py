@@ -1,24 +1,222 @@
 """``--strategy model|pipeline`` in one process: the model cut into stages over
-``--devices`` (:mod:`torchgpu.train.split_strategies` builds them). With several
-processes ``pipeline`` becomes one stage per process (:mod:`.stages`)."""
+``--devices``. All of the split is here: its flags, parsed pure (``--devices``,
+``--balance 3,2|size|time``, ``--schedule``, ``--chunks``; the multi-process pipeline,
+:mod:`.stages`, shares them), the checks on the model and the stage devices, and the
+strategy objects. With several processes ``pipeline`` runs as one stage per process:
+the registry gives :class:`Pipeline` that variant (:mod:`.registry`), so this module
+never imports :mod:`.stages`, which builds on it.
+
+``model`` cuts the model's sequential view (``as_sequential()``, an ``nn.Sequential`` or
+an ``nn.ModuleList`` of blocks) into one stage per ``--devices`` entry with
+:func:`torchgpu.parallel.model.split_model`; ``pipeline`` does the same with a
+:class:`~torchgpu.parallel.pipeline.Pipeline` that runs ``--chunks`` micro-batches
+GPipe-style (``--chunks auto`` measures the split-size sweep on the real devices and keeps
+the fastest). Entries may repeat: ``cuda:0,cuda:0`` or ``cpu,cpu`` run the same code
+path on a machine with one GPU or none. Inputs go to the first stage's device; the saved
+model has the plain model's keys. Defaults: ``--devices`` = every visible GPU when there
+are two or more (else refused with the fix); ``--chunks`` = 4 per stage capped at the
+batch size. Flag rules (checked by :mod:`.checks` and each strategy's ``check``):
+``--devices`` only with model/pipeline, at least two entries in one process, one per
+process with ``--nproc``; ``--schedule 1f1b|interleaved1f1b`` only across processes;
+model/pipeline run on one node.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import sys
+from collections.abc import Sized
+from typing import TYPE_CHECKING, Any, Literal
 
+import torch
+from torch import nn
+
+from torchgpu.devices.cuda_status import cuda_device_count
+from torchgpu.distributed import DistEnv
 from torchgpu.errors import UsageError
-from torchgpu.train.split_flags import device_list
-from torchgpu.train.strategies.base import Features, Strategy
-from torchgpu.train.strategies.stages import STAGES
+from torchgpu.train.strategies.base import Features, Strategy, processes
 
 if TYPE_CHECKING:
-    # torch and the split's builders only here and inside methods (see strategies.base)
-    import torch
-    from torch import nn
-
-    from torchgpu.distributed import DistEnv
     from torchgpu.train.config import TrainConfig
     from torchgpu.train.task import Task
+
+SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved1f1b")
+BALANCE_MODES: tuple[str, ...] = ("size", "time")
+#: Stages each process holds under ``--schedule interleaved1f1b``.
+INTERLEAVED_STAGES_PER_RANK = 2
+
+
+CHUNKS_PER_STAGE = 4
+
+
+def stage_devices(config: TrainConfig) -> list[torch.device]:
+    """The stage devices of a one-process model/pipeline run (``--devices`` or every GPU).
+
+    Raises DeviceSpecError / NoDeviceError (from :func:`~torchgpu.parallel.model.parse_devices`)
+    for devices this machine lacks, UsageError when no list is given and fewer than two
+    GPUs are visible.
+    """
+    from torchgpu.parallel.model import parse_devices
+
+    if config.devices is not None:
+        return parse_devices(device_list(config.devices))
+    count = cuda_device_count() if torch.cuda.is_available() else 0
+    if count >= 2:
+        return parse_devices([f"cuda:{i}" for i in range(count)])
+    raise UsageError(
+        f"--strategy {config.strategy} needs --devices naming one device per stage: "
+        f"{count} GPU(s) are visible, so name them, e.g. --devices cuda:0,cuda:0 on one GPU "
+        "or --devices cpu,cpu on the CPU (the same code path, for testing)."
+    )
+
+
+def rank_device(config: TrainConfig, env: DistEnv) -> torch.device:
+    """This process's device in a multi-process pipeline: ``--devices``' entry for the
+    rank, else ``cuda:LOCAL_RANK`` on a GPU machine (``--device auto|cuda``), else cpu."""
+    from torchgpu.parallel.model import parse_devices
+
+    if config.devices is not None:
+        return parse_devices([device_list(config.devices)[env.rank]])[0]
+    if config.device in ("auto", "cuda") and torch.cuda.is_available():
+        return parse_devices([f"cuda:{env.local_rank}"])[0]
+    from torchgpu.devices import get_device
+
+    return get_device(config.device if config.device != "auto" else "cpu")
+
+
+def split_device(config: TrainConfig, env: DistEnv) -> torch.device:
+    """The run's device for model/pipeline (inputs go there)."""
+    from torchgpu.errors import DeviceSpecError, NoDeviceError
+
+    try:
+        if processes(config) > 1 or env.world_size > 1:
+            return rank_device(config, env)
+        return stage_devices(config)[0]
+    except NoDeviceError as error:  # a device the user named that is missing: exit 2
+        raise DeviceSpecError(
+            f"--devices {config.devices}: {error}"
+        ) from None
+
+
+def sample_batch(data: Task, rows: int) -> tuple[Any, Any]:
+    """The first ``rows`` training samples ``(x, y)`` of a Task (balance and chunk
+    measurements)."""
+    train = data.train
+    n = max(1, min(rows, len(train) if isinstance(train, Sized) else rows))
+    x, y = data.sample(n)
+    return x, y
+
+
+def check_splittable(model: nn.Module, data: Task, strategy: str) -> None:
+    """Refuse (UsageError, exit 2) a model or data that cannot be cut into stages:
+    stages need an ``nn.Sequential``, a model with ``as_sequential()`` or an
+    ``nn.ModuleList`` of blocks, fed one tensor per batch."""
+    if getattr(data, "dict_batches", False):
+        raise UsageError(
+            f"--strategy {strategy} passes one tensor from stage to stage, but the data yields "
+            "dict batches (model(**batch)): use --strategy single, dp, ddp or fsdp for this "
+            "model, or give the data as (input_tensor, target) pairs and the model as an "
+            "nn.Sequential."
+        )
+    if isinstance(model, nn.Sequential | nn.ModuleList) or callable(
+            getattr(model, "as_sequential", None)):
+        return
+    raise UsageError(
+        f"--strategy {strategy} cuts the model into consecutive stages, but "
+        f"{type(model).__name__} is not an nn.Sequential, has no as_sequential() method and "
+        "is not an nn.ModuleList of blocks (a Python list is not a module): return an "
+        "nn.Sequential or nn.ModuleList from the model factory (or add as_sequential() "
+        "returning an nn.Sequential that shares the modules), or use --strategy single, "
+        "dp, ddp or fsdp."
+    )
+
+
+def default_chunks(batch_size: int, stages: int) -> int:
+    """``CHUNKS_PER_STAGE`` micro-batches per stage, at most one per sample."""
+    return max(1, min(batch_size, CHUNKS_PER_STAGE * stages))
+
+
+def build_split_model(
+    model: nn.Module, data: Task, config: TrainConfig, device: torch.device,
+    kind: str | None = None,
+) -> nn.Module:
+    """The model of ``--strategy model`` or ``pipeline`` in one process (``kind``;
+    default ``config.strategy``), as :mod:`torchgpu.train.strategies.split` wraps it.
+    ``data``: the run's :class:`~torchgpu.train.task.Task` (samples measure the stages).
+
+    Returns a SplitModel (``model``) or Pipeline (``pipeline``) over :func:`stage_devices`.
+    BalanceError (exit 2) when ``--balance`` does not match the model's layers.
+    """
+    from torchgpu.parallel.pipeline import build_pipeline_model
+    kind = kind or config.strategy
+    check_splittable(model, data, kind)
+    if isinstance(model, nn.ModuleList):
+        model = nn.Sequential(*model)
+    devices = stage_devices(config)
+    balance = parse_balance(config.balance) if config.balance is not None else None
+    batch = int(config.batch_size or 1)
+    x, y = sample_batch(data, batch)
+    checkpoint = "except_last" if config.activation_checkpointing else "never"
+    if kind == "model":
+        split = build_pipeline_model(model, "model", devices, balance=balance, sample=x)
+        if config.activation_checkpointing:
+            from torchgpu.memory.activation_checkpointing import apply_activation_checkpointing
+
+            for stage in split.partitions:
+                if len(stage) > 1:
+                    apply_activation_checkpointing(stage)
+        return split
+    chunks: int | str = (config.chunks if config.chunks is not None
+                         else default_chunks(batch, len(devices)))
+    pipe = build_pipeline_model(
+        model, "pipeline", devices, balance=balance,
+        chunks="auto" if chunks == "auto" else int(chunks), checkpoint=checkpoint,
+        sample=x, sample_target=y, loss_fn=data.loss,
+    )
+    choice = getattr(pipe, "chunk_choice", None)
+    if choice is not None:
+        print(f"pipeline: split-size sweep on {', '.join(str(d) for d in pipe.devices)} "
+              f"(batch {x.shape[0]}), chose --chunks {choice.chunks}:\n{choice.format()}",
+              file=sys.stderr)
+    return pipe
+
+
+def device_list(spec: str) -> list[str]:
+    """``"cuda:0, cuda:1"`` -> ``["cuda:0", "cuda:1"]``; UsageError for an empty item."""
+    items = [item.strip() for item in spec.split(",")]
+    if not spec.strip() or any(not item for item in items):
+        raise UsageError(
+            f"--devices {spec!r} is not a device list: give comma-separated devices such as "
+            "cuda:0,cuda:1, cuda:0,cuda:0 or cpu,cpu."
+        )
+    return items
+
+
+def parse_balance(spec: str) -> list[int] | Literal["size", "time"]:
+    """``--balance`` as a list of layer counts, or ``"size"``/``"time"``."""
+    text = spec.strip().lower()
+    if text == "size":
+        return "size"
+    if text == "time":
+        return "time"
+    try:
+        counts = [int(item) for item in text.split(",")]
+    except ValueError:
+        raise UsageError(
+            f"--balance {spec!r} is not understood: give layer counts per stage such as "
+            "3,2, or size (parameters + activations) or time (profiled)."
+        ) from None
+    if any(c < 1 for c in counts):
+        raise UsageError(
+            f"--balance {spec!r} has a stage with {min(counts)} layers: every stage needs at "
+            "least one layer, e.g. --balance 3,2."
+        )
+    return counts
+
+
+def stages_per_rank(schedule: str | None) -> int:
+    """Stages each process holds for ``schedule`` (2 for interleaved 1F1B, else 1)."""
+    return INTERLEAVED_STAGES_PER_RANK if schedule == "interleaved1f1b" else 1
+
 
 _CUTS = ("it cuts every batch into micro-batches over its stages itself, so a smaller "
          "retry is the --batch-size/--chunks you pass")
@@ -59,28 +257,25 @@ class ModelSplit(Strategy):
                 "--devices cuda:0,cuda:1 (or --gpus 0,1 to use those GPUs).")
 
     def place(self, config: TrainConfig, env: DistEnv) -> torch.device | None:
-        from torchgpu.train import split_strategies
-
-        return split_strategies.split_device(config, env)
+        return split_device(config, env)
 
     def device_note(self, config: TrainConfig) -> str | None:
         return f"device: stages on {config.devices} (--devices)" if config.devices else None
 
     def wrap(self, model: nn.Module, config: TrainConfig, task: Task,
              device: torch.device) -> tuple[nn.Module, tuple[str, ...]]:
-        from torchgpu.train import split_strategies
-
-        return split_strategies.build_split_model(model, task, config, device, self.name), ()
+        return build_split_model(model, task, config, device, self.name), ()
 
     def output_device(self, model: nn.Module) -> torch.device | None:
-        from torchgpu.train import split_strategies
+        from torchgpu.parallel.model import placed_output_device
 
-        return split_strategies.output_device(model)
+        return placed_output_device(model)
 
 
 class Pipeline(ModelSplit):
-    """GPipe micro-batches over the stages in one process; one stage per process with
-    several (:data:`~torchgpu.train.strategies.stages.STAGES`)."""
+    """GPipe micro-batches over the stages in one process; with several processes, the
+    ``staged`` strategy the registry gives it (one stage per process,
+    :data:`~torchgpu.train.strategies.stages.strategy.STAGES`)."""
 
     name = "pipeline"
     help = "GPipe micro-batches over --devices (one process) or one stage per process (--nproc)"
@@ -90,8 +285,11 @@ class Pipeline(ModelSplit):
                         estimate="pipeline", compile=_NO_COMPILE)
     schedules: tuple[str, ...] = ("gpipe",)
 
+    def __init__(self, staged: Strategy) -> None:
+        self.staged = staged
+
     def for_processes(self, nproc: int) -> Strategy:
-        return STAGES if nproc > 1 else self
+        return self.staged if nproc > 1 else self
 
     def check(self, config: TrainConfig, nproc: int) -> None:
         if config.schedule is not None and config.schedule not in self.schedules:
@@ -102,4 +300,3 @@ class Pipeline(ModelSplit):
 
 
 MODEL = ModelSplit()
-PIPELINE = Pipeline()

@@ -1,0 +1,176 @@
+"""One accumulation window's losses, the step it ends in, and ``--on-nonfinite``.
+
+The loop (:func:`torchgpu.train.loop.epoch.run_epoch`) hands :class:`WindowLosses` each
+micro-batch's loss (:meth:`~WindowLosses.add`) and closes the window at each
+optimizer-step boundary (:meth:`~WindowLosses.close`): a step's loss is the mean of its
+window's finite micro-batch losses; it is appended to ``state.step_losses`` and to the
+step records, and the ``on_step`` hook (checkpoints, observers) runs after it.
+
+Non-finite losses never reach the weights. On the CPU one process decides on the loss,
+before its backward (:class:`~torchgpu.train.loop.micro_step.MicroStep` skips it): ``stop``
+raises :class:`~torchgpu.errors.NonFiniteLossError`, ``skip`` drops the window. On an
+accelerator the losses stay on the device until the boundary (a micro-batch's value is
+None here until then), where the step's pre-hook reads them and drops a window holding a
+non-finite one (:mod:`torchgpu.train.loop.loss_reader`). Under DDP the decision is taken at
+the window's boundary from the all-reduced gradients, on every rank alike
+(:mod:`torchgpu.train.guards.agreement`): a dropped window raises, or is taken out of the
+epoch's sums and counted as skipped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from torchgpu.errors import NonFiniteLossError
+from torchgpu.train.loop.outcome import BatchOutcome
+from torchgpu.train.state import TrainState
+
+if TYPE_CHECKING:
+    from torchgpu.train.loop.loss_reader import LossReader
+    from torchgpu.train.loop.parts import Accumulator
+
+StepRecords = list[tuple[int, int, float]]
+
+FIX = ("Lower --lr, add --clip-norm, check the data for NaN/inf, or pass "
+       "--on-nonfinite skip to drop such steps.")
+
+
+class WindowLosses:
+    """The current window's loss sums for one epoch of the loop.
+
+    ``distributed``: several ranks decide together (DDP's guard); a non-finite loss then
+    waits for the boundary. ``on_nonfinite``: ``"stop"`` or ``"skip"``.
+    """
+
+    def __init__(self, state: TrainState, records: StepRecords, accumulator: Accumulator, *,
+                 on_step: Callable[[TrainState], None] | None, on_nonfinite: str,
+                 rank: int, distributed: bool, reader: LossReader | None = None) -> None:
+        self.state, self.records, self.acc = state, records, accumulator
+        self.on_step = on_step
+        self.on_nonfinite, self.rank, self.distributed = on_nonfinite, rank, distributed
+        self.reader = reader
+        self.sum = 0.0  # the window's finite losses, each times its logged factor
+        self.count = 0
+        self.bad = False  # DDP: a non-finite local loss in this window (for the message)
+        self.factors: list[float] = []  # logged factors of losses still on the device
+        self.last = math.nan  # the latest loss known on the host (for the progress line)
+
+    def add(self, value: float | None, bad: bool, logged: float,
+            outcome: BatchOutcome | None) -> None:
+        """One micro-batch's loss (``logged``: its factor in the logged means; ``value``
+        None: still on the device, read at the window's boundary)."""
+        state = self.state
+        if value is None and outcome is None:
+            self.factors.append(logged)
+            return
+        if outcome is not None and outcome.dropped:
+            self.drop(self.bad or bad)
+            return
+        if outcome is not None:  # the back-off took the window over and read its losses
+            self.factors.clear()
+        if value is None:
+            pass
+        elif bad:
+            if not self.distributed:  # one process: decided on the loss, before backward
+                self._nonfinite_loss(value)
+                self.sum, self.count = 0.0, 0
+            else:
+                self.bad = True  # kept out of the sums; the boundary decides
+        else:
+            self.last = value
+            state.epoch_loss_sum += value * logged
+            state.epoch_loss_count += 1
+            self.sum += value * logged
+            self.count += 1
+        if outcome is not None and outcome.window is not None:
+            # The window was replayed after a back-off: its losses were recomputed.
+            total, count = outcome.window
+            state.epoch_loss_sum += total - self.sum
+            state.epoch_loss_count += count - self.count
+            self.sum, self.count = total, count
+
+    def close(self, stepped: bool) -> None:
+        """At an optimizer-step boundary (stepped, skipped by the GradScaler or dropped):
+        record the step when the optimizer stepped, then start a new window."""
+        if self.factors and not self._fold():
+            return  # a non-finite loss the step's check did not see (a skipped step)
+        if stepped:
+            state = self.state
+            state.step += 1
+            mean = self.sum / self.count if self.count else math.nan
+            state.step_losses.append(mean)
+            self.records.append((state.step, state.epoch, mean))
+            if self.on_step is not None:
+                self.on_step(state)
+        self.sum, self.count, self.bad = 0.0, 0, False
+
+    def drop(self, local: bool) -> None:
+        """DDP: the window's all-reduced gradients are non-finite on every rank (checked
+        before the optimizer step). ``stop`` raises on every rank; ``skip`` takes the
+        window's losses out of the epoch's sums and counts the skipped step."""
+        state = self.state
+        reader = self.reader
+        if reader is not None and reader.pending:  # read them for the message, then forget
+            values = reader.take()
+            self.factors.clear()
+            local = local or not all(math.isfinite(v) for v in values)
+            if not self.distributed:
+                self.sum, self.count = 0.0, 0
+                self._nonfinite_loss(next((v for v in values if not math.isfinite(v)),
+                                          math.nan))
+                self.bad = False
+                return
+        if self.on_nonfinite == "stop":
+            seen = (f"a non-finite loss on rank {self.rank}" if local else
+                    f"non-finite gradients after the all-reduce (a non-finite loss on "
+                    f"another rank; this is rank {self.rank})")
+            raise NonFiniteLossError(
+                f"{seen} {self._where()}: training stopped on every rank before the update "
+                f"reached the weights. {FIX}")
+        self.acc.reset()
+        state.epoch_loss_sum -= self.sum
+        state.epoch_loss_count -= self.count
+        state.skipped_steps += 1
+        self.sum, self.count, self.bad = 0.0, 0, False
+
+    def _fold(self) -> bool:
+        """The window's losses read off the device (one sync unless the step's pre-hook
+        read them) into the sums. False when one process found a non-finite loss there
+        (``--on-nonfinite`` applied: the window is gone)."""
+        assert self.reader is not None  # factors are kept only with a reader
+        values, factors = self.reader.take(), self.factors
+        self.factors = []
+        state = self.state
+        for value, logged in zip(values, factors, strict=False):
+            if not math.isfinite(value):
+                if not self.distributed:
+                    self._nonfinite_loss(value)
+                    self.sum, self.count = 0.0, 0
+                    return False
+                self.bad = True
+                continue
+            state.epoch_loss_sum += value * logged
+            state.epoch_loss_count += 1
+            self.sum += value * logged
+            self.count += 1
+            self.last = value
+        return True
+
+    def _nonfinite_loss(self, value: float) -> None:
+        if self.on_nonfinite == "stop":
+            raise NonFiniteLossError(
+                f"loss {value} on rank {self.rank} {self._where()}: training stopped before "
+                f"the update reached the weights. {FIX}")
+        # skip: drop the whole accumulation window (its gradients are partial) and count it;
+        # its earlier finite losses leave the epoch's sums too, as under DDP (drop()).
+        self.acc.reset()
+        self.state.epoch_loss_sum -= self.sum
+        self.state.epoch_loss_count -= self.count
+        self.state.skipped_steps += 1
+
+    def _where(self) -> str:
+        state = self.state
+        return (f"at step {state.step + 1} (epoch {state.epoch + 1}, batch "
+                f"{state.batch_in_epoch})")
