@@ -72,7 +72,8 @@ def test_no_engine_signature_carries_a_test_only_parameter() -> None:
     parameter or field of the engine exists for them, and only their plug-ins read the
     variables."""
     from torchgpu.train.assemble import Assembly, assemble
-    from torchgpu.train.checkpoints.run_checkpoints import RunCheckpoints, RunStart
+    from torchgpu.train.checkpoints.run_checkpoints import RunCheckpoints
+    from torchgpu.train.checkpoints.run_start import RunStart
     from torchgpu.train.guards.auto_batch import apply_auto_batch, make_probe, search_batch_size
     from torchgpu.train.runner import train
     from torchgpu.train.strategies.run_steps import StepContext

@@ -23,8 +23,6 @@ import os
 import re
 from dataclasses import dataclass, field
 
-import torch
-
 from torchgpu.cli.common import ArgumentParser
 from torchgpu.cli.doctor_placement import check_model_placement
 from torchgpu.devices import nvml
@@ -70,6 +68,8 @@ class Finding:
 
 def take_snapshot() -> EnvSnapshot:
     """Read this machine: torch build, NVML, driver traces and the variables."""
+    import torch  # here, not at the top: a mistyped flag or --help answers without it
+
 
     nccl: bool | None = None
     if torch.version.cuda is not None:

@@ -34,13 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchgpu.cli.common import ArgumentParser
 from torchgpu.errors import PlanError, UsageError
-from torchgpu.planning.candidates import Candidate, all_candidates
-from torchgpu.planning.decide import Plan
-from torchgpu.planning.footprint import Footprint
-from torchgpu.planning.planner import plan_from_footprint
-from torchgpu.planning.report import document
-from torchgpu.planning.targets import ACCEPTED, HEADROOM, DeviceTarget, parse_devices
-from torchgpu.planning.workload import Workload
+from torchgpu.planning.targets import ACCEPTED, HEADROOM, parse_devices
 from torchgpu.sizes import format_bytes
 
 if TYPE_CHECKING:
@@ -145,6 +139,9 @@ def main(argv: list[str]) -> int:
     targets = parse_devices(args.devices)  # before the model: bad devices fail fast
     import torch
 
+    from torchgpu.planning.candidates import all_candidates
+    from torchgpu.planning.planner import plan_from_footprint
+    from torchgpu.planning.report import document
     from torchgpu.planning.workload import Workload
 
     pairs = False

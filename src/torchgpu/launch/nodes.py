@@ -15,9 +15,6 @@ turns what torchrun would wait out silently into one paragraph:
   its machine gone) or whose store stopped answering is *lost*: this node's workers are
   ended at once (their collectives would otherwise wait for ``--collective-timeout``)
   and :attr:`NodeWatch.lost` names it, with the step this node's ranks had done.
-
-Starting a node (torchrun's settings, waiting for the store, workers that die with
-their launcher) is :mod:`torchgpu.launch.rendezvous`.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from torchgpu.train import placing as build
 from torchgpu.train import strategies
 from torchgpu.train.auto_strategy import decide_strategy
 from torchgpu.train.checkpoints.resume_plan import plan_resume
-from torchgpu.train.checkpoints.run_checkpoints import RunStart
+from torchgpu.train.checkpoints.run_start import RunStart
 from torchgpu.train.checkpoints.world_change import check_asked
 from torchgpu.train.config import TrainConfig, resolve
 from torchgpu.train.config_checks import validate

@@ -40,7 +40,8 @@ from torchgpu.train import schedule, stream_run
 from torchgpu.train.assemble import Assembly, assemble, settle
 from torchgpu.train.checkpoints.autoresume import RunFinished, continue_hint
 from torchgpu.train.checkpoints.finished import finished_result
-from torchgpu.train.checkpoints.run_checkpoints import Ranks, RunCheckpoints, RunStart
+from torchgpu.train.checkpoints.run_checkpoints import RunCheckpoints
+from torchgpu.train.checkpoints.run_start import Ranks, RunStart
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.fingerprints import fingerprints
 from torchgpu.train.guards.agreement import share_stop

@@ -14,21 +14,16 @@
   skipped for the newest that verifies when reached through ``latest`` and refused when
   named. Checkpoints past the resumed step are moved, whole, to
   ``OUT/checkpoints-abandoned-after-step-SSSSSSSS/``; nothing is deleted.
-- **Sharded** (``--strategy fsdp``): every rank writes its own shards
-  (:mod:`torchgpu.checkpoint.sharded`, the same atomic publication; ``--async-save``
-  writes them while training goes on, a stop's save completes before the process ends);
-  a ``single``, ``ddp`` or ``fsdp`` run may resume on another world size where the
-  effective batch stays (:mod:`torchgpu.train.checkpoints.world_change`).
+- **Sharded** (fsdp): every rank writes its shards (:mod:`torchgpu.checkpoint.sharded`;
+  ``--async-save`` in the background). A run may resume on another world size where the
+  effective batch stays (:mod:`.world_change`).
 - **Held**: weights (canonical keys), optimizer, scheduler, the precision's scaler, RNG
   states, and in ``extra`` the :class:`~torchgpu.train.state.TrainState`, the finished
   epochs' records, every rank's RNG at the save and at the saved epoch's loader start, a
   stream's position, and ``run`` (what must match for the position to mean the same).
-- **Exact.** The model, optimizer and loaders are built as in a fresh run, the states
-  loaded, the epoch's order re-created from ``(seed, epoch)`` and its first
-  ``batch_in_epoch`` batches skipped, the RNGs restored, and ``metrics.jsonl`` rewritten
-  from the checkpoint's history (:mod:`.history`): on CPU a resumed run ends bitwise
-  equal to the uninterrupted one, DataLoader workers included; on GPU to float
-  tolerance (non-deterministic kernels).
+- **Exact.** Built as a fresh run, states loaded, the epoch's order re-created from
+  ``(seed, epoch)`` and its first batches skipped, RNGs restored, ``metrics.jsonl``
+  rewritten (:mod:`.history`): on CPU bitwise equal to the uninterrupted run.
 """
 
 from __future__ import annotations
@@ -37,9 +32,8 @@ import dataclasses
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
@@ -62,16 +56,14 @@ from torchgpu.checkpoint.discover import (
 from torchgpu.checkpoint.sharded import ShardedSaver
 from torchgpu.checkpoint.sharded_load import is_sharded
 from torchgpu.collectives import gather_objects
-from torchgpu.errors import (
-    CheckpointCorruptError,
-    ResumeError,
-)
+from torchgpu.errors import CheckpointCorruptError, ResumeError
 from torchgpu.launch.heartbeat import Heartbeat
 from torchgpu.launch.stop_record import StopFlag
 from torchgpu.train.checkpoints import world_change
 from torchgpu.train.checkpoints.autoresume import continue_hint
 from torchgpu.train.checkpoints.history import history_lines
 from torchgpu.train.checkpoints.resume_plan import FIXED, ResumePlan, cannot_resume, checkpoints_dir
+from torchgpu.train.checkpoints.run_start import DataPosition, Ranks
 from torchgpu.train.checkpoints.saved_position import (
     check_steps_asked,
     saved_position,
@@ -80,39 +72,8 @@ from torchgpu.train.config import TrainConfig
 from torchgpu.train.loop import epoch as loop
 from torchgpu.train.outputs import files as outputs
 from torchgpu.train.outputs.files import EpochRecord, MetricsBuffer
-from torchgpu.train.run_hooks import RunHooks
 from torchgpu.train.schedule import FIXED as SCHEDULE_FIXED
 from torchgpu.train.state import TrainState
-
-
-@dataclass(frozen=True)
-class RunStart:
-    """How the runner starts: the resume plan and the run's hooks
-    (:mod:`torchgpu.train.run_hooks`)."""
-
-    plan: ResumePlan = field(default_factory=ResumePlan)
-    hooks: RunHooks = field(default_factory=RunHooks)
-
-
-@dataclass(frozen=True)
-class Ranks:
-    """This process's rank and the world size (what save_checkpoint's ``dist`` needs)."""
-
-    rank: int
-    world_size: int
-
-    @property
-    def is_distributed(self) -> bool:
-        return self.world_size > 1
-
-
-class DataPosition(Protocol):
-    """A loader whose position a checkpoint keeps (a stream's:
-    :class:`torchgpu.data.stream_loader.StreamLoader`)."""
-
-    def position_state(self, epoch: int, batch: int) -> object | None: ...
-
-    def resume_from(self, saved: object) -> None: ...
 
 
 def _refuse_whole(source: Path) -> None:

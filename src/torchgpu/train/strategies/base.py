@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from torchgpu.errors import UsageError
-from torchgpu.parallel.data import unwrap
 from torchgpu.train.strategies.shard import Shard
 
 if TYPE_CHECKING:
@@ -155,6 +154,7 @@ class Strategy:
         where the weights are sharded: call on every rank)."""
         from torch import Tensor
 
+        from torchgpu.parallel.data import unwrap
 
         state = unwrap(model).state_dict()
         # Left on their device: the writer finds tied weights by storage before copying.
@@ -162,6 +162,7 @@ class Strategy:
 
     def eval_model(self, model: nn.Module) -> nn.Module:
         """The module evaluation calls (the unwrapped one: no collectives in eval)."""
+        from torchgpu.parallel.data import unwrap
 
         return unwrap(model)
 

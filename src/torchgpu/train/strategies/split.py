@@ -27,15 +27,16 @@ import sys
 from collections.abc import Sized
 from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-from torch import nn
-
-from torchgpu.devices.cuda_status import cuda_device_count
-from torchgpu.distributed import DistEnv
 from torchgpu.errors import UsageError
 from torchgpu.train.strategies.base import Features, Strategy, processes
 
 if TYPE_CHECKING:
+    # torch only here and inside functions (see strategies.base): the CLI builds its
+    # parser from the strategies without importing torch.
+    import torch
+    from torch import nn
+
+    from torchgpu.distributed import DistEnv
     from torchgpu.train.config import TrainConfig
     from torchgpu.train.task import Task
 
@@ -55,6 +56,9 @@ def stage_devices(config: TrainConfig) -> list[torch.device]:
     for devices this machine lacks, UsageError when no list is given and fewer than two
     GPUs are visible.
     """
+    import torch
+
+    from torchgpu.devices.cuda_status import cuda_device_count
     from torchgpu.parallel.model import parse_devices
 
     if config.devices is not None:
@@ -72,6 +76,8 @@ def stage_devices(config: TrainConfig) -> list[torch.device]:
 def rank_device(config: TrainConfig, env: DistEnv) -> torch.device:
     """This process's device in a multi-process pipeline: ``--devices``' entry for the
     rank, else ``cuda:LOCAL_RANK`` on a GPU machine (``--device auto|cuda``), else cpu."""
+    import torch
+
     from torchgpu.parallel.model import parse_devices
 
     if config.devices is not None:
@@ -110,6 +116,8 @@ def check_splittable(model: nn.Module, data: Task, strategy: str) -> None:
     """Refuse (UsageError, exit 2) a model or data that cannot be cut into stages:
     stages need an ``nn.Sequential``, a model with ``as_sequential()`` or an
     ``nn.ModuleList`` of blocks, fed one tensor per batch."""
+    from torch import nn
+
     if getattr(data, "dict_batches", False):
         raise UsageError(
             f"--strategy {strategy} passes one tensor from stage to stage, but the data yields "
@@ -146,6 +154,8 @@ def build_split_model(
     Returns a SplitModel (``model``) or Pipeline (``pipeline``) over :func:`stage_devices`.
     BalanceError (exit 2) when ``--balance`` does not match the model's layers.
     """
+    from torch import nn
+
     from torchgpu.parallel.pipeline import build_pipeline_model
     kind = kind or config.strategy
     check_splittable(model, data, kind)
