@@ -185,7 +185,8 @@ def memory_estimate(config: TrainConfig, plan: Any | None, task: Task, mode: str
         # The planner's row is for the micro-batch it planned; after --batch-size auto the
         # run trained another one (seen on an H200: 8 planned, 3000 trained), so the
         # estimate is made again for the batch the peak was measured at.
-        if found is not None and found["micro_batch"] in (None, config.batch_size):
+        if found is not None and (config.batch_size is None
+                                  or found["micro_batch"] in (None, config.batch_size)):
             return {**found, **_measured(found["devices"])}
     if not (config.estimate_memory or device.startswith("cuda")):
         return {"source": None, "note": NOT_ASKED}
