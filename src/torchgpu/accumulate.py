@@ -21,9 +21,8 @@ buffers at the next forward, as after one of its own synchronised steps. Every o
 of forwards and backwards thus steps on the same gradients on every rank; the
 interleaved order keeps DDP's all-reduce overlapped with the backward.
 
-Usage, per micro-batch (run the forward inside ``micro_step``: DDP decides at forward
-time whether the coming backward all-reduces, and this order lets it overlap the
-all-reduce with the boundary's backward)::
+Usage, per micro-batch (the forward inside ``micro_step``: DDP decides at forward time
+whether the coming backward all-reduces, and overlaps it with that backward)::
 
     acc = GradAccumulator(model, optimizer, steps=4, precision=prec, clip_norm=1.0)
     for x, y in loader:
@@ -33,19 +32,11 @@ all-reduce with the boundary's backward)::
             stepped = acc.backward(loss)
     acc.flush()   # the last, partial window of the epoch
 
-With micro-batches of unequal size (here the window's last one is short)::
-
-    acc.set_steps(3, window_samples=8 + 8 + 4)   # at a window's start (pending == 0)
-    ...   stepped = acc.backward(loss, samples=len(x))   # 8, 8, then 4
-
-Under DDP/FSDP (gradients averaged over ranks) ``window_samples`` is the window's sample
-count over all ranks divided by the world size, and ``samples`` this rank's: the mean
-over ranks of the weighted gradients is then the mean over every sample of the window,
-even when the ranks hold different numbers of samples (or none).
-
-FSDP2 (``fully_shard``) models reduce-scatter on every micro-step (their sharded
-gradients accumulate correctly); skipping that sync would keep full unsharded
-gradients on every rank, which defeats sharding.
+Micro-batches of unequal size: ``acc.set_steps(3, window_samples=8 + 8 + 4)`` at the
+window's start, then ``acc.backward(loss, samples=len(x))``. Under DDP/FSDP
+``window_samples`` is the window's samples over all ranks divided by the world size
+(ranks may hold different numbers of samples, or none). FSDP2 models reduce-scatter on
+every micro-step: skipping it would keep full unsharded gradients on every rank.
 """
 
 from __future__ import annotations

@@ -13,8 +13,7 @@ import math
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
-from datetime import timedelta
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +23,9 @@ from torch import nn
 from torchgpu.collectives import gather_objects
 from torchgpu.data.batches import install_call_convention
 from torchgpu.data.workers import loader_summary
-from torchgpu.distributed import DistSession, init_distributed
 from torchgpu.errors import (
-    CollectiveTimeoutError,
     DistributedError,
     EvaluationError,
-    StartupTimeoutError,
     TorchGpuError,
     first_line,
 )
@@ -64,6 +60,7 @@ from torchgpu.train.outputs.report import (
 )
 from torchgpu.train.outputs.step_log import StepLog
 from torchgpu.train.plugin import task_for_config
+from torchgpu.train.run_session import named_hangs, process_group
 from torchgpu.train.state import TrainState
 from torchgpu.train.strategies import Strategy
 from torchgpu.train.strategies.run_steps import StepContext
@@ -121,77 +118,6 @@ def train(config: TrainConfig | None = None, *, stop: StopFlag | None = None,
             finally:
                 if convention is not None:
                     convention.remove()
-
-
-@contextmanager
-def process_group(run: Assembly, beat: Heartbeat | None,
-                  stop: StopFlag | None) -> Iterator[DistSession]:
-    """The run's process group (:func:`torchgpu.distributed.init_distributed`), kept for
-    the process's life: a script that calls ``fit`` again reuses it. Forming it waits
-    ``--startup-timeout`` for the other ranks (``--collective-timeout`` is for the
-    collectives after it); a rank that waited that long fails with
-    :class:`StartupTimeoutError`, recorded in its heartbeat (the launcher names the
-    ranks that did not join and where they were)."""
-    config = run.config
-    if beat is not None:
-        beat.phase, beat.timeout_s = "joining", config.startup_timeout
-    try:
-        session = init_distributed(device=run.device, timeout=collective_timeout(config),
-                                   startup_timeout=timedelta(seconds=config.startup_timeout),
-                                   stop=stop.requested if stop is not None else None,
-                                   keep=True)
-    except DistributedError as error:
-        cause = error.__cause__
-        if cause is None or collective_failure(cause) != "timeout":
-            raise
-        if beat is not None:
-            beat.failed("timeout", cause)
-        raise StartupTimeoutError(
-            f"rank {run.env.rank} waited {config.startup_timeout:g} s for the other ranks to "
-            f"form the process group at start-up and they did not all join "
-            f"({first_line(cause)}); the launcher names the rank(s) that did not join and "
-            "where each was. If building the model or loading the data legitimately takes "
-            "longer, raise --startup-timeout."
-        ) from error
-    if beat is not None:
-        beat.phase, beat.timeout_s = "setup", config.collective_timeout
-    with session:
-        yield session
-
-
-def collective_timeout(config: TrainConfig) -> timedelta:
-    """The process group's timeout: ``--collective-timeout`` seconds."""
-    return timedelta(seconds=config.collective_timeout)
-
-
-@contextmanager
-def named_hangs(run: Assembly, beat: Heartbeat | None) -> Iterator[None]:
-    """A collective that times out (or loses its peer) becomes CollectiveTimeoutError /
-    DistributedError naming this rank's position; the heartbeat records it for the
-    launcher, which names the rank(s) that did not arrive."""
-    try:
-        yield
-    except TorchGpuError:
-        raise
-    except Exception as error:
-        kind = collective_failure(error) if run.env.world_size > 1 or beat else None
-        if kind is None:
-            raise
-        where = beat.where() if beat is not None else "a collective"
-        if beat is not None:
-            beat.failed(kind, error)
-        rank = run.env.rank
-        if kind == "timeout":
-            raise CollectiveTimeoutError(
-                f"rank {rank} waited {run.config.collective_timeout:g} s in {where} and "
-                f"another rank never joined it ({first_line(error)}); the launcher names the "
-                "rank(s) that did not arrive and where each was. If a step legitimately "
-                "takes longer, raise --collective-timeout."
-            ) from error
-        raise DistributedError(
-            f"rank {rank} lost a peer in {where} ({first_line(error)}): another rank "
-            "ended; see its output for why."
-        ) from error
 
 
 def _run(
