@@ -278,3 +278,67 @@ def test_the_model_handed_back_holds_no_gradients(tmp_path: Path) -> None:
     result = train(TrainConfig(out=str(tmp_path / "run"), data_size=60, epochs=1,
                                progress="off"))
     assert all(p.grad is None for p in result.model.parameters())
+
+
+class _CountingWindow:
+    """A strategy's own window (no backward): counts batches, steps every ``steps``."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps, self.pending, self.window_samples = steps, 0, None
+        self.applied = 0
+        self.resets = 0
+
+    def set_steps(self, steps: int, window_samples: float | None = None) -> None:
+        self.steps = steps
+
+    def zero_grad(self) -> None:
+        pass
+
+    def reset(self) -> None:
+        self.pending = 0
+        self.resets += 1
+
+    def flush(self) -> bool:
+        if not self.pending:
+            return False
+        self.pending, self.applied = 0, self.applied + 1
+        return True
+
+
+def test_a_strategy_s_own_step_replaces_forward_and_backward() -> None:
+    # The stage pipeline's branch: the loop calls parts.step per batch (never the model or
+    # a backward), sizes its window (the epoch's short last one) and records its losses.
+    window = _CountingWindow(2)
+    seen: list[int] = []
+    values = iter([1.0, 3.0, 2.0, float("nan"), 5.0])
+
+    def step(x: object, y: object, samples: int, loss_fn: object) -> tuple[
+            float, bool, bool, None]:
+        seen.append(samples)
+        value = next(values)
+        if not math.isfinite(value):
+            return value, True, False, None
+        window.pending += 1
+        stepped = window.pending >= window.steps and window.flush()
+        return value, False, stepped, None
+
+    model = nn.Linear(13, 1)
+    forward = model.forward
+    model.forward = lambda *a: pytest.fail("the loop ran the model")  # type: ignore[method-assign]
+    parts = LoopParts(model=model, loss_fn=nn.MSELoss(), accumulator=window,
+                      precision=Precision("fp32", "cpu"), device=torch.device("cpu"),
+                      accumulate=2, on_nonfinite="skip", step=step)
+    state = TrainState()
+    totals = run_epoch(parts, _batches(5), state, batches_per_epoch=5)
+    model.forward = forward  # type: ignore[method-assign]
+    assert seen == [4] * 5 and totals.micro_batches == 5
+    # windows [1, 3] -> step 1 (mean 2); [2, nan] -> skipped; the last window is one batch.
+    assert state.step == 2 and state.skipped_steps == 1 and window.resets == 1
+    assert state.step_losses == [2.0, 5.0] and window.steps == 2  # restored after the epoch
+
+
+def test_a_window_without_backward_needs_the_strategy_s_own_step() -> None:
+    parts = LoopParts(model=nn.Linear(13, 1), loss_fn=nn.MSELoss(), accumulator=_CountingWindow(1),
+                      precision=Precision("fp32", "cpu"), device=torch.device("cpu"))
+    with pytest.raises(TypeError, match="runs no backward"):
+        run_epoch(parts, _batches(1), TrainState(), batches_per_epoch=1)

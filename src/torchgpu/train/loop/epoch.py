@@ -55,7 +55,7 @@ from torchgpu.launch.stop_record import StopFlag
 from torchgpu.train.guards.agreement import FiniteGuard, NonFiniteGradients
 from torchgpu.train.loop.loss_reader import LossReader, per_step_optimizer
 from torchgpu.train.loop.micro_step import MicroStep
-from torchgpu.train.loop.parts import Accumulator, LoopParts, ProgressSink
+from torchgpu.train.loop.parts import LoopParts, ProgressSink, Window
 from torchgpu.train.loop.tail import TailWindows
 from torchgpu.train.loop.window import WindowLosses
 from torchgpu.train.state import TrainState
@@ -193,7 +193,9 @@ def run_epoch(
     guard, stop_here, stop_at_end = _agreement(parts, state, records, stop,
                                                hook=hooked is None)
     reader = LossReader(hooked, guard) if hooked is not None else None
-    step = MicroStep(parts, guard, reader).run  # forward, backward; back-off, guard inside
+    # The stage pipeline brings its own step (one schedule over every stage); every other
+    # strategy: forward, loss, backward through the accumulator, back-off and guard inside.
+    step = parts.step if parts.step is not None else MicroStep(parts, guard, reader).run
     losses = WindowLosses(state, records, acc, on_step=on_step, on_nonfinite=parts.on_nonfinite,
                           rank=parts.rank, distributed=guard is not None, reader=reader)
     window = parts.accumulate
@@ -285,14 +287,14 @@ def _moved(x: Any, y: Any, device: torch.device) -> tuple[Any, Any]:
     return x, x if same else to_device(y, device, non_blocking=True)
 
 
-def _size_window(acc: Accumulator, window: int, left: int) -> None:
+def _size_window(acc: Window, window: int, left: int) -> None:
     """At a window's start: as long as configured, or what is left of the epoch."""
     wanted = left if 0 < left < window else window
     if acc.steps != wanted:
         acc.set_steps(wanted)
 
 
-def _flush(acc: Accumulator, losses: WindowLosses) -> bool:
+def _flush(acc: Window, losses: WindowLosses) -> bool:
     """Step on the epoch's partial last window; under DDP its gradients may turn out
     non-finite (the guard), which drops the window."""
     try:
@@ -303,7 +305,7 @@ def _flush(acc: Accumulator, losses: WindowLosses) -> bool:
         return False
 
 
-def _restore_window(acc: Accumulator, window: int, *, free: bool) -> None:
+def _restore_window(acc: Window, window: int, *, free: bool) -> None:
     """At the epoch's end: the configured window again, and with ``free`` the last step's
     gradients freed (an accelerator's memory is better spent on evaluation). On the CPU
     they stay until the next window's first forward, as in a hand-written loop: freeing

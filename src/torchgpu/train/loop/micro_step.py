@@ -32,13 +32,14 @@ from torch import Tensor
 from torchgpu.memory.oom import is_oom
 from torchgpu.train.guards.agreement import FiniteGuard, NonFiniteGradients
 from torchgpu.train.loop.outcome import BatchOutcome
+from torchgpu.train.loop.parts import Accumulator, StepResult
 
 if TYPE_CHECKING:
     from torchgpu.train.loop.loss_reader import LossReader
     from torchgpu.train.loop.parts import LoopParts
 
 LossFn = Callable[[Any, Any], Tensor]
-Result = tuple["float | None", bool, bool, "BatchOutcome | None"]
+Result = StepResult
 
 DROPPED = BatchOutcome(math.nan, False, dropped=True)
 
@@ -52,8 +53,11 @@ class MicroStep:
 
     def __init__(self, parts: LoopParts, guard: FiniteGuard | None,
                  reader: LossReader | None = None) -> None:
-        self.model, self.acc, self.guard, self.reader = (
-            parts.model, parts.accumulator, guard, reader)
+        acc = parts.accumulator
+        if not isinstance(acc, Accumulator):
+            raise TypeError(f"the loop's accumulator {type(acc).__name__} runs no backward: "
+                            "give LoopParts a GradAccumulator, or the strategy's own step")
+        self.model, self.acc, self.guard, self.reader = parts.model, acc, guard, reader
         autocast = (parts.precision.autocast
                     if getattr(parts.precision, "dtype", True) is not None else None)
         micro = self.acc.micro_step if parts.accumulate > 1 else None

@@ -1,8 +1,7 @@
 """The pieces the training loop works with: :class:`LoopParts` (one micro-step's model,
 loss, accumulator, precision, device and hooks) and the protocols it needs from them.
 
-A leaf of the loop's modules: :mod:`torchgpu.train.loop.epoch`, its micro-step
-(:mod:`torchgpu.train.loop.micro_step`) and its window (:mod:`torchgpu.train.loop.window`) all read
+A leaf of the loop's modules: the epoch loop, its micro-step and its window all read
 these types, so they live apart from each of them.
 """
 
@@ -11,12 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
 
 from torchgpu.train.guards.agreement import RankAgreement
+from torchgpu.train.loop.outcome import BatchOutcome
 from torchgpu.train.state import TrainState
 
 if TYPE_CHECKING:
@@ -24,15 +24,12 @@ if TYPE_CHECKING:
     from torchgpu.train.loop.backoff import LoopBackoff
 
 
-class Accumulator(Protocol):
-    """What the loop needs from :class:`torchgpu.accumulate.GradAccumulator`."""
+class Window(Protocol):
+    """The accumulation window the loop sizes, steps at the epoch's end and drops: what it
+    needs from :class:`torchgpu.accumulate.GradAccumulator` or a strategy's own window."""
 
     @property
     def steps(self) -> int: ...
-
-    def micro_step(self) -> AbstractContextManager[Any]: ...
-
-    def backward(self, loss: Tensor, samples: int | None = None) -> bool: ...
 
     def set_steps(self, steps: int, window_samples: float | None = None) -> None: ...
 
@@ -49,6 +46,16 @@ class Accumulator(Protocol):
     def pending(self) -> int: ...
 
 
+@runtime_checkable
+class Accumulator(Window, Protocol):
+    """A window that also runs each micro-batch's backward and steps at its boundary (what
+    :class:`~torchgpu.train.loop.micro_step.MicroStep` needs: a ``GradAccumulator``)."""
+
+    def micro_step(self) -> AbstractContextManager[Any]: ...
+
+    def backward(self, loss: Tensor, samples: int | None = None) -> bool: ...
+
+
 class Autocaster(Protocol):
     """What the loop needs from :class:`torchgpu.precision.Precision`."""
 
@@ -63,6 +70,18 @@ class ProgressSink(Protocol):
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
+# One micro-batch's result: its loss (None while still on the device), whether it was
+# non-finite, whether the optimizer stepped, and the back-off's or the guard's outcome
+# when one took the batch over.
+StepResult = tuple[float | None, bool, bool, BatchOutcome | None]
+
+
+class OwnStep(Protocol):
+    """A strategy's own micro-step, for a batch that is no forward-then-backward of one
+    module (the multi-process stage pipeline: one schedule over every stage)."""
+
+    def __call__(self, x: Any, y: Any, samples: int, loss_fn: LossFn) -> StepResult: ...
+
 
 @dataclass(frozen=True)
 class LoopParts:
@@ -70,7 +89,8 @@ class LoopParts:
 
     model: nn.Module
     loss_fn: LossFn
-    accumulator: Accumulator
+    # The GradAccumulator; with ``step``, the strategy's own window.
+    accumulator: Window
     precision: Autocaster
     device: torch.device
     accumulate: int = 1  # micro-batches per optimizer step (the configured window)
@@ -90,6 +110,9 @@ class LoopParts:
     # window holding a short micro-batch on, micro-batches are weighted by their samples
     # (torchgpu.train.loop.tail). None: equal weights (exact when all batches are full).
     layout: ShardLayout | None = None
+    # The strategy's own micro-step, which the loop then runs instead of MicroStep (the
+    # stage pipeline); None: forward, loss and backward through ``accumulator``.
+    step: OwnStep | None = None
 
     def __post_init__(self) -> None:
         if self.agree and self.agreement is None:

@@ -29,7 +29,7 @@ from torchgpu.train.state import TrainState
 
 if TYPE_CHECKING:
     from torchgpu.train.loop.loss_reader import LossReader
-    from torchgpu.train.loop.parts import Accumulator
+    from torchgpu.train.loop.parts import Window
 
 StepRecords = list[tuple[int, int, float]]
 
@@ -44,7 +44,7 @@ class WindowLosses:
     waits for the boundary. ``on_nonfinite``: ``"stop"`` or ``"skip"``.
     """
 
-    def __init__(self, state: TrainState, records: StepRecords, accumulator: Accumulator, *,
+    def __init__(self, state: TrainState, records: StepRecords, accumulator: Window, *,
                  on_step: Callable[[TrainState], None] | None, on_nonfinite: str,
                  rank: int, distributed: bool, reader: LossReader | None = None) -> None:
         self.state, self.records, self.acc = state, records, accumulator

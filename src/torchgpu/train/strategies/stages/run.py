@@ -5,13 +5,13 @@ Every rank builds the same seeded model and keeps its stage(s) of the sequential
 (:class:`~torchgpu.train.strategies.stages.trainer.StageTrainer`; ``--schedule
 gpipe|1f1b|interleaved1f1b``, the last with two stages per process) and iterates the
 same, unsharded batches (the one-process order): rank 0 feeds the inputs, the last rank
-the labels. :class:`StageRun` gives the loop (:func:`torchgpu.train.loop.epoch.run_epoch`)
-:class:`StageSteps` as its loss and accumulator (gradients accumulate over
+the labels. :class:`StageRun` gives the loop its own step (:class:`StageStep`, one
+schedule per batch) and window (:class:`StageWindow`: gradients accumulate over
 ``--accumulate`` batches weighted by their rows, as one process does), the stop flag
 the ranks agree on in each step's all-reduce, the forward-only evaluation, the whole
 model gathered on rank 0 for checkpoints and ``model.safetensors`` with every stage's
-optimizer state (:mod:`.state`: ``--save-every``/``--resume`` continue exactly), and the
-summary's ``pipeline`` entry. Every batch runs in ``--chunks`` micro-batches whatever its
+optimizer state (``--save-every``/``--resume`` continue exactly), and the summary's
+``pipeline`` entry. Every batch runs in ``--chunks`` micro-batches whatever its
 size, so no batch is skipped and losses, gradients and metrics equal the one-process
 run's; ``--chunks auto`` sweeps the equal splits (a resume keeps the saved choice).
 ``bf16`` runs each stage's forward and the loss under autocast; ``fp16`` is refused
@@ -21,48 +21,22 @@ run's; ``--chunks auto`` sweeps the equal splits (a resume keeps the saved choic
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import torch
 import torch.distributed as dist
-from torch import Tensor, nn
+from torch import Tensor
 
 from torchgpu.launch.stop_record import StopFlag
-from torchgpu.train.loop.parts import LoopParts
+from torchgpu.train.loop.parts import LoopParts, StepResult
 from torchgpu.train.outputs.evaluation import EvalResult
 from torchgpu.train.state import TrainState
 from torchgpu.train.strategies.run_steps import RunSteps, StepContext
-from torchgpu.train.strategies.split import (
-    check_splittable,
-)
+from torchgpu.train.strategies.split import check_splittable
 from torchgpu.train.strategies.stages.state import StageOptimizers
 from torchgpu.train.strategies.stages.trainer import StageTrainer
-
-if TYPE_CHECKING:
-    pass
-
-LossFn = Callable[[Any, Any], Tensor]
-
-
-class _Inputs(nn.Module):
-    """:func:`run_epoch`'s "model" for the stage pipeline: hands the inputs on; the
-    forward and backward of every stage run in :meth:`StageSteps.loss`."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        return x
-
-
-class _NoAutocast:
-    dtype = None  # fp32: run_epoch enters no context
-
-    def autocast(self) -> AbstractContextManager[Any]:
-        return nullcontext()
-
-
-NO_AUTOCAST = _NoAutocast()
 
 
 class _AgreedStop(StopFlag):
@@ -80,40 +54,24 @@ class _AgreedStop(StopFlag):
             self.set(self.flag.signal_name or "request")
 
 
-class StageSteps:
-    """One batch of the stage pipeline as :func:`~torchgpu.train.loop.epoch.run_epoch` takes it.
+class StageWindow:
+    """The pipeline's accumulation window, as the loop sizes and ends it: it counts the
+    window's batches and rows; at the window's end :meth:`StageTrainer.apply` turns the
+    summed gradients into their mean over those rows and steps; :meth:`reset` drops it."""
 
-    ``loss(inputs, y)`` runs the batch through every stage (forward and backward in one
-    schedule) and returns the loss agreed on every rank (NaN when the last stage saw a
-    non-finite one, so every rank raises or skips alike); as the loop's accumulator it
-    counts the window's rows and, at the window's end, turns the summed gradients into
-    their mean and steps (:meth:`StageTrainer.apply`); ``reset`` drops the window.
-    ``agreed`` is the stop flag the loop checks: the value the ranks agreed on.
-    """
-
-    def __init__(self, trainer: StageTrainer, stop: StopFlag, window: int) -> None:
-        self.trainer, self.stop = trainer, stop
-        self.agreed = _AgreedStop(stop)
+    def __init__(self, trainer: StageTrainer, window: int) -> None:
+        self.trainer = trainer
         self.steps = window
         self.pending = 0
         self.window_samples: float | None = None
         self._rows = 0
 
-    def loss(self, x: Tensor, y: Tensor) -> Tensor:
-        stop_seen, value = self.trainer.forward_backward(x, y, self.stop.is_set())
-        self.agreed.agree(stop_seen)
-        return torch.tensor(value, dtype=torch.float64)
-
-    def micro_step(self) -> AbstractContextManager[Any]:
-        return nullcontext()  # the schedule accumulates: nothing to suppress
-
-    def backward(self, loss: Tensor, samples: int | None = None) -> bool:
-        """Count the batch (its gradients are in already); step at the window's end."""
+    def add(self, rows: int) -> bool:
+        """Count a batch whose gradients the schedule added; True when it ended the window
+        (and the optimizer stepped)."""
         self.pending += 1
-        self._rows += int(samples or 0)
-        if self.pending < self.steps:
-            return False
-        return self.flush()
+        self._rows += rows
+        return self.flush() if self.pending >= self.steps else False
 
     def set_steps(self, steps: int, window_samples: float | None = None) -> None:
         self.steps = steps
@@ -133,6 +91,31 @@ class StageSteps:
         return True
 
 
+class StageStep:
+    """The pipeline's micro-step (``LoopParts.step``: the loop's branch for it). One batch
+    runs through every stage, forward and backward in one schedule; the loss comes back
+    agreed on every rank (NaN when the last stage saw a non-finite one, so every rank
+    stops or skips alike, before :class:`StageWindow` counts it), with the stop flag the
+    ranks agreed on in the same all-reduce (``agreed``: what the loop checks)."""
+
+    def __init__(self, stop: StopFlag, window: StageWindow) -> None:
+        self.stop, self.window = stop, window
+        self.agreed = _AgreedStop(stop)
+        # What the step runs per batch: the schedule, or the run hooks' wrapper of it.
+        self.schedule: Callable[[Tensor, Tensor], tuple[bool, float]] = self.run_schedule
+
+    def __call__(self, x: Tensor, y: Tensor, samples: int, loss_fn: object) -> StepResult:
+        stop_seen, value = self.schedule(x, y)
+        self.agreed.agree(stop_seen)
+        if not math.isfinite(value):  # the loop applies --on-nonfinite (drops the window)
+            return value, True, False, None
+        return value, False, self.window.add(samples), None
+
+    def run_schedule(self, x: Tensor, y: Tensor) -> tuple[bool, float]:
+        """Every stage's forward and backward of one batch: ``(stop seen, loss)``."""
+        return self.window.trainer.forward_backward(x, y, self.stop.is_set())
+
+
 def saved_chunks(checkpoint: Path | None) -> int | None:
     """The ``--chunks`` the run that wrote ``checkpoint`` trained with (its meta.json's
     resolved config), or None (no checkpoint, or none recorded)."""
@@ -146,10 +129,10 @@ def saved_chunks(checkpoint: Path | None) -> int | None:
 
 class StageRun(RunSteps):
     """What the multi-process stage pipeline supplies to the shared run driver
-    (:mod:`torchgpu.train.strategies.run_steps`): :class:`StageSteps` as the loop's loss and
-    accumulator, the stop flag the ranks agree on, the forward-only evaluation, the whole
-    model gathered on rank 0 for checkpoints and the final file, every stage's optimizer
-    state (:class:`~torchgpu.train.strategies.stages.state.StageOptimizers`) and the summary's
+    (:mod:`torchgpu.train.strategies.run_steps`): :class:`StageStep` and
+    :class:`StageWindow` as the loop's step and window, the stop flag the ranks agree on,
+    the forward-only evaluation, the whole model gathered on rank 0 for checkpoints and the
+    final file, every stage's optimizer state (:class:`StageOptimizers`) and the summary's
     ``pipeline`` entry. Call inside the process group, on every rank."""
 
     phase = "stages"  # a step waits on the stages' sends and receives, then one all-reduce
@@ -171,18 +154,19 @@ class StageRun(RunSteps):
         config = dataclasses.replace(config, balance=",".join(map(str, trainer.balance)),
                                      chunks=trainer.chunks if config.chunks == "auto"
                                      else config.chunks)
-        steps = StageSteps(trainer, ctx.stop, config.accumulate)
-        position = ctx.position  # the hooks' loss goes before step N's schedule (its sends)
-        loss_fn: LossFn = ctx.hooks.wrap_loss(steps.loss, lambda: position()[0],
-                                              before="stage schedule (its sends and receives)")
-        self.parts = LoopParts(model=_Inputs(), loss_fn=loss_fn, accumulator=steps,
-                               precision=NO_AUTOCAST, device=ctx.device,
+        window = StageWindow(trainer, config.accumulate)
+        step = StageStep(ctx.stop, window)
+        position = ctx.position  # the hooks wrap the schedule: before step N's sends
+        step.schedule = ctx.hooks.wrap_loss(step.schedule, lambda: position()[0],
+                                            before="stage schedule (its sends and receives)")
+        self.parts = LoopParts(model=model, loss_fn=task.loss, accumulator=window,
+                               precision=ctx.precision, device=ctx.device,
                                accumulate=config.accumulate, on_nonfinite=config.on_nonfinite,
-                               rank=trainer.last_rank)
+                               rank=trainer.last_rank, step=step)
         self.config, self.trainer, self.task = config, trainer, task
         # The agreed flag: a step limit set on every rank at one boundary stops there; a
         # signal on one rank reaches the others in the next step's all-reduce.
-        self.stop = steps.agreed
+        self.stop = step.agreed
         self.model = self.observed = self.result_model = model
         self.optimizer = StageOptimizers(trainer.optimizer, model, trainer.pipe.modules)
 
