@@ -217,14 +217,14 @@ def test_rank_other_than_zero_writes_nothing(tmp_path: Path, monkeypatch: pytest
                                              capsys: pytest.CaptureFixture[str]) -> None:
     from torchgpu.train import runner
 
-    real = runner._run
+    real = runner._Run.__init__
 
-    def as_rank_one(*args: object) -> object:
+    def as_rank_one(self: object, *args: object, **kwargs: object) -> None:
         args_list = list(args)
-        args_list[8] = None  # out_dir: what a rank other than 0 gets
-        return real(*args_list)  # type: ignore[arg-type]
+        args_list[5] = None  # out_dir: what a rank other than 0 gets
+        real(self, *args_list, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(runner, "_run", as_rank_one)
+    monkeypatch.setattr(runner._Run, "__init__", as_rank_one)
     result = train(TrainConfig(out=str(tmp_path / "r1"), data_size=60, epochs=1,
                                progress="plain"))
     assert result.out_dir is None and result.state.step > 0

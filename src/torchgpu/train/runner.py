@@ -43,7 +43,7 @@ from torchgpu.train.fingerprints import fingerprints
 from torchgpu.train.guards.agreement import share_stop
 from torchgpu.train.guards.auto_batch import apply_auto_batch, batch_line
 from torchgpu.train.guards.stop_deadline import StopDeadline
-from torchgpu.train.loop.epoch import agreed_steps, run_epoch, sync_now
+from torchgpu.train.loop.epoch import EpochTotals, agreed_steps, run_epoch, sync_now
 from torchgpu.train.observe.data_wait import DataWait
 from torchgpu.train.observe.observers import Observers
 from torchgpu.train.observe.progress import NullProgress, make_progress, memory_reader
@@ -62,8 +62,8 @@ from torchgpu.train.outputs.step_log import StepLog
 from torchgpu.train.plugin import task_for_config
 from torchgpu.train.run_session import named_hangs, process_group
 from torchgpu.train.state import TrainState
-from torchgpu.train.strategies import Strategy
 from torchgpu.train.strategies.run_steps import StepContext
+from torchgpu.train.strategies.shard import Shard
 from torchgpu.train.task import Task, spreads_inputs
 
 
@@ -111,201 +111,243 @@ def train(config: TrainConfig | None = None, *, stop: StopFlag | None = None,
                 config, batch_note = apply_auto_batch(run.config, model, run.task, device,
                                                       env.world_size, run.start.hooks)
                 notes = run.notes + wrap_notes + ((batch_note,) if batch_note else ())
-                return _run(config, env.rank, env.world_size, session.is_distributed, device,
-                            choice.strategy, run.task, model,
-                            run.out_dir if env.is_main else None, notes, stop or StopFlag(),
-                            run.start, run.planned, beat)
+                out_dir = run.out_dir if env.is_main else None  # only rank 0 writes
+                return _Run(run, config, model, notes, stop or StopFlag(), out_dir,
+                            agree=session.is_distributed, beat=beat).train()
             finally:
                 if convention is not None:
                     convention.remove()
 
 
-def _run(
-    config: TrainConfig,
-    rank: int,
-    world: int,
-    agree: bool,
-    device: torch.device,
-    strategy: Strategy,
-    data: Task,
-    model: nn.Module,
-    out_dir: Path | None,
-    notes: tuple[str, ...],
-    stop: StopFlag,
-    start: RunStart | None = None,
-    planned: Any = None,
-    beat: Heartbeat | None = None,
-) -> TrainResult:
-    """The run driver, the same for every strategy; what differs comes from the
-    strategy's steps (:mod:`torchgpu.train.strategies.run_steps`)."""
-    from torchgpu.data import make_loader
-    from torchgpu.precision import Precision
-    from torchgpu.transfer import Prefetcher
+class _Run:
+    """One run, the same for every strategy; what differs comes from the strategy's steps
+    (:mod:`torchgpu.train.strategies.run_steps`). The constructor sets it up (loaders, the
+    strategy's steps, the schedule, ``--out``, the checkpoints and the state, observers);
+    :meth:`train` runs the epochs and writes the outputs."""
 
-    assert config.batch_size is not None and config.epochs is not None and config.lr is not None
-    precision = Precision(config.precision, device)
-    shard = strategy.shard(rank, world)
+    def __init__(self, run: Assembly, config: TrainConfig, model: nn.Module,
+                 notes: tuple[str, ...], stop: StopFlag, out_dir: Path | None, *,
+                 agree: bool, beat: Heartbeat | None) -> None:
+        from torchgpu.precision import Precision
+
+        assert config.batch_size is not None and config.epochs is not None
+        rank, world, device = run.env.rank, run.env.world_size, run.device
+        strategy, data, start = run.choice.strategy, run.task, run.start
+        self.run, self.device, self.world, self.agree = run, device, world, agree
+        self.stop, self.beat, self.out_dir, self.is_main = stop, beat, out_dir, out_dir is not None
+        self.precision = Precision(config.precision, device)
+        shard = strategy.shard(rank, world)
+        self.train_loader, self.test_loader = _loaders(data, config, shard, device)
+        steps = self.steps = strategy.steps(StepContext(
+            config=config, rank=rank, world=world, agree=agree, device=device, task=data,
+            model=model, precision=self.precision, stop=stop, out_dir=out_dir,
+            heartbeat=beat, hooks=start.hooks, position=lambda: (state.step, state.epoch),
+            layout=stream_run.layout_of(self.train_loader), resume_from=start.plan.source))
+        config = self.config = steps.config
+        parts = self.parts = steps.parts
+        assert config.epochs is not None
+        self.batches_per_epoch = len(self.train_loader)
+        scheduler = schedule.for_run(config, data, steps.optimizer,
+                                     math.ceil(self.batches_per_epoch / config.accumulate),
+                                     warn=self.is_main)
+        self.progress = (NullProgress() if config.json else make_progress(
+            config.progress, is_main=self.is_main, memory=memory_reader(device)))
+        if out_dir is not None:
+            if world > 1:  # what a process's batch_size means here: the global batch first
+                notes = (batch_line(config, shard.world_size), *notes)
+            notes = _open_out_dir(out_dir, config, start, notes)
+            for note in (*notes, *steps.lines()):
+                print(note, file=sys.stderr)
+        self.notes = notes
+        self.buffer = MetricsBuffer()
+        self.streamed = stream_run.StreamReport(self.train_loader, is_main=self.is_main)
+        self.records: list[EpochRecord] = []
+        self.waits = DataWait(self.train_loader.num_workers, config.num_workers)
+        self.files = fingerprints(config) if self.is_main else {}  # hashed once, cached
+        ckpt = self.ckpt = RunCheckpoints(
+            config, model=steps.model, optimizer=steps.optimizer, precision=self.precision,
+            ranks=Ranks(rank, world), records=self.records, stop=steps.stop,
+            batches_per_epoch=self.batches_per_epoch, mode=strategy.name, out_dir=out_dir,
+            sync=(lambda: sync_now(parts)) if parts.agree else None, heartbeat=beat,
+            before_save=steps.before_save, scheduler=scheduler, files=self.files,
+            data=stream_run.position_of(self.train_loader),
+            # one process of --strategy fsdp trains as single but writes shards too, so
+            # that more processes can continue its run
+            sharded=(strategy.features.sharded_checkpoints and world > 1)
+            or config.strategy == "fsdp")
+        state = self.state = ckpt.begin(start.plan)  # fresh, or restored from a checkpoint
+        self.buffer.lrs = state.step_lrs
+        if out_dir is not None:  # after the resume's checks: a refused resume changes nothing
+            write_config(out_dir, config, world, device, steps.model, self.files)
+        if beat is not None:
+            beat.follow(state)
+            beat.phase = steps.phase
+        steps_left = (math.ceil(self.batches_per_epoch / config.accumulate) * config.epochs
+                      - state.step)
+        self.watch = Observers.start(config, steps.observed, device, rank, out_dir, state,
+                                     steps_left)
+        # The schedule steps (and the step's LR is recorded) before a checkpoint is saved;
+        # the run's hooks come after the checkpoint; the step records go on disk as they come.
+        on_step = self.watch.wrap(schedule.step_hook(
+            steps.optimizer, scheduler,
+            start.hooks.after_step(ckpt.step_hook(), steps.stop, ckpt.sync)))
+        self.on_step = StepLog(out_dir, self.buffer, config.log_every,
+                               lambda: agreed_steps(parts)).wrap(on_step)
+        self.train_seconds = 0.0
+        self.stopped_at: int | None = None  # the step the loop stopped at on a stop flag
+
+    def train(self) -> TrainResult:
+        """The epochs: each one trained (:func:`run_epoch`), then evaluated, recorded and
+        flushed to ``--out``; a stop ends the run at a step boundary, saved."""
+        config, state, steps, ckpt, beat = self.config, self.state, self.steps, self.ckpt, self.beat
+        assert config.epochs is not None
+        started = time.perf_counter()
+        self.progress.start(config.epochs, self.batches_per_epoch, state.epoch)
+        try:
+            deadline = StopDeadline(self.stop, config.stop_timeout, ckpt.saving,
+                                    lambda: ckpt.last_saved)
+            with self.stop.installed(), deadline.watching():
+                for epoch in range(state.epoch, config.epochs):
+                    if state.batch_in_epoch == 0 or state.epoch != epoch:
+                        state.begin_epoch(epoch)
+                    batches = ckpt.start_epoch(self.train_loader, config.seed, epoch,
+                                               state.batch_in_epoch)
+                    fetched: Iterator[Any] = batches
+                    if self.device.type == "cuda":  # copies overlap compute on a side stream
+                        from torchgpu.transfer import Prefetcher
+
+                        fetched = iter(Prefetcher(batches, self.device))
+                    if beat is not None:  # a rank waiting for its data is named as such
+                        fetched = beat.loading(fetched)
+                    try:
+                        totals = run_epoch(self.parts, fetched, state,
+                                           batches_per_epoch=self.batches_per_epoch,
+                                           stop=steps.stop, on_step=self.on_step,
+                                           progress=self.progress, records=self.buffer.steps)
+                    finally:
+                        batches.close()  # the epoch's DataLoader workers end here, error or not
+                    if self._stopped(epoch, totals, deadline):
+                        break
+                    self._evaluate(epoch, totals)
+        finally:
+            self.progress.close()
+            self.watch.close(state)
+        return self._finish(time.perf_counter() - started)
+
+    def _stopped(self, epoch: int, totals: EpochTotals, deadline: StopDeadline) -> bool:
+        """After epoch ``epoch``'s training: its data wait, then whether a stop ends the
+        run here (saved, with how to resume)."""
+        config, state, steps = self.config, self.state, self.steps
+        self.train_seconds += totals.seconds
+        slow_data = self.waits.add(epoch, totals.data_wait_s, totals.seconds)
+        if slow_data and self.is_main:
+            print(slow_data, file=sys.stderr)
+        if not totals.stopped:
+            self.streamed.epoch_end(epoch, state.batch_in_epoch, self.batches_per_epoch,
+                                    config.accumulate)
+            return False
+        deadline.reached()  # at a step boundary: the stop's save is not cut short
+        assert config.epochs is not None
+        if epoch == config.epochs - 1 and state.batch_in_epoch >= self.batches_per_epoch:
+            return False  # a stop agreed after the run's last step stops nothing: it finishes
+        self.stopped_at = state.step
+        if self.agree and steps.stop.steps_by_rank is None:
+            # every rank stops here: agree on why and where (names the rank)
+            share_stop(steps.stop, state.step)
+        self.watch.steps(self.buffer.steps)
+        self.ckpt.stopped(state, self.buffer, self.batches_per_epoch)  # save, say how to resume
+        return True
+
+    def _evaluate(self, epoch: int, totals: EpochTotals) -> None:
+        """The epoch's evaluation and record (metrics.jsonl, observers, progress)."""
+        state, beat, config = self.state, self.beat, self.config
+        assert config.epochs is not None
+        with beat.during("evaluation") if beat is not None else nullcontext():
+            try:
+                result = self.steps.evaluate(self.test_loader)
+            except Exception as error:
+                if isinstance(error, DistributedError) or collective_failure(error):
+                    raise  # a peer's failure: no collective save can follow
+                self.watch.steps(self.buffer.steps)
+                raise _evaluation_failed(self.ckpt, state, self.buffer, self.out_dir,
+                                         config, error) from error
+        record = epoch_record(state, result, totals.samples, totals.seconds,
+                              self.steps.record_world)
+        self.records.append(record)
+        state.epoch_losses.append((record.train_loss, record.test_loss))
+        state.begin_epoch(epoch + 1)
+        self.watch.epoch(self.buffer.steps, record)
+        if self.out_dir is not None:
+            outputs.flush_epoch(self.out_dir, self.buffer, record)
+        self.progress.end_epoch(record, config.epochs, data_wait=totals.data_wait_share)
+
+    def _finish(self, seconds: float) -> TrainResult:
+        """The final weights, the summary and the run's files (rank 0)."""
+        config, state, steps, ckpt, device = (self.config, self.state, self.steps, self.ckpt,
+                                              self.device)
+        run, mode, world, out_dir = self.run, self.run.choice.strategy.name, self.world, \
+            self.out_dir
+        if self.beat is not None:
+            self.beat.phase = "finishing"
+        ckpt.finish()  # a checkpoint still being written (--async-save) is committed first
+        self.parts.accumulator.zero_grad()  # the model handed back holds no gradients
+        assert config.out is not None  # settled: every run has its --out
+        final_state = final_weights(steps.model, ckpt.shards, Path(config.out), state,
+                                    steps.full_state)
+        ckpt.close()
+        peaks = gather_objects((str(device), build.device_name(device), peak_memory(device)))
+        summary = summary_of(config, run.task, mode, world, state, self.records, peaks,
+                             self.train_seconds, seconds, steps.stop, self.precision.mode,
+                             self.stopped_at)
+        summary.update(ckpt.summary())
+        summary.update(self.waits.summary())
+        summary["data_loader"] = loader_summary(self.train_loader, config.num_workers)
+        summary["fingerprints"] = self.files
+        summary.update(self.streamed.summary())
+        steps.summarize(summary, state, self.train_seconds)
+        if out_dir is not None:
+            self.watch.report(summary, config, run.planned, run.task, mode, world)
+            outputs.write_outputs(out_dir, self.records, final_state, summary,
+                                  f"{config.run_name}: {mode}, {world} process(es)",
+                                  state.step_lrs)
+        return TrainResult(config, summary, state, tuple(self.records), steps.result_model,
+                           out_dir, self.notes)
+
+
+def _loaders(data: Task, config: TrainConfig, shard: Shard,
+             device: torch.device) -> tuple[Any, Any]:
+    """The training loader (this rank's share: a stream's, or the data set's) and the
+    evaluation loader (an empty list without a test split)."""
+    from torchgpu.data import make_loader
+
+    assert config.batch_size is not None
     train_loader: Any = stream_run.train_loader(data, config, shard.rank, shard.world_size,
                                                 device)
     if train_loader is None:
         train_loader = make_loader(data.train, config.batch_size, shuffle=True,
                                    seed=config.seed, dist=shard, device=device,
                                    num_workers=config.num_workers, pad=False,
-                                   dict_pairs=data.dict_batches,
-                                   collate_fn=data.collate_items)
+                                   dict_pairs=data.dict_batches, collate_fn=data.collate_items)
     test_loader: Any = (make_loader(data.test, data.eval_batch(config.batch_size),
                                     shuffle=False, device=device, dict_pairs=data.dict_batches,
                                     collate_fn=data.collate_items)
                         if data.test is not None else [])
-    start = start or RunStart()
-    steps = strategy.steps(StepContext(
-        config=config, rank=rank, world=world, agree=agree, device=device, task=data,
-        model=model, precision=precision, stop=stop, out_dir=out_dir, heartbeat=beat,
-        hooks=start.hooks, position=lambda: (state.step, state.epoch),
-        layout=stream_run.layout_of(train_loader),
-        resume_from=start.plan.source))
-    config, parts, mode = steps.config, steps.parts, strategy.name
-    assert config.epochs is not None
-    scheduler = schedule.for_run(config, data, steps.optimizer,
-                                 math.ceil(len(train_loader) / config.accumulate),
-                                 warn=out_dir is not None)
-    is_main = out_dir is not None
-    progress = (NullProgress() if config.json else
-                make_progress(config.progress, is_main=is_main, memory=memory_reader(device)))
-    if out_dir is not None:
-        if config.overwrite and not start.plan.continuing:  # checked in assemble
-            removed = clear_run(out_dir)
-            if removed:
-                notes += (f"note: --overwrite: removed the previous run's {', '.join(removed)} "
-                          f"from {out_dir}",)
-        elif start.plan.start_over:  # --autoresume without a checkpoint: its note says so
-            clear_run(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        if world > 1:  # what a process's batch_size means here: the global batch first
-            notes = (batch_line(config, strategy.shard(rank, world).world_size), *notes)
-        for note in (*notes, *steps.lines()):
-            print(note, file=sys.stderr)
-    buffer = MetricsBuffer()
-    streamed = stream_run.StreamReport(train_loader, is_main=out_dir is not None)
-    batches_per_epoch = len(train_loader)
-    records: list[EpochRecord] = []
-    waits = DataWait(train_loader.num_workers, config.num_workers)
-    files = fingerprints(config) if is_main else {}  # hashed once (cached since the plan)
-    ckpt = RunCheckpoints(config, model=steps.model, optimizer=steps.optimizer,
-                          precision=precision, ranks=Ranks(rank, world), records=records,
-                          stop=steps.stop, batches_per_epoch=batches_per_epoch, mode=mode,
-                          out_dir=out_dir,
-                          sync=(lambda: sync_now(parts)) if parts.agree else None,
-                          heartbeat=beat, before_save=steps.before_save, scheduler=scheduler,
-                          files=files, data=stream_run.position_of(train_loader),
-                          # one process of --strategy fsdp trains as single but writes
-                          # shards too, so that more processes can continue its run
-                          sharded=(strategy.features.sharded_checkpoints and world > 1)
-                          or config.strategy == "fsdp")
-    state = ckpt.begin(start.plan)  # fresh, or restored from a checkpoint
-    buffer.lrs = state.step_lrs
-    if out_dir is not None:  # after the resume's checks: a refused resume changes nothing
-        write_config(out_dir, config, world, device, steps.model, files)
-    if beat is not None:
-        beat.follow(state)
-        beat.phase = steps.phase
-    steps_left = math.ceil(batches_per_epoch / config.accumulate) * config.epochs - state.step
-    watch = Observers.start(config, steps.observed, device, rank, out_dir, state, steps_left)
-    # The schedule steps (and the step's LR is recorded) before a checkpoint is saved.
-    on_step = watch.wrap(schedule.step_hook(steps.optimizer, scheduler, start.hooks.after_step(
-        ckpt.step_hook(), steps.stop, ckpt.sync)))  # the run's hooks: after the checkpoint
-    on_step = StepLog(out_dir, buffer, config.log_every, lambda: agreed_steps(parts)).wrap(
-        on_step)  # step records on disk inside the epoch
-    train_seconds = 0.0
-    stopped_at: int | None = None  # the step the loop stopped at on a stop flag
-    started = time.perf_counter()
-    progress.start(config.epochs, batches_per_epoch, state.epoch)
-    try:
-        deadline = StopDeadline(stop, config.stop_timeout, ckpt.saving, lambda: ckpt.last_saved)
-        with stop.installed(), deadline.watching():
-            for epoch in range(state.epoch, config.epochs):
-                if state.batch_in_epoch == 0 or state.epoch != epoch:
-                    state.begin_epoch(epoch)
-                batches = ckpt.start_epoch(train_loader, config.seed, epoch,
-                                           state.batch_in_epoch)
-                fetched: Iterator[Any] = batches
-                if device.type == "cuda":  # copies overlap compute on a side stream
-                    fetched = iter(Prefetcher(batches, device))
-                if beat is not None:  # a rank waiting for its data is named as such
-                    fetched = beat.loading(fetched)
-                try:
-                    totals = run_epoch(parts, fetched, state,
-                                       batches_per_epoch=batches_per_epoch, stop=steps.stop,
-                                       on_step=on_step, progress=progress,
-                                       records=buffer.steps)
-                finally:
-                    batches.close()  # the epoch's DataLoader workers end here, error or not
-                train_seconds += totals.seconds
-                slow_data = waits.add(epoch, totals.data_wait_s, totals.seconds)
-                if slow_data and is_main:
-                    print(slow_data, file=sys.stderr)
-                if not totals.stopped:
-                    streamed.epoch_end(epoch, state.batch_in_epoch, batches_per_epoch,
-                                       config.accumulate)
-                # A stop agreed after the run's last step stops nothing: it finishes.
-                finished = (epoch == config.epochs - 1
-                            and state.batch_in_epoch >= batches_per_epoch)
-                if totals.stopped:  # at a step boundary: the stop's save is not cut short
-                    deadline.reached()
-                if totals.stopped and not finished:
-                    stopped_at = state.step
-                    if agree and steps.stop.steps_by_rank is None:
-                        # every rank stops here: agree on why and where (names the rank)
-                        share_stop(steps.stop, state.step)
-                    watch.steps(buffer.steps)
-                    ckpt.stopped(state, buffer, batches_per_epoch)  # save, say how to resume
-                    break
-                with beat.during("evaluation") if beat is not None else nullcontext():
-                    try:
-                        result = steps.evaluate(test_loader)
-                    except Exception as error:
-                        if isinstance(error, DistributedError) or collective_failure(error):
-                            raise  # a peer's failure: no collective save can follow
-                        watch.steps(buffer.steps)
-                        raise _evaluation_failed(ckpt, state, buffer, out_dir, config,
-                                                 error) from error
-                record = epoch_record(state, result, totals.samples, totals.seconds,
-                                      steps.record_world)
-                records.append(record)
-                state.epoch_losses.append((record.train_loss, record.test_loss))
-                state.begin_epoch(epoch + 1)
-                watch.epoch(buffer.steps, record)
-                if out_dir is not None:
-                    outputs.flush_epoch(out_dir, buffer, record)
-                progress.end_epoch(record, config.epochs, data_wait=totals.data_wait_share)
-    finally:
-        progress.close()
-        watch.close(state)
-    if beat is not None:
-        beat.phase = "finishing"
-    ckpt.finish()  # a checkpoint still being written (--async-save) is committed first
-    parts.accumulator.zero_grad()  # the model handed back holds no gradients
-    assert config.out is not None  # settled: every run has its --out
-    final_state = final_weights(steps.model, ckpt.shards, Path(config.out), state,
-                                steps.full_state)
-    ckpt.close()
-    peaks = gather_objects((str(device), build.device_name(device), peak_memory(device)))
-    summary = summary_of(config, data, mode, world, state, records, peaks, train_seconds,
-                       time.perf_counter() - started, steps.stop, precision.mode, stopped_at)
-    summary.update(ckpt.summary())
-    summary.update(waits.summary())
-    summary["data_loader"] = loader_summary(train_loader, config.num_workers)
-    summary["fingerprints"] = files
-    summary.update(streamed.summary())
-    steps.summarize(summary, state, train_seconds)
-    if out_dir is not None:
-        watch.report(summary, config, planned, data, mode, world)
-    if out_dir is not None:
-        outputs.write_outputs(out_dir, records, final_state, summary,
-                              f"{config.run_name}: {mode}, {world} process(es)",
-                              state.step_lrs)
-    return TrainResult(config, summary, state, tuple(records), steps.result_model, out_dir,
-                       notes)
+    return train_loader, test_loader
+
+
+def _open_out_dir(out_dir: Path, config: TrainConfig, start: RunStart,
+                  notes: tuple[str, ...]) -> tuple[str, ...]:
+    """``--out`` made ready for this run: ``--overwrite`` (a fresh run) or ``--autoresume``
+    without a checkpoint clears the previous run's files; the notes, with what was removed."""
+    if config.overwrite and not start.plan.continuing:  # checked in assemble
+        removed = clear_run(out_dir)
+        if removed:
+            notes += (f"note: --overwrite: removed the previous run's {', '.join(removed)} "
+                      f"from {out_dir}",)
+    elif start.plan.start_over:  # --autoresume without a checkpoint: its note says so
+        clear_run(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return notes
 
 
 def _evaluation_failed(ckpt: RunCheckpoints, state: TrainState, buffer: MetricsBuffer,
