@@ -1,12 +1,12 @@
 """A step limit for in-process runs: :func:`train_until` stops a run after optimizer step
 N, as a stop signal then would (checkpoint, ``stopped_early``), through the engine's
-run hooks (:mod:`torchgpu.train.run_hooks`), which tests install around the call."""
+run hooks (:mod:`torchgpu.train.hooks.run_hooks`), which tests install around the call."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from torchgpu.train.run_hooks import RunHook, installed
+from torchgpu.train.hooks.run_hooks import RunHook, installed
 from torchgpu.train.runner import train
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ with ``torch.compile``):
   runner builds it (:class:`torchgpu.bench.suites.train_step.TrainEpoch` with
   :func:`~torchgpu.bench.suites.train_step.loop_parts`: ``run_epoch``, GradAccumulator,
   Precision, OOM back-off armed, step records, the Prefetcher on CUDA); compiled with
-  the runner's own :func:`torchgpu.train.compiling.compile_for_run`.
+  the runner's own :func:`torchgpu.train.recipe.compiling.compile_for_run`.
 
 Each variant's first call (the compile, cuDNN/cuBLAS warm-up) is timed apart; then
 interleaved rounds (a seeded shuffle per round, synchronize-bracketed, median) of
@@ -133,7 +133,7 @@ def make_batches(size: Size, count: int, device: torch.device) -> Batches:
 
 def adam(model: nn.Module) -> torch.optim.Optimizer:
     """The engine's Adam (its kernel options: fused on one CUDA device), for the raw loop."""
-    from torchgpu.train.optimizers import kernel_options
+    from torchgpu.train.recipe.optimizers import kernel_options
 
     params = [p for p in model.parameters() if p.requires_grad]
     return torch.optim.Adam(params, lr=LR, fused=kernel_options(params).get("fused"))
@@ -260,7 +260,7 @@ def run_mode(mode: str, args: Args, batches: Batches) -> tuple[list[Measurement]
         key = f"{name} ({mode})"
         if name == OURS:
             if mode == "compile":
-                from torchgpu.train.compiling import compile_for_run
+                from torchgpu.train.recipe.compiling import compile_for_run
 
                 model, _ = compile_for_run(model, None)
             variants[key] = engine_loop(model, batches, device, args.precision)

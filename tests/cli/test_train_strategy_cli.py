@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from torchgpu.cli.main import main
 from torchgpu.models import HousingNet
-from torchgpu.train.simulated_memory import SIMULATE_ENV
+from torchgpu.train.hooks.simulated_memory import SIMULATE_ENV
 
 QUICK = ["--example", "housing", "--data-size", "80", "--epochs", "1", "--progress", "plain"]
 

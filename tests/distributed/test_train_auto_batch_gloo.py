@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.procs import run_cli
-from torchgpu.train.simulated_memory import SIMULATE_ENV
+from torchgpu.train.hooks.simulated_memory import SIMULATE_ENV
 
 
 @pytest.mark.slow

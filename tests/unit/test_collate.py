@@ -28,7 +28,7 @@ from torchgpu.cli.main import main
 from torchgpu.data.collate import differing_shapes, resolve_collate
 from torchgpu.errors import DataError, UsageError
 from torchgpu.train.config import TrainConfig
-from torchgpu.train.simulated_memory import SIMULATE_ENV
+from torchgpu.train.hooks.simulated_memory import SIMULATE_ENV
 from torchgpu.train.task import seeded, user_task
 
 SPECS = "tests.collate_models"

@@ -176,7 +176,7 @@ class _Fails(nn.Module):
 
 def test_guard_falls_back_once_and_leaves_the_models_own_errors_alone(
         capsys: pytest.CaptureFixture[str]) -> None:
-    from torchgpu.train.compiling import CompileGuard, CompileState
+    from torchgpu.train.recipe.compiling import CompileGuard, CompileState
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("backend broke\nmore detail")

@@ -133,9 +133,10 @@ for step in steps.make_plan('default').steps:
         continue  # pytest runs in a child of its own (parsecheck.check_pytest)
     checked.append(parsecheck.check_command(Path('.'), argv, step.environment(ctx)))
 import importlib
-for name in ('torchgpu.train.runner', 'torchgpu.train.placing', 'torchgpu.examples.resnet50',
-             'torchgpu.bench.suites.transfer', 'torchgpu.bench.suites.train_step',
-             'torchgpu.train.compiling', 'transformers.models.gpt2.modeling_gpt2'):
+for name in ('torchgpu.train.runner', 'torchgpu.train.strategies.placing',
+             'torchgpu.examples.resnet50', 'torchgpu.bench.suites.transfer',
+             'torchgpu.bench.suites.train_step',
+             'torchgpu.train.recipe.compiling', 'transformers.models.gpt2.modeling_gpt2'):
     importlib.import_module(name)
 assert sys.modules['torchdata'] is None and sys.modules['datasets'] is None
 print('checked', checked)

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torchgpu.errors import ConfigError
 from torchgpu.launch import hang_watch as hw
 from torchgpu.launch import heartbeat as hb
-from torchgpu.train.faults import HangPlan, hang_plan_from_env
+from torchgpu.train.hooks.faults import HangPlan, hang_plan_from_env
 
 
 def _beat(tmp_path: Path, rank: int = 1, world: int = 2) -> hb.Heartbeat:

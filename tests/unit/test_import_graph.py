@@ -178,7 +178,7 @@ def test_graph_sees_imports_hidden_in_strings() -> None:
     graph = import_graph()
     # a name from a lazy package is an edge to its defining module; doctor's
     # placement check's import_module("torchgpu.placement") is an edge too
-    assert "torchgpu.devices.spec" in graph["torchgpu.train.placing"]  # get_device
+    assert "torchgpu.devices.spec" in graph["torchgpu.train.strategies.placing"]  # get_device
     assert "torchgpu.placement" in graph["torchgpu.cli.doctor_placement"]
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from torchgpu.train import optimizers
+from torchgpu.train.recipe import optimizers
 
 
 def _params(device: str, dtype: torch.dtype = torch.float32) -> list[nn.Parameter]:

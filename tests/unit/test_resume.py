@@ -34,7 +34,7 @@ from torchgpu.errors import (
 from torchgpu.examples import housing
 from torchgpu.launch.stop_record import StopFlag
 from torchgpu.train.config import TrainConfig
-from torchgpu.train.faults import crash_plan_from_env
+from torchgpu.train.hooks.faults import crash_plan_from_env
 from torchgpu.train.outputs.report import TrainResult
 from torchgpu.train.runner import train
 from torchgpu.train.state import TrainState

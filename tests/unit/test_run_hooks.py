@@ -1,4 +1,4 @@
-"""The run's hooks (torchgpu.train.run_hooks): what tests plant in a run (a step limit,
+"""The run's hooks (torchgpu.train.hooks.run_hooks): what tests plant in a run (a step limit,
 a crash, a hang) comes through one generic hook point, installed by the test or by an
 environment-activated plug-in, never through a parameter of the engine's functions."""
 
@@ -16,7 +16,7 @@ from tests.step_limit import StopAt, train_until
 from torchgpu.errors import ConfigError
 from torchgpu.launch.stop_record import StopFlag
 from torchgpu.train.config import TrainConfig
-from torchgpu.train.run_hooks import LossFn, RunHook, RunHooks, installed
+from torchgpu.train.hooks.run_hooks import LossFn, RunHook, RunHooks, installed
 from torchgpu.train.state import TrainState
 
 # 100 samples -> 80 train rows, batch 16 -> 5 steps per epoch.
@@ -53,7 +53,7 @@ def test_installed_hooks_see_every_step_and_one_stops_the_run(tmp_path: Path) ->
 
 
 def test_the_fault_plugin_is_activated_by_its_variables_only() -> None:
-    from torchgpu.train.faults import FaultHook
+    from torchgpu.train.hooks.faults import FaultHook
 
     assert RunHooks.for_run(0, {"PATH": "/bin"}).hooks == ()
     env = {"TORCHGPU_FAULT_HANG_AT_STEP": "3", "TORCHGPU_FAULT_RANK": "1"}

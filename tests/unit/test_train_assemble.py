@@ -17,7 +17,7 @@ from torchgpu.cli.main import main
 from torchgpu.examples import housing
 from torchgpu.train import assemble, config, config_checks, plugin
 from torchgpu.train import auto_strategy as auto_strategy
-from torchgpu.train import placing as build
+from torchgpu.train.strategies import placing as build
 
 
 def _count(monkeypatch: pytest.MonkeyPatch, events: list[str], name: str, module: Any,

@@ -20,9 +20,9 @@ from torchgpu.planning.workload import Workload
 from torchgpu.train.auto_strategy import decide_strategy, planner_devices, step_bound_bytes
 from torchgpu.train.config import TrainConfig, resolve
 from torchgpu.train.guards.auto_batch import apply_auto_batch, search_batch_size
-from torchgpu.train.run_hooks import RunHooks
+from torchgpu.train.hooks.run_hooks import RunHooks
+from torchgpu.train.hooks.simulated_memory import SIMULATE_ENV, SimulatedMemory, simulated_limit
 from torchgpu.train.runner import train
-from torchgpu.train.simulated_memory import SIMULATE_ENV, SimulatedMemory, simulated_limit
 
 MiB = 1024**2
 

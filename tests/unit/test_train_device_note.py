@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from torchgpu.train import placing as build
 from torchgpu.train.config import TrainConfig
+from torchgpu.train.strategies import placing as build
 
 
 def test_auto_on_cpu_names_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:

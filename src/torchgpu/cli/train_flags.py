@@ -8,7 +8,6 @@ import argparse
 import dataclasses
 
 from torchgpu.cli.common import ArgumentParser
-from torchgpu.train.compiling import COMPILE_MODES
 from torchgpu.train.config import (
     DEFAULT_PROFILE_STEPS,
     EXAMPLES,
@@ -20,6 +19,7 @@ from torchgpu.train.config import (
     TrainConfig,
 )
 from torchgpu.train.config_file import FileSettings
+from torchgpu.train.recipe.compiling import COMPILE_MODES
 from torchgpu.train.schedule import SCHEDULES
 from torchgpu.train.strategies.registry import describe as strategy_help
 from torchgpu.train.strategies.registry import names as strategy_names

@@ -35,7 +35,6 @@ from torchgpu.distributed import DistEnv
 from torchgpu.errors import UsageError
 from torchgpu.launch.run import check_process_count
 from torchgpu.precision import resolve_mode
-from torchgpu.train import placing as build
 from torchgpu.train import strategies
 from torchgpu.train.auto_strategy import decide_strategy
 from torchgpu.train.checkpoints.resume_plan import plan_resume
@@ -44,12 +43,13 @@ from torchgpu.train.checkpoints.world_change import check_asked
 from torchgpu.train.config import TrainConfig, resolve
 from torchgpu.train.config_checks import validate
 from torchgpu.train.guards.auto_batch import fixed_effective
+from torchgpu.train.hooks.run_hooks import RunHooks
 from torchgpu.train.observe.memory_snapshot import refuse_off_cuda
 from torchgpu.train.out_dir import check_creatable, check_out_dir
 from torchgpu.train.plugin import task_for_config, with_optimizer
 from torchgpu.train.probe import probe
-from torchgpu.train.run_hooks import RunHooks
 from torchgpu.train.schedule import check as check_schedule
+from torchgpu.train.strategies import placing as build
 from torchgpu.train.stream_run import check_stream
 from torchgpu.train.task import Task
 
@@ -144,7 +144,7 @@ def assemble(config: TrainConfig, *, task: Task | None = None, launching: bool =
     CLI outside torchrun): it decides how many and builds the model only when it will
     train itself or must measure it for ``--strategy auto``. ``env``: this process's
     place (default: from torchrun's variables). The run's hooks
-    (:class:`~torchgpu.train.run_hooks.RunHooks`) are taken here, once.
+    (:class:`~torchgpu.train.hooks.run_hooks.RunHooks`) are taken here, once.
     """
     here = env if env is not None else DistEnv.from_env()
     model: nn.Module | None = None

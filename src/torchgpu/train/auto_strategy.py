@@ -35,7 +35,7 @@ from torchgpu.errors import UsageError
 from torchgpu.train import strategies
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.config_checks import validate
-from torchgpu.train.optimizers import planned_name
+from torchgpu.train.recipe.optimizers import planned_name
 from torchgpu.train.task import Task
 
 #: Activations + backward temporaries per saved byte in the cheap bound.

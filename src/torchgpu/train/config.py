@@ -20,7 +20,7 @@ PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "auto")
 ON_NONFINITE: tuple[str, ...] = ("stop", "skip")
 PROGRESS_MODES: tuple[str, ...] = ("auto", "rich", "plain", "off")
 LOG_FORMATS: tuple[str, ...] = ("jsonl", "tensorboard")  # tensorboard: jsonl + event files
-#: --optimizer's built-in names (torchgpu.train.optimizers makes them; listed here, in
+#: --optimizer's built-in names (torchgpu.train.recipe.optimizers makes them; listed here, in
 #: this torch-free leaf, for the CLI's help)
 OPTIMIZER_NAMES: tuple[str, ...] = ("adam", "adamw", "sgd")
 DEFAULT_PROFILE_STEPS = 5  # --profile without N
@@ -96,7 +96,7 @@ class TrainConfig:
     accumulate: int = 1
     # True: the model's repeated block (auto-detected); a class name: that block class
     activation_checkpointing: bool | str = False
-    compile: bool = False  # torch.compile the model (torchgpu.train.compiling)
+    compile: bool = False  # torch.compile the model (torchgpu.train.recipe.compiling)
     compile_mode: str | None = None  # default | reduce-overhead | max-autotune | ...
     precision: str = "fp32"
     epochs: int | None = None

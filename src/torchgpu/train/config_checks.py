@@ -209,11 +209,11 @@ def validate(config: TrainConfig) -> None:
     _choice("progress", config.progress, PROGRESS_MODES)
     _choice("log", config.log, LOG_FORMATS)
     if config.metrics is not None:
-        from torchgpu.train.metrics import check_specs
+        from torchgpu.train.recipe.metrics import check_specs
 
         check_specs(config.metrics)
     if config.optimizer is not None:
-        from torchgpu.train.optimizers import check_name
+        from torchgpu.train.recipe.optimizers import check_name
 
         check_name(config.optimizer)
     from torchgpu.train.schedule import validate as check_schedule
@@ -283,7 +283,7 @@ def validate(config: TrainConfig) -> None:
             "starts over. Pass one of them."
         )
     _check_autoresume(config)
-    from torchgpu.train.compiling import validate as check_compile
+    from torchgpu.train.recipe.compiling import validate as check_compile
 
     check_compile(config)
     _check_checkpointing(config.activation_checkpointing, config.strategy)

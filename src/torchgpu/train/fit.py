@@ -158,7 +158,7 @@ def fit(
       and the epoch records as ``test_<name>``): a function ``fn(output,
       target_or_batch) -> float``, averaged over the samples, or an object with
       ``reset()``/``update(output, target)``/``compute()`` (e.g. a torchmetrics Metric),
-      for metrics that are not a mean over samples (:mod:`torchgpu.train.metrics`).
+      for metrics that are not a mean over samples (:mod:`torchgpu.train.recipe.metrics`).
     - ``optimizer``: ``params -> Optimizer``, or a name, ``"adam"``/``"adamw"``/``"sgd"``
       (at ``lr``), as ``--optimizer`` takes (default AdamW at ``lr``, 1e-3).
     - ``scheduler``: ``optimizer -> LRScheduler`` (e.g. ``lambda optimizer:

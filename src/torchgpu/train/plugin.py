@@ -6,7 +6,7 @@
   (:func:`~torchgpu.train.task.user_task`), or ``--model SPEC`` on a CSV table (the
   table plug-in with the user's model, its loss and AdamW);
 - ``--metrics NAME|SPEC,...`` adds evaluation metrics to the task's
-  (:func:`torchgpu.train.metrics.from_specs`);
+  (:func:`torchgpu.train.recipe.metrics.from_specs`);
 - ``--optimizer NAME|SPEC`` then replaces the plug-in's default optimizer, whichever it is.
 
 Both routes give the same kind of Task, which the engine runs alike: a user plug-in
@@ -22,8 +22,8 @@ from typing import Any
 from torch import nn
 
 from torchgpu.errors import UsageError
-from torchgpu.train import optimizers
 from torchgpu.train.config import TrainConfig
+from torchgpu.train.recipe import optimizers
 from torchgpu.train.task import LOSS_NAMES, LossFn, Task, loss_by_name, seeded, user_task
 
 
@@ -41,7 +41,7 @@ def task_for_config(config: TrainConfig) -> Task:
     else:
         task = _user_plugin(config, config.model)
     if config.metrics:  # --metrics: beside the task's own (the same name: replaced)
-        from torchgpu.train.metrics import from_specs
+        from torchgpu.train.recipe.metrics import from_specs
 
         task = dataclasses.replace(task, metrics={**task.metrics, **from_specs(config.metrics)})
     return with_optimizer(task, config)

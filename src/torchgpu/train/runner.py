@@ -31,7 +31,6 @@ from torchgpu.errors import (
 )
 from torchgpu.launch.heartbeat import Heartbeat, collective_failure
 from torchgpu.launch.stop_record import StopFlag
-from torchgpu.train import placing as build
 from torchgpu.train import schedule, stream_run
 from torchgpu.train.assemble import Assembly, assemble, settle
 from torchgpu.train.checkpoints.autoresume import RunFinished, continue_hint
@@ -62,6 +61,7 @@ from torchgpu.train.outputs.step_log import StepLog
 from torchgpu.train.plugin import task_for_config
 from torchgpu.train.run_session import named_hangs, process_group
 from torchgpu.train.state import TrainState
+from torchgpu.train.strategies import placing as build
 from torchgpu.train.strategies.run_steps import StepContext
 from torchgpu.train.strategies.shard import Shard
 from torchgpu.train.task import Task, spreads_inputs
@@ -72,7 +72,7 @@ def train(config: TrainConfig | None = None, *, stop: StopFlag | None = None,
     """Run ``config`` to the end (or until ``stop`` is set); return the result.
 
     Checkpointing and resume: :mod:`torchgpu.train.checkpoints.run_checkpoints`; hooks into the run
-    (a step limit, a planted fault): :mod:`torchgpu.train.run_hooks`.
+    (a step limit, a planted fault): :mod:`torchgpu.train.hooks.run_hooks`.
 
     Under torchrun (WORLD_SIZE set) this forms the process group (:func:`process_group`:
     kept for the process's life, reused by the next ``train`` in it) and trains with the

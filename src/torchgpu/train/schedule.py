@@ -267,7 +267,7 @@ def check(config: TrainConfig, task: Task, model: nn.Module | None) -> None:
     import torch
     from torch import nn
 
-    from torchgpu.train import optimizers
+    from torchgpu.train.recipe import optimizers
 
     assert config.lr is not None
     if model is not None:

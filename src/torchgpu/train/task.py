@@ -10,7 +10,7 @@ asks which kind of task it runs.
 Batches follow :mod:`torchgpu.data.batches`: ``(inputs, target)`` pairs, or dicts
 (``model(**batch)``; with no loss given, the loss is the model's ``output.loss``,
 ``output["loss"]`` or its scalar output; a given loss is called ``loss(output, batch)``).
-Metrics are ``{name: metric}`` (:mod:`torchgpu.train.metrics`): a function
+Metrics are ``{name: metric}`` (:mod:`torchgpu.train.recipe.metrics`): a function
 ``fn(output, target_or_batch) -> float`` averaged over the evaluation samples, or an
 object with ``reset``/``update``/``compute`` (torchmetrics-style) for aggregated metrics.
 """
@@ -30,9 +30,9 @@ from torchgpu.data.base import ExampleData
 from torchgpu.data.batches import DictPairs, check_dict_item, output_loss
 from torchgpu.data.collate import Collate, CollateFn
 from torchgpu.errors import DataError, UsageError
-from torchgpu.train import optimizers
-from torchgpu.train.metrics import MetricLike, check_metrics
-from torchgpu.train.optimizers import OptimizerChoice
+from torchgpu.train.recipe import optimizers
+from torchgpu.train.recipe.metrics import MetricLike, check_metrics
+from torchgpu.train.recipe.optimizers import OptimizerChoice
 
 LossFn = Callable[[Any, Any], Tensor]
 LOSS_NAMES: tuple[str, ...] = ("mse", "cross_entropy")
@@ -43,9 +43,9 @@ class Task:
     """A model factory, data, loss, metrics, default optimizer and evaluation batch.
 
     ``metrics``: ``{name: metric}``, reported as ``test_<name>``
-    (:mod:`torchgpu.train.metrics`). ``optimizer``: the run's optimizer unless
+    (:mod:`torchgpu.train.recipe.metrics`). ``optimizer``: the run's optimizer unless
     ``--optimizer`` names another: ``adam``/``adamw``/``sgd`` at ``--lr``, or a function
-    ``params -> Optimizer`` (:mod:`torchgpu.train.optimizers`); AdamW for a user's model,
+    ``params -> Optimizer`` (:mod:`torchgpu.train.recipe.optimizers`); AdamW for a user's model,
     Adam for the built-in examples (as the seeds). ``scheduler``: a factory
     ``optimizer -> LRScheduler`` (:mod:`torchgpu.train.schedule`; ``--scheduler`` sets
     it), None for the ``--lr-schedule`` one. ``eval_batch_size``: the held-out

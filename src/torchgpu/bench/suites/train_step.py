@@ -3,7 +3,7 @@ for the ``overhead`` suite.
 
 :func:`loop_parts` builds :class:`~torchgpu.train.loop.parts.LoopParts` with the same calls and
 arguments as the runner's ``_run`` for one process: the built-in examples' optimizer
-(Adam, :mod:`torchgpu.examples.common`, made by :func:`torchgpu.train.optimizers.make`),
+(Adam, :mod:`torchgpu.examples.common`, made by :func:`torchgpu.train.recipe.optimizers.make`),
 ``GradAccumulator`` with the Precision and clip norm, the example's loss (the housing
 example's MSE unless another is given), the label device from ``output_device``, the
 loader's shard layout, and the OOM back-off from
@@ -51,9 +51,10 @@ def loop_parts(model: nn.Module, device: torch.device, *, batch_size: int, lr: f
     from torchgpu.examples.common import OPTIMIZER
     from torchgpu.parallel.model import placed_output_device
     from torchgpu.precision import Precision
-    from torchgpu.train import optimizers, strategies
+    from torchgpu.train import strategies
     from torchgpu.train.loop.backoff import for_run as backoff_for_run
     from torchgpu.train.loop.parts import LoopParts
+    from torchgpu.train.recipe import optimizers
     from torchgpu.train.state import TrainState
 
     progress_state = state if state is not None else TrainState()

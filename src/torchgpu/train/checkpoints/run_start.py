@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from torchgpu.train.checkpoints.resume_plan import ResumePlan
-from torchgpu.train.run_hooks import RunHooks
+from torchgpu.train.hooks.run_hooks import RunHooks
 
 
 @dataclass(frozen=True)
 class RunStart:
     """How the runner starts: the resume plan and the run's hooks
-    (:mod:`torchgpu.train.run_hooks`)."""
+    (:mod:`torchgpu.train.hooks.run_hooks`)."""
 
     plan: ResumePlan = field(default_factory=ResumePlan)
     hooks: RunHooks = field(default_factory=RunHooks)

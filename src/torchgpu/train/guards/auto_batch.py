@@ -27,8 +27,8 @@ With a fixed ``--batch-size B`` and ``--effective-batch-size E`` the accumulatio
 ``E / (B x data-parallel processes)`` (:func:`fixed_effective`), so a script that says its
 global batch keeps it under any process count.
 
-The search's probe goes through the run's hooks (:mod:`torchgpu.train.run_hooks`): testing
-without a GPU, :mod:`torchgpu.train.simulated_memory` makes probes above N samples run
+The search's probe goes through the run's hooks (:mod:`torchgpu.train.hooks.run_hooks`): testing
+without a GPU, :mod:`torchgpu.train.hooks.simulated_memory` makes probes above N samples run
 out of memory.
 """
 
@@ -47,7 +47,7 @@ from torchgpu.errors import UsageError
 from torchgpu.memory.batch_size_search import BatchSearchResult, find_batch_size, keep_effective
 from torchgpu.memory.oom import Agree
 from torchgpu.train.config import TrainConfig
-from torchgpu.train.run_hooks import RunHooks
+from torchgpu.train.hooks.run_hooks import RunHooks
 from torchgpu.train.task import Task
 
 #: The largest micro-batch the search tries.
@@ -124,7 +124,7 @@ def search_batch_size(
     """Find the micro-batch for ``model`` (already on ``device``; the unwrapped model
     under DDP) on ``data.train`` (``data``: the run's Task).
     Collective under a process group (every rank calls it). ``hooks``: the run's,
-    whose :meth:`~torchgpu.train.run_hooks.RunHooks.wrap_probe` wraps each probe.
+    whose :meth:`~torchgpu.train.hooks.run_hooks.RunHooks.wrap_probe` wraps each probe.
 
     ``effective_batch`` (all processes) must be a multiple of ``world_size``.
     Raises UsageError for an effective batch that does not split over the processes,

@@ -36,9 +36,9 @@ import torch
 from torch import Tensor, nn
 
 from torchgpu.launch.stop_record import StopFlag
+from torchgpu.train.hooks.run_hooks import RunHooks
 from torchgpu.train.loop.parts import LoopParts
 from torchgpu.train.outputs.evaluation import EvalResult, evaluate
-from torchgpu.train.run_hooks import RunHooks
 from torchgpu.train.state import TrainState
 
 if TYPE_CHECKING:
@@ -53,8 +53,8 @@ class StepContext:
     """What the driver knows when it asks the strategy for its steps.
 
     ``model``: placed and wrapped by the strategy. ``agree``: several ranks train
-    together. ``hooks``: the run's hooks (:mod:`torchgpu.train.run_hooks`), whose
-    :meth:`~torchgpu.train.run_hooks.RunHooks.wrap_loss` goes before where this
+    together. ``hooks``: the run's hooks (:mod:`torchgpu.train.hooks.run_hooks`), whose
+    :meth:`~torchgpu.train.hooks.run_hooks.RunHooks.wrap_loss` goes before where this
     strategy's step first waits on the other ranks. ``position()``: the
     run's (optimizer steps, epoch) once it runs. ``layout``: how the epoch's samples fall
     on the ranks (the training loader's). ``resume_from``: the checkpoint the run plans
@@ -174,7 +174,7 @@ class ModelSteps(RunSteps):
 
     def summarize(self, summary: dict[str, Any], state: TrainState,
                   train_seconds: float) -> None:
-        from torchgpu.train.compiling import compile_summary
+        from torchgpu.train.recipe.compiling import compile_summary
 
         compiled = compile_summary(self.model)
         if compiled is not None:

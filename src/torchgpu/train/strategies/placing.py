@@ -114,7 +114,7 @@ def wrap_model(
         if skipped is not None:
             return wrapped, (*notes, f"note: --compile skipped under "
                                      f"{choice.strategy.described}: {skipped}.")
-        from torchgpu.train.compiling import compile_for_run
+        from torchgpu.train.recipe.compiling import compile_for_run
 
         wrapped, note = compile_for_run(wrapped, config.compile_mode)
         notes += (note,)

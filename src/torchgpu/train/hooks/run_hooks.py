@@ -39,12 +39,12 @@ StepHook = Callable[["TrainState"], None]
 #: (``function(rank, environ)`` returns the hooks this process runs). The plug-in is
 #: imported only when a variable with its prefix is set. Both are test-only:
 #: ``TORCHGPU_FAULT_*``, the planted crash or hang of one worker
-#: (:mod:`torchgpu.train.faults`) that the restart and hang tests and the GPU kit set for
+#: (:mod:`torchgpu.train.hooks.faults`) that the restart and hang tests and the GPU kit set for
 #: processes a launcher starts; ``TORCHGPU_SIMULATE_MEMORY_*``, a device that holds N
-#: samples, for the batch-size search without a GPU (:mod:`torchgpu.train.simulated_memory`).
+#: samples, for the batch-size search without a GPU (:mod:`torchgpu.train.hooks.simulated_memory`).
 ENV_PLUGINS: dict[str, str] = {
-    "TORCHGPU_FAULT_": "torchgpu.train.faults:hooks_from_env",
-    "TORCHGPU_SIMULATE_MEMORY_": "torchgpu.train.simulated_memory:hooks_from_env",
+    "TORCHGPU_FAULT_": "torchgpu.train.hooks.faults:hooks_from_env",
+    "TORCHGPU_SIMULATE_MEMORY_": "torchgpu.train.hooks.simulated_memory:hooks_from_env",
 }
 
 

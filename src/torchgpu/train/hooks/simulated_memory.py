@@ -4,7 +4,7 @@ Testing the batch-size search without a GPU: :class:`SimulatedMemory` makes ever
 of the search above ``limit`` samples raise ``torch.OutOfMemoryError`` (before any work),
 as a device of that size would. Processes read it once, when the run is assembled, from
 :data:`SIMULATE_ENV` (``N`` for every rank or ``N0,N1,...`` per rank), through
-:data:`torchgpu.train.run_hooks.ENV_PLUGINS`: the engine knows nothing of it.
+:data:`torchgpu.train.hooks.run_hooks.ENV_PLUGINS`: the engine knows nothing of it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from torchgpu.errors import UsageError
-from torchgpu.train.run_hooks import RunHook
+from torchgpu.train.hooks.run_hooks import RunHook
 
 #: Test-only: a simulated memory limit in samples (``N`` or ``N0,N1,...`` per rank).
 SIMULATE_ENV = "TORCHGPU_SIMULATE_MEMORY_LIMIT_SAMPLES"
@@ -60,7 +60,7 @@ def simulated_limit(rank: int, environ: Mapping[str, str] | None = None) -> int 
 
 
 def hooks_from_env(rank: int, environ: Mapping[str, str] | None = None) -> list[RunHook]:
-    """The plug-in function of :data:`~torchgpu.train.run_hooks.ENV_PLUGINS`: the
+    """The plug-in function of :data:`~torchgpu.train.hooks.run_hooks.ENV_PLUGINS`: the
     simulated memory of ``rank`` (none when unset)."""
     limit = simulated_limit(rank, environ)
     return [SimulatedMemory(limit)] if limit is not None else []

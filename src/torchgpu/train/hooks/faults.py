@@ -1,6 +1,6 @@
 """Test-only fault injection for ``torchgpu train``: crash or hang one worker at a step.
 
-A plug-in of the run's hooks (:mod:`torchgpu.train.run_hooks`), activated by the
+A plug-in of the run's hooks (:mod:`torchgpu.train.hooks.run_hooks`), activated by the
 ``TORCHGPU_FAULT_`` variables below: the engine knows nothing of it.
 
 Used by the restart tests (a worker that dies mid-run is restarted by torchrun and
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torchgpu.errors import ConfigError
-from torchgpu.train.run_hooks import LossFn, RunHook
+from torchgpu.train.hooks.run_hooks import LossFn, RunHook
 
 if TYPE_CHECKING:
     from torchgpu.launch.stop_record import StopFlag
@@ -151,7 +151,7 @@ class FaultHook(RunHook):
 
 def hooks_from_env(rank: int, environ: Mapping[str, str] | None = None) -> list[RunHook]:
     """The run hooks for ``rank`` that the variables plant (none: an empty list); the
-    plug-in function of :data:`torchgpu.train.run_hooks.ENV_PLUGINS`. Raises ConfigError
+    plug-in function of :data:`torchgpu.train.hooks.run_hooks.ENV_PLUGINS`. Raises ConfigError
     for bad values."""
     crash, hang = crash_plan_from_env(rank, environ), hang_plan_from_env(rank, environ)
     return [FaultHook(crash, hang)] if crash is not None or hang is not None else []
