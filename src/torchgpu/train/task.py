@@ -1,18 +1,13 @@
-"""Task: what the engine trains on what — the one plug-in shape.
+"""Task: what the engine trains on what -- the one plug-in shape.
 
 A :class:`Task` bundles a model factory, the training and evaluation datasets, the loss,
-the evaluation metrics, the default optimizer and the evaluation batch size. The built-in
-examples and CSV tables (the plug-ins of :mod:`torchgpu.examples`), ``--model SPEC
---data SPEC`` (:func:`torchgpu.train.plugin.task_for_config`) and :func:`torchgpu.fit`
-(:func:`user_task`) all produce one, and the engine treats them alike: nothing in it
-asks which kind of task it runs.
-
-Batches follow :mod:`torchgpu.data.batches`: ``(inputs, target)`` pairs, or dicts
-(``model(**batch)``; with no loss given, the loss is the model's ``output.loss``,
-``output["loss"]`` or its scalar output; a given loss is called ``loss(output, batch)``).
-Metrics are ``{name: metric}`` (:mod:`torchgpu.train.recipe.metrics`): a function
-``fn(output, target_or_batch) -> float`` averaged over the evaluation samples, or an
-object with ``reset``/``update``/``compute`` (torchmetrics-style) for aggregated metrics.
+the evaluation metrics, the default optimizer and the evaluation batch size. Built-in
+examples, ``--model/--data`` specs and ``torchgpu.fit`` (:func:`user_task`) all produce one,
+and nothing in the engine asks which kind it runs. Batches are ``(inputs, target)`` pairs or
+dicts (``model(**batch)``; without a loss, the model's ``output.loss``, ``output["loss"]``
+or scalar output is the loss; a given loss is called ``loss(output, batch)``). Metrics are
+``{name: metric}``: ``fn(output, target_or_batch) -> float``, averaged over the evaluation
+samples, or an object with ``reset``/``update``/``compute`` (torchmetrics-style).
 """
 
 from __future__ import annotations
