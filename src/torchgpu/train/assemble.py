@@ -7,7 +7,7 @@ not vouch for on two samples of each split. Each step runs once per process and 
 torchgpu error for bad input, so a bad run leaves nothing behind. The one exception to the
 order is ``--strategy auto``: the planner measures the data and the model, so they come
 first and it decides on that very model (never built twice). The runner trains the
-:class:`Assembly` as it is.
+``Assembly`` as it is.
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def _check_launch(nproc: int, device: torch.device) -> None:
 
 def assemble(config: TrainConfig, *, task: Task | None = None, launching: bool = False,
              env: DistEnv | None = None) -> Assembly:
-    """Assemble the run of ``config`` (from :func:`settle`); see the module docstring.
+    """Assemble the run of ``config`` (from ``settle``); see the module docstring.
 
     ``task``: what to train (:func:`torchgpu.fit` passes the user's); by default the one
     ``config`` names, loaded here. ``launching``: this process may start workers (the

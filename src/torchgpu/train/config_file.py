@@ -355,7 +355,7 @@ def write_config(out_dir: Path, config: TrainConfig, *, world_size: int, local_w
 
     A :func:`torchgpu.fit` run (``model`` is ``fit:<name>``: its model and data were
     objects) still records its settings; the file says it cannot be re-run from the
-    command line, and :func:`read_settings` refuses it.
+    command line, and ``read_settings`` refuses it.
     """
     from torchgpu.version import versions
 

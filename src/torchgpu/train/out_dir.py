@@ -5,7 +5,7 @@ refused first, with the reason and without creating anything (:func:`check_creat
 the file system at the first existing ancestor). An ``--out`` that holds a run's files (any
 of ``outputs.files.RUN_ENTRIES``) is never written over unasked: :func:`check_out_dir`
 refuses it unless the run continues it (``--resume``, a torchrun restart) or
-``--overwrite`` was given, and then :func:`clear_run` removes those entries, and nothing
+``--overwrite`` was given, and then ``clear_run`` removes those entries, and nothing
 else, just before the new run writes its first file.
 """
 
@@ -160,7 +160,7 @@ def check_out_dir(config: TrainConfig, *, resuming: bool) -> Path:
     restart), which may then write into it. Otherwise an ``--out`` holding any of the
     run's entries (:data:`~torchgpu.train.outputs.files.RUN_ENTRIES`) is refused with
     :class:`OutHoldsRun` (exit 2: how to continue it, or ``--overwrite``), unless
-    ``config.overwrite``: then the runner removes them (:func:`clear_run`) before it
+    ``config.overwrite``: then the runner removes them (``clear_run``) before it
     writes. A file where the directory should be is a UsageError either way. Reads only.
     """
     assert config.out is not None

@@ -6,7 +6,7 @@ it does, before ``--out`` is written: a **finished** run (:func:`check_finished`
 a **checkpoint** is continued from the newest complete one, exactly as ``--resume`` does;
 a run's files but **no checkpoint** (it crashed before its first save) are removed, as
 ``--overwrite`` would, and the run starts over with a note; nothing there: it starts.
-:func:`continue_hint` tells a stopped or failed run's user how to continue, in the words
+``continue_hint`` tells a stopped or failed run's user how to continue, in the words
 of the way it was started (the CLI's flags or ``fit``'s arguments).
 """
 

@@ -79,8 +79,8 @@ class RunCheckpoints:
     over the ranks, ``before_save`` (every rank, before each save) gathers them so that
     rank 0's ``model.state_dict()`` / ``optimizer.state_dict()`` hold the whole run.
     The runner builds it once, calls :meth:`begin` (fresh or resumed state),
-    :meth:`start_epoch` instead of :func:`loop.start_epoch`, passes :meth:`step_hook` as
-    the loop's ``on_step``, and calls :meth:`stopped` when the loop stopped early.
+    :meth:`start_epoch` instead of ``loop.start_epoch``, passes ``step_hook`` as
+    the loop's ``on_step``, and calls ``stopped`` when the loop stopped early.
     Every rank calls every method (saves are collective under DDP); only rank 0 writes.
     """
 

@@ -42,7 +42,7 @@ class FiniteGuard:
     optimizer raises :class:`NonFiniteGradients` everywhere before the weights change. Only one
     element is read (checking every gradient costs tens of microseconds per step). With
     ``clip_norm`` set, the clip norm is checked too, which also catches finite losses with
-    non-finite gradients. Call :meth:`remove` when done."""
+    non-finite gradients. Call ``remove`` when done."""
 
     def __init__(self, accumulator: Any, *, hook: bool = True) -> None:
         optimizer = getattr(accumulator, "optimizer", None)
@@ -111,12 +111,12 @@ class RankAgreement:
 
     Call :meth:`begin` when an epoch (or the rest of one) starts, :meth:`boundary` at
     every optimizer-step boundary (every rank reaches the same boundaries), and
-    :meth:`agree` at the epoch end; a True from either means "stop at this boundary",
+    ``agree`` at the epoch end; a True from either means "stop at this boundary",
     on every rank alike. ``every`` starts at ``first_every`` and then follows
     the measured step time so agreements are about ``period_s`` apart (never more than
     ``max_every`` steps, growing at most 8x per agreement); it is computed from reduced
     values, so every rank computes the same schedule. ``stop_agreed`` is sticky: once
-    True it stays True (the run is stopping), across :meth:`begin` calls too.
+    True it stays True (the run is stopping), across ``begin`` calls too.
     """
 
     def __init__(self, world_size: int, *, period_s: float = 0.5, first_every: int = 1,

@@ -34,7 +34,7 @@ class StopDeadline:
     ``timeout_s``: seconds from the flag being set to :meth:`reached`. ``saving``: a lock
     held while a checkpoint is written (the deadline waits for it). ``newest``: the
     newest checkpoint written so far (for the message), or None. Use :meth:`watching`
-    around the training loop; call :meth:`reached` at the boundary where the stop is
+    around the training loop; call ``reached`` at the boundary where the stop is
     honoured (the save of the stop that follows is not bounded by this deadline).
     """
 

@@ -5,8 +5,8 @@ A :class:`RunHook` may wrap the ``--batch-size auto`` search's probe (an OOM the
 ranks), and act after every optimizer step, after its due checkpoint; setting the stop flag
 there stops the run at that boundary as a signal does (set on every rank at the same step,
 the ranks stop together). A run's hooks (:meth:`RunHooks.for_run`, taken once at assembly)
-are those :func:`installed` in the process and those of the environment-activated plug-ins
-(:data:`ENV_PLUGINS`), which reach launched workers where no caller's code runs. With none,
+are those ``installed`` in the process and those of the environment-activated plug-ins
+(``ENV_PLUGINS``), which reach launched workers where no caller's code runs. With none,
 the loop gets its loss and ``on_step`` unchanged: no per-step work.
 """
 

@@ -6,7 +6,7 @@ and runs one step; the optimizer steps at window boundaries. After each boundary
 under DDP the ranks' agreement decides, so every rank stops at the same boundary. Between
 agreements the recorded losses are this rank's own; code needing the global values or a
 stop decided at this boundary calls :func:`sync_now` (a collective: every rank calls it).
-Epoch ``e``'s data order is a function of ``(seed, e)`` (:func:`start_epoch`), so a
+Epoch ``e``'s data order is a function of ``(seed, e)`` (``start_epoch``), so a
 resumed run recreates it.
 
 Hot path (kept within 2% of a hand-written loop): what does not change per step is

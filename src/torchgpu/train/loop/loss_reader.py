@@ -7,7 +7,7 @@ finite-guard probes, in one transfer from a step pre-hook on the optimizer: one 
 per step, before ``optimizer.step`` touches the weights. A non-finite value raises
 ``NonFiniteGradients`` there, so a non-finite loss still never reaches the weights (its
 gradients are dropped with the window). On the CPU a read is no sync and
-:func:`per_step_optimizer` is None: the loop reads each loss as it comes.
+``per_step_optimizer`` is None: the loop reads each loss as it comes.
 """
 
 from __future__ import annotations

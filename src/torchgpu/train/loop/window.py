@@ -2,7 +2,7 @@
 
 The loop hands :class:`WindowLosses` each micro-batch's loss (:meth:`~WindowLosses.add`;
 None until the boundary on an accelerator, where the losses stay on the device) and closes
-the window at each optimizer-step boundary (:meth:`~WindowLosses.close`): the step's loss is
+the window at each optimizer-step boundary (``WindowLosses.close``): the step's loss is
 the mean of the window's finite micro-batch losses, appended to ``state.step_losses`` and
 the step records, then the ``on_step`` hook runs. A window holding a non-finite loss never
 reaches the weights: ``stop`` raises ``NonFiniteLossError``; ``skip`` drops the window,

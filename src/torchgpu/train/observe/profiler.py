@@ -4,8 +4,8 @@ The first steps are slow for reasons that do not repeat (allocator growth, lazy
 initialisation, cuDNN autotuning), so up to :data:`WARMUP_STEPS` are skipped (fewer when
 the run is short). :class:`StepProfiler` traces exactly N whole steps, boundary to
 boundary, data loading included; without the flag nothing is added to the loop. Rank 0
-writes :data:`TRACE_FILE` (a Chrome trace, for Perfetto) and :data:`TABLE_FILE` (the top
-operators by self time and the step's shares, :func:`step_shares`: each moment counted
+writes ``TRACE_FILE`` (a Chrome trace, for Perfetto) and ``TABLE_FILE`` (the top
+operators by self time and the step's shares, ``step_shares``: each moment counted
 once, so they add up to 100 %), also printed and in ``summary.json``. A run shorter than
 asked is profiled whole, and says so.
 """

@@ -4,7 +4,7 @@ The values ``metrics.jsonl`` holds (still written), at the same moments:
 :meth:`TensorBoardLog.write_epoch` turns the epoch's step losses, evaluation metrics,
 throughput and peak memory into scalars once per epoch; nothing runs per step.
 TensorBoard is an optional extra imported only when asked for; before the data loads,
-:func:`check_available` and :func:`check_log_dir` refuse a missing or broken install and
+:func:`check_available` and ``check_log_dir`` refuse a missing or broken install and
 a read-only ``OUT/tensorboard``, each with the fix, and nothing is written.
 """
 

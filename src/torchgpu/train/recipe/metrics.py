@@ -7,7 +7,7 @@ accuracy), or an object with ``reset()``, ``update(output, target_or_batch)`` an
 R², F1, perplexity; torchmetrics' ``Metric`` plugs in as it is, ``compute()`` may return a
 one-element tensor). ``target_or_batch`` is the target of ``(inputs, target)`` pairs, the
 whole batch for dict batches. :class:`R2` and :class:`Accuracy` are built in; ``--metrics``
-names them (:data:`BUILT_IN`) or specs (:func:`from_specs`).
+names them (``BUILT_IN``) or specs (``from_specs``).
 """
 
 from __future__ import annotations

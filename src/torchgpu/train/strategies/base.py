@@ -1,8 +1,8 @@
-"""The shape every strategy has: :class:`Strategy`, its :class:`Features`, a :class:`Choice`.
+"""The shape every strategy has: :class:`Strategy`, its :class:`Features`, a ``Choice``.
 
 A strategy places the run's device, wraps the model, gives its full state and the model
 evaluation runs on, shards the data, and supplies what its run does differently from the
-shared driver (:meth:`Strategy.steps`). What it supports is declared in :class:`Features`
+shared driver (``Strategy.steps``). What it supports is declared in ``Features``
 (with the reason for each refusal), so the checks that follow from the declarations alone
 are made once for every strategy (``strategies.checks``) and name it and its reason.
 Strategy objects hold no run state: one instance per strategy, shared by every run.
@@ -70,10 +70,10 @@ class Strategy:
     """One training strategy (subclass it; see the module docstring).
 
     ``processes``: ``"one"`` (runs in one process; several are refused), ``"several"``
-    (one per device; in one process it falls back to :meth:`alone`), ``"any"``.
+    (one per device; in one process it falls back to ``alone``), ``"any"``.
     Every strategy runs through the same run driver and loop
     (:func:`torchgpu.train.runner.train`, :func:`torchgpu.train.loop.epoch.run_epoch`);
-    :meth:`steps` supplies what its run does differently.
+    ``steps`` supplies what its run does differently.
     """
 
     name: str = ""

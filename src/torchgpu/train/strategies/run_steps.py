@@ -3,7 +3,7 @@
 The driver (``train.runner``) is the same for every strategy; what differs comes from the
 object ``Strategy.steps`` returns: the loop's parts, the stop flag, what a checkpoint saves
 (``model`` under canonical keys and ``optimizer``; :meth:`RunSteps.before_save` runs on every
-rank first), evaluation, the full weights and the summary's entries. :class:`ModelSteps` is
+rank first), evaluation, the full weights and the summary's entries. ``ModelSteps`` is
 the default: one model object (placed and wrapped by the strategy), its optimizer through
 the engine's accumulator, OOM back-off where the strategy allows it and, under DDP, the
 ranks' agreement.

@@ -141,7 +141,7 @@ def build_split_model(
     default ``config.strategy``), as :mod:`torchgpu.train.strategies.split` wraps it.
     ``data``: the run's :class:`~torchgpu.train.task.Task` (samples measure the stages).
 
-    Returns a SplitModel (``model``) or Pipeline (``pipeline``) over :func:`stage_devices`.
+    Returns a SplitModel (``model``) or Pipeline (``pipeline``) over ``stage_devices``.
     BalanceError (exit 2) when ``--balance`` does not match the model's layers.
     """
     from torch import nn

@@ -121,9 +121,9 @@ def saved_chunks(checkpoint: Path | None) -> int | None:
 class StageRun(RunSteps):
     """What the multi-process stage pipeline supplies to the shared run driver
     (:mod:`torchgpu.train.strategies.run_steps`): :class:`StageStep` and
-    :class:`StageWindow` as the loop's step and window, the stop flag the ranks agree on,
+    ``StageWindow`` as the loop's step and window, the stop flag the ranks agree on,
     the forward-only evaluation, the whole model gathered on rank 0 for checkpoints and the
-    final file, every stage's optimizer state (:class:`StageOptimizers`) and the summary's
+    final file, every stage's optimizer state (``StageOptimizers``) and the summary's
     ``pipeline`` entry. Call inside the process group, on every rank."""
 
     phase = "stages"  # a step waits on the stages' sends and receives, then one all-reduce

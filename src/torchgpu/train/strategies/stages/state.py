@@ -69,9 +69,9 @@ class StageOptimizers:
     :func:`torchgpu.checkpoint.save_checkpoint` / ``load_checkpoint``).
 
     :meth:`gather` (every rank, before a save) collects every rank's state on rank 0;
-    :meth:`state_dict` (rank 0) returns it: ``{"format", "params": {key: {"group": the
+    ``state_dict`` (rank 0) returns it: ``{"format", "params": {key: {"group": the
     hyperparameters of the parameter's group, "state": its state}}}``, ``key`` being the
-    parameter's key in the model's state dict. :meth:`load_state_dict` (every rank)
+    parameter's key in the model's state dict. ``load_state_dict`` (every rank)
     restores the rank's own parameters' entries into its optimizer.
     """
 
