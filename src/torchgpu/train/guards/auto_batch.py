@@ -1,16 +1,13 @@
 """``torchgpu train --batch-size auto``: the largest micro-batch that fits, agreed by all ranks.
 
 :func:`search_batch_size` grows, then bisects, a probe of one real forward and backward on
-the run's device while holding Adam-sized extra memory, so what fits leaves room for the
-optimizer; out of memory means "does not fit", any other error is raised. After each probe
-the ranks agree on the minimum, so every rank trains with what the smallest GPU fits.
-Weights are not stepped; buffers, gradients and the RNG are restored. The search is capped
-at the samples one rank sees per epoch, the per-rank effective batch and
-:data:`MAX_AUTO_BATCH` (on a CPU the cap is what it finds).
-
-The effective batch (samples per optimizer step) never changes, only how it is cut:
-``--effective-batch-size`` when given, else the fixed-batch run's (``--batch-size``'s
-default x ``--accumulate`` x processes); accumulation makes up the rest.
+the run's device while holding Adam-sized extra memory (room for the optimizer); out of
+memory means "does not fit", any other error is raised. The ranks agree on the minimum
+after each probe, so all train with what the smallest GPU fits. Weights are not stepped;
+buffers, gradients and the RNG are restored. The search is capped at the samples a rank
+sees per epoch, the per-rank effective batch and ``MAX_AUTO_BATCH``. The effective batch
+(samples per optimizer step: ``--effective-batch-size``, else the fixed-batch run's) never
+changes; accumulation makes up what the micro-batch does not hold.
 """
 
 from __future__ import annotations

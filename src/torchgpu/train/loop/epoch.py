@@ -2,15 +2,13 @@
 
 Per micro-batch it sizes the window (the epoch's short last one included), moves the batch
 and runs one step; the optimizer steps at window boundaries. After each boundary
-``on_step(state)`` runs (a save there is consistent) and the loop asks whether to stop:
-under DDP the ranks' agreement decides, so every rank stops at the same boundary. Between
-agreements the recorded losses are this rank's own; code needing the global values or a
-stop decided at this boundary calls :func:`sync_now` (a collective: every rank calls it).
-Epoch ``e``'s data order is a function of ``(seed, e)`` (``start_epoch``), so a
-resumed run recreates it.
-
-Hot path (kept within 2% of a hand-written loop): what does not change per step is
-decided before the loop; per step there is no I/O, import, capability probe or module state.
+``on_step(state)`` runs (a save there is consistent) and the loop asks whether to stop;
+under DDP the ranks' agreement decides, so all stop at the same boundary, and until it the
+recorded losses are this rank's own: code needing the global values or a stop decided right
+there calls :func:`sync_now` (a collective: every rank calls it). Epoch ``e``'s order is a
+function of ``(seed, e)``, so a resumed run recreates it. Hot path (kept within 2% of a
+hand-written loop): what does not change per step is decided before the loop; per step
+there is no I/O, import, capability probe or module state.
 """
 
 from __future__ import annotations
