@@ -1,24 +1,13 @@
 """A run, assembled once: every check, decision and piece before ``--out`` exists.
 
-Each step below runs exactly once per process, in this order, and raises a torchgpu
-error for bad input, so a bad run leaves nothing behind:
-
-1. :func:`settle`: validate, resolve (defaults, the ``--out`` name), ``--out`` creatable;
-2. :func:`assemble`: decide -- the processes a launcher starts, the device, the
-   precision and observers it allows, the strategy that runs, the resume point, the
-   ``--out`` check (a run already there is refused unless this one continues it or
-   ``--overwrite`` replaces it); then load the data (the plug-in's Task:
-   :func:`~torchgpu.train.plugin.task_for_config`, unless a task is given; ``--optimizer``
-   applied to either) and build the model (``task.build_model()``; a launcher that
-   starts workers builds none: each worker builds its own); a model the plug-in does not
-   vouch for (a user's: ``not task.trusted``) then runs one forward and loss on two
-   samples (:func:`~torchgpu.train.probe.probe`), so a model that does not fit its data
-   or loss is refused before ``--out`` exists.
-
-``--strategy auto`` is the one exception to that order: the planner measures the data
-and the model, so for it the data is loaded and the model built first, the planner
-decides on that very model (it is never built twice), and the decisions follow. The
-runner trains the :class:`Assembly` as it is (:func:`torchgpu.train.runner.train`).
+:func:`settle` validates and resolves the config; :func:`assemble` decides the processes,
+device, precision, strategy and resume point, checks ``--out``, loads the Task and builds
+the model (a launcher that starts workers builds none), and probes a model the plug-in does
+not vouch for on two samples of each split. Each step runs once per process and raises a
+torchgpu error for bad input, so a bad run leaves nothing behind. The one exception to the
+order is ``--strategy auto``: the planner measures the data and the model, so they come
+first and it decides on that very model (never built twice). The runner trains the
+``Assembly`` as it is.
 """
 
 from __future__ import annotations
@@ -137,7 +126,7 @@ def _check_launch(nproc: int, device: torch.device) -> None:
 
 def assemble(config: TrainConfig, *, task: Task | None = None, launching: bool = False,
              env: DistEnv | None = None) -> Assembly:
-    """Assemble the run of ``config`` (from :func:`settle`); see the module docstring.
+    """Assemble the run of ``config`` (from ``settle``); see the module docstring.
 
     ``task``: what to train (:func:`torchgpu.fit` passes the user's); by default the one
     ``config`` names, loaded here. ``launching``: this process may start workers (the

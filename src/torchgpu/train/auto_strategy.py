@@ -1,24 +1,12 @@
 """``torchgpu train --strategy auto``: ask the planner, on this machine's devices.
 
-The rule stays what it was when the model fits on one device: ``ddp`` with several
-processes, else ``single``. When it does not fit, the plan of
-:func:`torchgpu.planning.planner.plan_for_training` is applied through ``plan.settings``
-(:func:`torchgpu.planning.commands.train_settings`, which also writes the command
-``torchgpu plan`` prints, so both run the same thing): its strategy, micro-batch,
-accumulation, activation checkpointing, and its device (``single``), process count
-(``ddp``/``fsdp``) or stage devices, balance and chunks (``model``/``pipeline``). The
-decision is logged as one line (``--strategy auto: ...``).
-
-Planning costs about a second (the estimator measures activations on fake tensors), so it
-is skipped when a cheap bound shows the step is trivially small: one real forward of a
-single sample counts the bytes autograd saves (eval mode, so nothing is updated), and
-``parameters x 4`` (weights, gradients, Adam's two states) plus three times that
-per-sample figure (saved activations and backward's temporaries) times the batch must
-stay within :data:`torchgpu.planning.decide.SMALL_STEP_BYTES` (256 MiB) -- the size below
-which the planner itself always answers ``single``. The housing demo is far below it.
-
-Devices planned for: ``--device cpu`` plans for the CPU and its RAM, ``cuda:N`` for that
-GPU, ``auto``/``cuda`` for every visible GPU (or the CPU when there is none).
+A model that fits on one device keeps the plain rule: ``ddp`` with several processes, else
+``single``. Otherwise the planner's plan is applied through the same settings ``torchgpu
+plan`` prints (strategy, micro-batch, accumulation, activation checkpointing, devices), and
+the decision is logged as one line (``--strategy auto: ...``). Planning costs about a
+second, so it is skipped when :func:`step_bound_bytes` shows the step is below the size
+for which the planner always answers ``single``. ``--device cpu`` plans for the CPU,
+``cuda:N`` for that GPU, ``auto``/``cuda`` for every visible GPU (else the CPU).
 """
 
 from __future__ import annotations
@@ -77,7 +65,7 @@ def step_bound_bytes(model: nn.Module, sample: Any, batch: int) -> int:
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
     was_training = model.training
-    model.eval()
+    model.eval()  # so the forward updates nothing (BatchNorm statistics)
     try:
         saved = saved_tensor_bytes(forward)
     finally:

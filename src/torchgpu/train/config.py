@@ -1,10 +1,9 @@
 """TrainConfig: every setting of ``torchgpu train`` as one frozen dataclass.
 
-``TrainConfig`` holds what the user asked for (``None`` = "use the example's
-default"), and :func:`resolve` fills those defaults; it is pure: it touches no device
-and no file system, so it runs before anything is created. The checks of every value
-live in :mod:`torchgpu.train.config_checks`, which asks each concept's own module
-(strategies, schedule, compile, ...): those modules read ``TrainConfig``, so this one
+``TrainConfig`` holds what the user asked for (``None`` = "use the example's default"), and
+:func:`resolve` fills those defaults. Both are pure (no device, no file system), so they run
+before anything is created. The value checks live in ``config_checks``, because the modules
+that own each concept (strategies, schedule, compile...) read ``TrainConfig``: this module
 imports none of them.
 """
 

@@ -1,12 +1,12 @@
 """Checks of every value of a :class:`~torchgpu.train.config.TrainConfig`.
 
-:func:`validate` raises :class:`~torchgpu.errors.ConfigError` / :class:`UsageError` with
+``validate`` raises :class:`~torchgpu.errors.ConfigError` / ``UsageError`` with
 one paragraph that names the value, what is allowed and the fix. It is pure: it touches
 no device and no file system, so it runs before anything is created. It asks the module
 that owns each concept to check its part (the strategy registry, the LR schedule,
 ``--compile``, metrics, optimizers, the launcher's node flags); those modules read
 ``TrainConfig`` themselves, which is why these checks are not in
-:mod:`torchgpu.train.config`.
+``torchgpu.train.config``.
 """
 
 from __future__ import annotations

@@ -1,23 +1,14 @@
 """``--config FILE.toml`` and the ``config.toml`` every run writes under ``--out``.
 
-A config file holds ``torchgpu train`` settings as top-level TOML keys named like the
-flags (``batch_size`` or ``batch-size``); flags given on the command line override it.
-Every run writes its resolved settings (the strategy, batch size and so on that
-actually ran) to ``OUT/config.toml``, so ``torchgpu train --config OUT/config.toml
---out NEW`` runs it again: bitwise the same on CPU for built-in examples, CSV tables
-and ``--model``/``--data`` specs (file specs and CSV paths are written absolute; module
-specs resolve from the working directory, which the file records in a comment).
-
-Reading uses the standard library's ``tomllib`` (Python >= 3.11; on 3.10 the ``tomli``
-package if installed, else a clear error). Writing needs no library: the values are
-strings, integers, floats and booleans, written by :func:`dumps` (strings as JSON
-strings, which TOML basic strings accept; ``None`` = the key is left out).
-
-The optional ``[run]`` table records what the file came from (device, versions,
-``cli = false`` for a :func:`torchgpu.fit` run, whose model and data were Python objects
-and cannot be rebuilt from the file); reading refuses a file with ``cli = false``. The
-optional ``[fingerprints]`` table records the sha256 of each of the run's files by its
-absolute path (:mod:`torchgpu.train.fingerprints`): a replay whose files changed warns.
+A config file holds ``torchgpu train`` settings as top-level TOML keys named like the flags
+(``batch_size`` or ``batch-size``); flags on the command line override it. Every run writes
+its resolved settings to ``OUT/config.toml``, so ``torchgpu train --config OUT/config.toml
+--out NEW`` runs it again (bitwise on CPU; file specs and CSV paths are written absolute,
+and the working directory module specs resolve from is recorded in a comment). The
+optional ``[run]`` table records where the file came from; ``cli = false`` (a ``fit`` run,
+whose model and data were Python objects) is refused on reading. ``[fingerprints]`` holds
+the sha256 of the run's files: a replay whose files changed warns. Reading uses
+``tomllib`` (``tomli`` on Python 3.10, else a clear error); :func:`dumps` needs no library.
 """
 
 from __future__ import annotations
@@ -364,7 +355,7 @@ def write_config(out_dir: Path, config: TrainConfig, *, world_size: int, local_w
 
     A :func:`torchgpu.fit` run (``model`` is ``fit:<name>``: its model and data were
     objects) still records its settings; the file says it cannot be re-run from the
-    command line, and :func:`read_settings` refuses it.
+    command line, and ``read_settings`` refuses it.
     """
     from torchgpu.version import versions
 

@@ -1,17 +1,12 @@
 """The files a run was built from and their sha256 fingerprints.
 
-A run built from a user's files -- a ``path/to/file.py:attr`` spec's file (``--model``,
-``--data``, ``--loss``, ``--optimizer``) or a data file (``--data table.csv``) --
-records each file's sha256 by its absolute path in ``OUT/config.toml`` (its
-``[fingerprints]`` table), ``summary.json`` (``fingerprints``) and every checkpoint's
-``meta.json``. A replay (``--config OUT/config.toml``) whose files changed since warns,
-naming each; a resume whose files changed is refused unless ``--force-resume``
-(:func:`torchgpu.train.checkpoints.resume_plan.plan_resume`). Built-in examples, module specs
-(``package.module:attr``) and :func:`torchgpu.fit`'s objects have no file to record.
-
-Hashing streams each file in 1 MiB blocks, and a file is hashed once per process while
-its size, modification time and inode stay the same (the replay check, the resume check
-and the run's records share the one hash).
+A run built from a user's files (a ``path/to/file.py:attr`` spec's file, a ``--data`` CSV)
+records each file's sha256 by its absolute path in ``OUT/config.toml``, ``summary.json``
+and every checkpoint's ``meta.json``: a replay whose files changed warns, naming each, and
+a resume is refused unless ``--force-resume``. Built-in examples, module specs and
+``torchgpu.fit``'s objects have no file to record. A file is hashed once per process
+(streamed in 1 MiB blocks) while its size, modification time and inode stay the same, so
+the replay check, the resume check and the run's records share one hash.
 """
 
 from __future__ import annotations

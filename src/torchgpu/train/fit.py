@@ -146,64 +146,33 @@ def fit(
 
     - ``model``: an ``nn.Module`` (trained in place) or a zero-argument factory (called
       under ``torch.manual_seed(seed)``, so every process builds the same weights).
-    - ``train_data`` / ``eval_data``: map-style ``Dataset``s whose items are
-      ``(inputs, target)`` pairs or dicts. ``train_data`` may be a stream (an
-      ``IterableDataset``): ``steps_per_epoch`` optimizer steps per epoch (required
-      without ``len()``), sharded over ranks and workers, resumed exactly
-      (:mod:`torchgpu.data.stream`).
-    - pairs: ``loss(model(inputs), target)`` (tuple/list inputs: ``model(*inputs)``);
-      dicts: ``model(**batch)``, the loss is ``output.loss`` / ``output["loss"]`` / a
-      scalar output, or ``loss(output, batch)`` when ``loss`` is given.
-    - ``metrics``: ``{name: metric}`` on ``eval_data`` each epoch (in ``summary["final"]``
-      and the epoch records as ``test_<name>``): a function ``fn(output,
-      target_or_batch) -> float``, averaged over the samples, or an object with
-      ``reset()``/``update(output, target)``/``compute()`` (e.g. a torchmetrics Metric),
-      for metrics that are not a mean over samples (:mod:`torchgpu.train.recipe.metrics`).
-    - ``optimizer``: ``params -> Optimizer``, or a name, ``"adam"``/``"adamw"``/``"sgd"``
-      (at ``lr``), as ``--optimizer`` takes (default AdamW at ``lr``, 1e-3).
-    - ``scheduler``: ``optimizer -> LRScheduler`` (e.g. ``lambda optimizer:
-      torch.optim.lr_scheduler.StepLR(optimizer, 100)``), or a ``module:function`` spec
-      as ``--scheduler`` takes; stepped once per optimizer step and checkpointed. Or the
-      built-in schedules by setting: ``lr_schedule`` (``"constant"``, ``"linear"``,
-      ``"cosine"``, ``"step"``), ``warmup_steps``, ``lr_step_size`` (epochs),
-      ``lr_gamma`` (:mod:`torchgpu.train.schedule`).
+    - ``train_data`` / ``eval_data``: map-style ``Dataset``s of ``(inputs, target)`` pairs or
+      dicts; ``train_data`` may be a stream (an ``IterableDataset``: ``steps_per_epoch``
+      optimizer steps per epoch, required without ``len()``; sharded and resumed exactly).
+    - pairs: ``loss(model(inputs), target)`` (tuple/list inputs: ``model(*inputs)``); dicts:
+      ``model(**batch)``, the loss is ``output.loss`` / ``output["loss"]`` / a scalar output,
+      or ``loss(output, batch)`` when ``loss`` is given.
+    - ``metrics``: ``{name: metric}`` on ``eval_data`` each epoch, reported as ``test_<name>``:
+      ``fn(output, target_or_batch) -> float`` averaged over the samples, or an object with
+      ``reset()``/``update(output, target)``/``compute()`` (e.g. a torchmetrics Metric).
+    - ``optimizer``: ``params -> Optimizer``, or ``"adam"``/``"adamw"``/``"sgd"`` at ``lr``
+      (default AdamW at ``lr``, 1e-3). ``scheduler``: ``optimizer -> LRScheduler`` or a
+      ``module:function`` spec, stepped once per optimizer step and checkpointed; or the
+      built-in schedules: ``lr_schedule``, ``warmup_steps``, ``lr_step_size``, ``lr_gamma``.
     - ``collate_fn``: ``fn(items) -> batch`` for both datasets (default torch's
-      ``default_collate``, which needs items of equal shapes), e.g. transformers'
-      ``DataCollatorWithPadding(tokenizer)`` for token sequences of different lengths.
-      It must return a dict of tensors (``model(**batch)``) or an ``(inputs, target)``
-      pair. Under DataLoader workers (``num_workers``) it must pickle when the start
-      method is spawn; a lambda works with ``num_workers=0`` or fork.
-    - ``settings``: the ``torchgpu train`` flags by name, typed as
-      :class:`~torchgpu.train.fit_settings.FitSettings` (a misspelt name is a type
-      error, and at run time a UsageError naming the closest setting): ``epochs``, ``batch_size``
-      (int or ``"auto"``, per process), ``effective_batch_size`` (the global batch:
-      samples per optimizer step over all processes; with a fixed ``batch_size`` the
-      accumulation follows, so a script keeps it under ``launch --nproc N``),
-      ``strategy`` (``"auto"``, single, dp, ddp, fsdp, model, pipeline), ``devices``,
-      ``chunks``, ``accumulate``,
-      ``precision``, ``activation_checkpointing`` (True, or the block class's name,
-      ``"T5Block"``), ``compile`` (True; ``compile_mode="max-autotune"``...),
-      ``clip_norm``, ``lr``, ``out``,
-      ``save_every``, ``keep_last``, ``async_save`` (fsdp),
-      ``resume`` (``force_resume=True``: although a file
-      the run was built from changed since), ``overwrite`` (an ``out`` holding a run's
-      files is refused without ``resume`` or it), ``autoresume`` (continue the run in
-      ``out`` if it has a checkpoint, else start it; a finished run there is not trained
-      again: its result is returned, :mod:`torchgpu.train.checkpoints.autoresume`), ``log_every``
-      (step records written to metrics.jsonl every N steps; default every 10 s),
-      ``seed``, ``device``, ``progress``, ``on_nonfinite``, ``collective_timeout``,
-      ``startup_timeout``, ``stop_timeout`` (seconds), ``profile`` (N steps under
-      torch.profiler), ``log`` (``"tensorboard"``), ``memory_snapshot``,
-      ``estimate_memory``, ``num_workers`` (int or ``"auto"``,
-      :mod:`torchgpu.data.workers`), ...
+      ``default_collate``), returning a dict of tensors or an ``(inputs, target)`` pair, e.g.
+      ``DataCollatorWithPadding(tokenizer)``; it must pickle under spawned DataLoader workers.
+    - ``settings``: the ``torchgpu train`` flags by name, typed as ``FitSettings`` (a misspelt
+      name is a type error, and at run time a UsageError naming the closest one): ``epochs``,
+      ``batch_size`` (int or ``"auto"``, per process), ``effective_batch_size`` (samples per
+      optimizer step over all processes, kept under any ``launch --nproc N``), ``strategy``,
+      ``precision``, ``lr``, ``out``, ``save_every``, ``resume``, ``overwrite``, ``autoresume``
+      (a finished run in ``out`` is not trained again: its result is returned), ``seed``,
+      ``device``, ``num_workers``, ...; each one's meaning is ``torchgpu train --help``'s.
 
-    Like every run, a fit run writes its settings as ``OUT/config.toml``; its model and
-    data are objects, so the file says it cannot be re-run with ``torchgpu train
-    --config`` (``--config`` files are a command-line feature, not a setting).
-
-    Raises torchgpu errors (ConfigError, UsageError, DataError...) for bad input before
-    anything is written.
-    """
+    The run's ``OUT/config.toml`` says it cannot be re-run with ``torchgpu train --config``
+    (the model and data were objects). Bad input raises torchgpu errors (ConfigError,
+    UsageError, DataError...) before anything is written."""
     _refuse_split_pair(train_data)
     name = type(model).__name__ if isinstance(model, nn.Module) else getattr(
         model, "__name__", "model")

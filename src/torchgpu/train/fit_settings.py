@@ -1,16 +1,13 @@
 """The settings ``torchgpu.fit`` takes, typed for editors and type checkers: :class:`FitSettings`.
 
-``fit(model, data, epochs=3, lr=1e-3, ...)``: each setting is a ``torchgpu train`` flag by
-the same name (``--batch-size`` is ``batch_size``) and means what the flag means. The
-names, types and defaults come from :class:`~torchgpu.train.config.TrainConfig` (the one
-place defaults live: a setting left out takes the config's default); ``FitSettings``
-repeats the names and types in the form a type checker reads, with the wider forms
-``fit`` also takes (``batch_size="auto"``, ``resume=True``, a ``Path`` for ``out``, a
-list for ``devices``). ``tests/unit/test_fit_settings.py`` fails when the two drift.
-
-A misspelt or mistyped setting is an error for mypy (``fit(m, d, epoch=3)``: unexpected
-keyword argument) and, at run time, a :class:`~torchgpu.errors.UsageError` naming the
-setting and the closest accepted one (:func:`unknown_settings_error`).
+Each setting is the ``torchgpu train`` flag of the same name (``--batch-size`` is
+``batch_size``) and means what the flag means. Names, types and defaults live in
+``TrainConfig`` (a setting left out takes its default); ``FitSettings`` repeats them in the
+form a type checker reads, with the wider forms ``fit`` also takes (``batch_size="auto"``,
+``resume=True``, a ``Path`` for ``out``, a list for ``devices``), and
+``tests/unit/test_fit_settings.py`` fails when the two drift. A misspelt or mistyped
+setting is a mypy error and, at run time, a UsageError naming the closest accepted one
+(:func:`unknown_settings_error`).
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """Whether ``--out`` can hold a run, checked before any data is loaded.
 
-A run writes its files at the end of a long preparation (data, model, planner), so an
-output directory that cannot be created must be refused first, with the reason, and
-without creating anything. :func:`check_creatable` walks up to the first existing
-ancestor and asks the file system itself whether a new directory can be made there.
-
-An ``--out`` that already holds a run's files (any of
-:data:`~torchgpu.train.outputs.files.RUN_ENTRIES`: checkpoints, config.toml, metrics...) is never
-written over unasked: :func:`check_out_dir` refuses it unless the run continues it
-(``--resume``, a torchrun restart) or ``--overwrite`` was given; with ``--overwrite``
-:func:`clear_run` removes those entries, and nothing else, just before the new run
-writes its first file.
+A run writes its files after a long preparation, so an ``--out`` that cannot be created is
+refused first, with the reason and without creating anything (:func:`check_creatable` asks
+the file system at the first existing ancestor). An ``--out`` that holds a run's files (any
+of ``outputs.files.RUN_ENTRIES``) is never written over unasked: :func:`check_out_dir`
+refuses it unless the run continues it (``--resume``, a torchrun restart) or
+``--overwrite`` was given, and then ``clear_run`` removes those entries, and nothing
+else, just before the new run writes its first file.
 """
 
 from __future__ import annotations
@@ -164,7 +160,7 @@ def check_out_dir(config: TrainConfig, *, resuming: bool) -> Path:
     restart), which may then write into it. Otherwise an ``--out`` holding any of the
     run's entries (:data:`~torchgpu.train.outputs.files.RUN_ENTRIES`) is refused with
     :class:`OutHoldsRun` (exit 2: how to continue it, or ``--overwrite``), unless
-    ``config.overwrite``: then the runner removes them (:func:`clear_run`) before it
+    ``config.overwrite``: then the runner removes them (``clear_run``) before it
     writes. A file where the directory should be is a UsageError either way. Reads only.
     """
     assert config.out is not None

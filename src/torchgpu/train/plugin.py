@@ -1,17 +1,11 @@
 """The plug-in a TrainConfig names, as the run's :class:`~torchgpu.train.task.Task`.
 
-- ``--example NAME`` (or nothing: housing) and ``--data FILE.csv --target COL``: the
-  built-in plug-ins of :mod:`torchgpu.examples`;
-- ``--model SPEC --data SPEC [--loss NAME|SPEC]``: the user's model and data
-  (:func:`~torchgpu.train.task.user_task`), or ``--model SPEC`` on a CSV table (the
-  table plug-in with the user's model, its loss and AdamW);
-- ``--metrics NAME|SPEC,...`` adds evaluation metrics to the task's
-  (:func:`torchgpu.train.recipe.metrics.from_specs`);
-- ``--optimizer NAME|SPEC`` then replaces the plug-in's default optimizer, whichever it is.
-
-Both routes give the same kind of Task, which the engine runs alike: a user plug-in
-built from the same pieces as ``--example housing`` (``--optimizer adam``) trains to
-the same bytes.
+``--example NAME`` (default housing) and ``--data FILE.csv --target COL`` give a built-in
+plug-in; ``--model SPEC --data SPEC [--loss NAME|SPEC]`` the user's model and data, and
+``--model SPEC`` on a CSV table the table plug-in with the user's model. ``--metrics`` adds
+evaluation metrics and ``--optimizer`` then replaces the plug-in's default optimizer. Every
+route gives the same kind of Task and the engine runs them alike: a user plug-in built from
+the same pieces as ``--example housing`` (``--optimizer adam``) trains to the same bytes.
 """
 
 from __future__ import annotations

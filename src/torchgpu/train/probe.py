@@ -19,25 +19,17 @@ from torchgpu.train.task import Task, untrainable
 def probe(task: Task, model: nn.Module, *, model_label: str = "the model",
           data_label: str = "the training data", eval_label: str = "the evaluation data",
           loss_label: str | None = None) -> None:
-    """One forward and loss on the first two training samples, and on the first two
-    samples of the held-out split (when the task has one), before anything is written.
+    """One forward and loss on the first two training samples, and on the first two samples of
+    the held-out split (when there is one), before anything is written.
 
-    A model with no trainable parameters, a model the data does not fit, a loss that
-    cannot take the model's output, a model with no loss of its own, or a loss that is
-    not a scalar or carries no gradient (computed detached, through ``.item()`` or under
-    ``no_grad``) would otherwise fail at the first step, after ``--out`` was made; here
-    each is :class:`UsageError` naming the specs (``model_label``, ``data_label``,
-    ``loss_label``: default the task's loss, or the model's own) and the fix. A held-out
-    split the model does not take (``eval_label``: another width than the training data,
-    say) would fail the evaluation after the first epoch; here it is :class:`DataError`
-    naming that split, both splits' shapes and the fix. The training probe runs in the
-    model's training mode (some models return their losses only there) without
-    gradients; its loss then runs with gradients on an output of tensors that require
-    them (no backward), so a loss that cuts them off shows. The held-out probe runs in
-    evaluation mode with the output cast to float, as
-    :func:`~torchgpu.train.outputs.evaluation.evaluate` runs it. The probes leave no trace: the
-    CPU random state, the model's mode and its buffers (BatchNorm statistics) are put back.
-    """
+    What would otherwise fail at the first step, after ``--out`` was made (no trainable
+    parameters, data the model does not take, a loss that cannot take its output, is no scalar
+    or carries no gradient), is a UsageError naming the specs (the ``*_label`` arguments) and
+    the fix; a held-out split the model does not take is a DataError naming both splits'
+    shapes. The training probe runs in training mode (some models return losses only there)
+    without gradients, then the loss on outputs that require them, so a loss that cuts them
+    off shows; the held-out probe runs as evaluation does. The CPU random state, the model's
+    mode and its buffers are put back."""
     from torchgpu.errors import TorchGpuError, first_line
 
     if not any(p.requires_grad for p in model.parameters()):

@@ -71,22 +71,12 @@ def train(config: TrainConfig | None = None, *, stop: StopFlag | None = None,
           task: Task | None = None, run: Assembly | None = None) -> TrainResult:
     """Run ``config`` to the end (or until ``stop`` is set); return the result.
 
-    Checkpointing and resume: :mod:`torchgpu.train.checkpoints.run_checkpoints`; hooks into the run
-    (a step limit, a planted fault): :mod:`torchgpu.train.hooks.run_hooks`.
-
-    Under torchrun (WORLD_SIZE set) this forms the process group (:func:`process_group`:
-    kept for the process's life, reused by the next ``train`` in it) and trains with the
-    resolved strategy. Raises torchgpu errors for bad input
-    before anything is written. A ``stop`` requested while the group forms (on this
-    rank, or recorded by another: :meth:`StopFlag.requested`) raises
-    :class:`torchgpu.rendezvous.GroupStopped` before anything is written.
-
-    ``task``: what to train (:func:`torchgpu.fit` passes the user's model and data);
-    by default the one ``config`` names. ``run``: the run already assembled
-    (:func:`torchgpu.train.assemble.assemble`, the CLI's); without it ``config`` is
-    settled and assembled here. Either way validation, resolution, the decisions, the
-    data and the model happen once, before ``--out`` is created.
-    """
+    Under torchrun (WORLD_SIZE set) this forms the process group (kept for the process's life,
+    reused by the next ``train`` in it) and trains with the resolved strategy. ``task``: what
+    to train (``fit`` passes the user's model and data; by default the one ``config`` names).
+    ``run``: the run already assembled (the CLI's); without it ``config`` is settled and
+    assembled here. Bad input raises torchgpu errors before anything is written, and so does
+    a ``stop`` requested while the group forms (:class:`torchgpu.rendezvous.GroupStopped`)."""
     beat = Heartbeat.from_env()  # a launcher's multi-process run: where this rank is
     with beat.running() if beat is not None else nullcontext():
         if beat is not None:

@@ -1,36 +1,13 @@
 """The run's learning-rate schedule: ``--lr-schedule``/``--scheduler`` and ``fit(...)``.
 
-A built-in schedule is a ``torch.optim.lr_scheduler.LambdaLR`` over the run's optimizer,
-its factor of the optimizer's learning rate (``--lr``, or the one a factory set) at
-optimizer step ``t`` of ``T`` (the run's total: epochs times optimizer steps per epoch,
-from the micro-batch the run trains with and ``--accumulate``, so ``--batch-size auto``,
-which keeps the effective batch, keeps ``T``), with ``W = --warmup-steps``, as Hugging
-Face's ``get_*_schedule_with_warmup`` compute it:
-
-- warm-up (``t < W``, every kind): ``t / W``, from 0 (the first step is taken at LR 0);
-- ``constant``: 1 (the default; without warm-up the run has no scheduler at all);
-- ``linear``: ``(T - t) / (T - W)``, down to 0 at the run's end;
-- ``cosine``: ``0.5 * (1 + cos(pi * (t - W) / (T - W)))``, down to 0 at the run's end;
-- ``step``: ``gamma ** (e // S)`` where ``e`` is the epoch step ``t`` falls in,
-  ``S = --lr-step-size`` epochs (default 1) and ``gamma = --lr-gamma`` (default 0.1), as
-  ``StepLR(step_size=S, gamma=gamma)`` stepped once per epoch does (without warm-up it
-  is that ``StepLR``, over ``S`` epochs of optimizer steps, so its LRs are bitwise
-  torch's: each decay multiplies the current LR by ``gamma``).
-
-Or a factory ``optimizer -> LRScheduler`` (``fit(scheduler=...)``, or ``--scheduler
-module:function`` / ``path.py:function``, resolved as ``--optimizer`` specs are). It is
-called once on a probe optimizer when the run is assembled (a factory that fails, or
-returns something without ``step``/``state_dict``/``load_state_dict``, bound to another
-optimizer, or stepping on a metric like ``ReduceLROnPlateau``, is refused before ``--out``
-exists) and once for the run.
-
-Either way the scheduler steps once per optimizer step that was applied (the
-``on_step`` hook: not per micro-batch, not per OOM replay, not on a step dropped for a
-non-finite loss or skipped by the GradScaler: Hugging Face's Trainer's rule), on every
-rank alike. Its ``state_dict()`` is saved in every checkpoint and restored on resume;
-the learning rate each step used (the first parameter group's) is kept in
-``TrainState.step_lrs``, written as ``lr`` in ``metrics.jsonl``'s step records and drawn
-under the loss plot.
+A built-in schedule (:func:`built_in`) scales the optimizer's learning rate per optimizer
+step over the run's total ``T`` (epochs times optimizer steps per epoch, so ``--batch-size
+auto``, which keeps the effective batch, keeps ``T``). A factory ``optimizer ->
+LRScheduler`` meets a probe optimizer at assembly (:func:`check`), so a bad one is refused
+before ``--out`` exists. Either way the scheduler steps once per *applied* optimizer step
+(not per micro-batch, replay, or dropped or skipped step: Hugging Face's Trainer's rule),
+on every rank alike; its state is in every checkpoint, and each step's learning rate is
+kept in ``TrainState.step_lrs`` (``lr`` in ``metrics.jsonl``, drawn under the loss plot).
 """
 
 from __future__ import annotations
@@ -119,8 +96,11 @@ def resolve(spec: str) -> SchedulerFactory:
 
 def factor(kind: str, step: int, *, warmup: int, total: int, steps_per_epoch: int = 1,
            step_size: int = DEFAULT_STEP_SIZE, gamma: float = DEFAULT_GAMMA) -> float:
-    """The factor of the base learning rate at optimizer step ``step`` (0-based) of
-    ``total`` for schedule ``kind`` (see the module docstring)."""
+    """The factor of the base learning rate at optimizer step ``step`` (0-based) of ``total``.
+
+    Warm-up (every kind): ``step / warmup``, from 0. Then ``linear`` and ``cosine`` decay to 0
+    at ``total`` as Hugging Face's ``get_*_schedule_with_warmup`` do; ``step`` is
+    ``gamma ** (epoch // step_size)``, as ``StepLR`` stepped once per epoch; ``constant`` is 1."""
     if step < warmup:
         return step / max(1, warmup)
     if kind == "linear":

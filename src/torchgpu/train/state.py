@@ -1,12 +1,10 @@
-"""Where a run stands (``TrainState``).
+"""Where a run stands (``TrainState``): everything a resumed run needs besides the weights,
+optimizer and RNG.
 
-``TrainState`` is everything a resumed run needs besides the weights, optimizer and
-RNG: which epoch, how many optimizer steps, how many micro-batches of the current
-epoch were consumed, and the loss history. The data order of an epoch is a function
-of ``(seed, epoch)`` (a run's training set: ``randperm`` seeded with ``seed + epoch``,
-DistributedSampler's order, :mod:`torchgpu.data.shards`; a generator-shuffled loader:
-:func:`torchgpu.train.loop.epoch.epoch_seed`), so a resumed run re-creates the epoch's order
-and skips ``batch_in_epoch`` micro-batches. A leaf: every layer of the engine reads it.
+Which epoch, how many optimizer steps, how many micro-batches of the current epoch were
+consumed, and the loss history. An epoch's data order is a function of ``(seed, epoch)``,
+so a resumed run re-creates it and skips ``batch_in_epoch`` micro-batches. A leaf: every
+layer of the engine reads it.
 """
 
 from __future__ import annotations

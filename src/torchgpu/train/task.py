@@ -1,18 +1,13 @@
-"""Task: what the engine trains on what — the one plug-in shape.
+"""Task: what the engine trains on what -- the one plug-in shape.
 
 A :class:`Task` bundles a model factory, the training and evaluation datasets, the loss,
-the evaluation metrics, the default optimizer and the evaluation batch size. The built-in
-examples and CSV tables (the plug-ins of :mod:`torchgpu.examples`), ``--model SPEC
---data SPEC`` (:func:`torchgpu.train.plugin.task_for_config`) and :func:`torchgpu.fit`
-(:func:`user_task`) all produce one, and the engine treats them alike: nothing in it
-asks which kind of task it runs.
-
-Batches follow :mod:`torchgpu.data.batches`: ``(inputs, target)`` pairs, or dicts
-(``model(**batch)``; with no loss given, the loss is the model's ``output.loss``,
-``output["loss"]`` or its scalar output; a given loss is called ``loss(output, batch)``).
-Metrics are ``{name: metric}`` (:mod:`torchgpu.train.recipe.metrics`): a function
-``fn(output, target_or_batch) -> float`` averaged over the evaluation samples, or an
-object with ``reset``/``update``/``compute`` (torchmetrics-style) for aggregated metrics.
+the evaluation metrics, the default optimizer and the evaluation batch size. Built-in
+examples, ``--model/--data`` specs and ``torchgpu.fit`` (:func:`user_task`) all produce one,
+and nothing in the engine asks which kind it runs. Batches are ``(inputs, target)`` pairs or
+dicts (``model(**batch)``; without a loss, the model's ``output.loss``, ``output["loss"]``
+or scalar output is the loss; a given loss is called ``loss(output, batch)``). Metrics are
+``{name: metric}``: ``fn(output, target_or_batch) -> float``, averaged over the evaluation
+samples, or an object with ``reset``/``update``/``compute`` (torchmetrics-style).
 """
 
 from __future__ import annotations
@@ -42,42 +37,35 @@ LOSS_NAMES: tuple[str, ...] = ("mse", "cross_entropy")
 class Task:
     """A model factory, data, loss, metrics, default optimizer and evaluation batch.
 
-    ``metrics``: ``{name: metric}``, reported as ``test_<name>``
-    (:mod:`torchgpu.train.recipe.metrics`). ``optimizer``: the run's optimizer unless
-    ``--optimizer`` names another: ``adam``/``adamw``/``sgd`` at ``--lr``, or a function
-    ``params -> Optimizer`` (:mod:`torchgpu.train.recipe.optimizers`); AdamW for a user's model,
-    Adam for the built-in examples (as the seeds). ``scheduler``: a factory
-    ``optimizer -> LRScheduler`` (:mod:`torchgpu.train.schedule`; ``--scheduler`` sets
-    it), None for the ``--lr-schedule`` one. ``eval_batch_size``: the held-out
-    split's batch is at least this many rows (evaluation keeps no activations for
-    backward, so it takes larger batches); None: the training batch size.
-    ``dict_batches``: the datasets yield dicts (collated by :class:`DictPairs`).
-    ``example``: the in-memory tensors of a built-in example or CSV table (the planner
-    and the model/pipeline strategies measure on them; a launcher hands a CSV's to its
-    workers); None for user data. ``trusted``: the plug-in vouches that its model takes
-    its data and loss (the built-in examples do), so the two-sample :func:`probe` before
-    ``--out`` exists is skipped (for ResNet-50 it costs a forward). ``kind``: a label for
-    summary.json's ``task`` (``regression``, ``classification``, ``custom``); nothing in
-    the engine depends on it. ``collate_fn``: the user's function turning a list of
-    items into a batch (None: torch's ``default_collate``), used wherever batches are
-    made (loaders, probe, batch-size search, planner); ``collate_label`` names it in
-    messages (``--collate-fn SPEC`` or ``collate_fn=``).
-    """
+    Frozen. ``name``, ``build_model``, ``train``, ``test`` and ``loss`` are required; the
+    comments at the optional fields say what each changes."""
 
     name: str
     build_model: Callable[[], nn.Module]
     train: Dataset[Any]
     test: Dataset[Any] | None
     loss: LossFn
-    metrics: Mapping[str, MetricLike] = field(default_factory=dict)
+    metrics: Mapping[str, MetricLike] = field(default_factory=dict)  # reported as test_<name>
+    # The run's optimizer unless --optimizer names another: a built-in name at --lr or a
+    # function params -> Optimizer; AdamW for a user's model, Adam for the built-in examples
+    # (as their seeds).
     optimizer: OptimizerChoice = "adamw"
-    scheduler: Callable[[Any], Any] | None = None  # optimizer -> LRScheduler (train/schedule)
+    scheduler: Callable[[Any], Any] | None = None  # optimizer -> LRScheduler; None: --lr-schedule
+    # The held-out batch is at least this many rows (evaluation keeps no activations for
+    # backward, so it takes larger batches); None: the training batch size.
     eval_batch_size: int | None = None
-    dict_batches: bool = False
+    dict_batches: bool = False  # the datasets yield dicts (collated by DictPairs)
+    # The in-memory tensors of a built-in example or CSV table, which the planner and the
+    # model/pipeline strategies measure on (a launcher hands a CSV's to its workers).
     example: ExampleData | None = None
+    # The plug-in vouches that its model takes its data and loss, so the two-sample probe
+    # before --out exists is skipped (for ResNet-50 it costs a forward).
     trusted: bool = False
-    kind: str = "custom"
+    kind: str = "custom"  # summary.json's task label; nothing in the engine depends on it
     description: str = ""
+    # Turns a list of items into a batch wherever batches are made (loaders, probe, batch
+    # size search, planner); None: torch's default_collate. collate_label names it in
+    # messages (--collate-fn SPEC or collate_fn=).
     collate_fn: Callable[[list[Any]], Any] | None = None
     collate_label: str = "collate_fn="
 

@@ -1,23 +1,13 @@
 """``--autoresume`` (``fit(autoresume=True)``): one command line for every run of a job.
 
-A cluster job that is requeued runs the same command again. With ``--autoresume`` the
-run in ``--out`` decides what that command does (:func:`plan_autoresume`, called by
-:func:`torchgpu.train.checkpoints.resume_plan.plan_resume` before ``--out`` is written):
-
-- a **finished** run there (``summary.json`` says every epoch of this run's ``epochs``
-  ran, no stop): nothing to do -- :class:`RunFinished` is raised; the CLI prints the
-  run's report and exits 0, :func:`torchgpu.fit` returns the finished run's result
-  (:func:`torchgpu.train.checkpoints.finished.finished_result`: its summary, epoch records and
-  final weights);
-- a **checkpoint** there: the run continues from the newest one that is complete
-  (``latest`` followed; one whose bytes fail their manifest falls back to the newest
-  that verifies when it is loaded), exactly like ``--resume``;
-- a run's files but **no checkpoint** (it crashed before its first save): they are
-  removed (as ``--overwrite`` would) and the run starts over, with a note;
-- nothing: the run starts.
-
-Also here: how a stopped or failed run tells its user to continue (:func:`continue_hint`),
-in the words of the way it was started (the CLI's flags or ``fit``'s arguments).
+A requeued cluster job runs the same command again, and the run in ``--out`` decides what
+it does, before ``--out`` is written: a **finished** run (:func:`check_finished`) raises
+:class:`RunFinished` (the CLI prints its report and exits 0, ``fit`` returns its result);
+a **checkpoint** is continued from the newest complete one, exactly as ``--resume`` does;
+a run's files but **no checkpoint** (it crashed before its first save) are removed, as
+``--overwrite`` would, and the run starts over with a note; nothing there: it starts.
+``continue_hint`` tells a stopped or failed run's user how to continue, in the words
+of the way it was started (the CLI's flags or ``fit``'s arguments).
 """
 
 from __future__ import annotations

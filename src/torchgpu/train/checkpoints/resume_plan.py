@@ -1,12 +1,12 @@
 """Where a run starts: from scratch, from a checkpoint ``--resume`` names, or -- under a
-torchrun restart -- from the run's own newest checkpoint (:func:`plan_resume`).
+torchrun restart -- from the run's own newest checkpoint (``plan_resume``).
 
 Decided during assembly, before ``--out`` is written: a resume that finds no checkpoint,
 or one saved with settings the run now changes (the data position and optimizer state
 would mean something else), or -- unless ``--force-resume`` -- one saved by a run whose
 files (a spec's file, a CSV: :mod:`torchgpu.train.fingerprints`) changed since, is
 refused here (:class:`~torchgpu.errors.ResumeError`).
-Loading the checkpoint is :class:`torchgpu.train.checkpoints.run_checkpoints.RunCheckpoints`' job.
+Loading the checkpoint is ``torchgpu.train.checkpoints.run_checkpoints.RunCheckpoints``' job.
 """
 
 from __future__ import annotations

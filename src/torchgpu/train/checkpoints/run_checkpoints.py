@@ -1,29 +1,12 @@
 """A run's checkpoints: :class:`RunCheckpoints` saves them and resumes from one, exactly.
 
-- **Where.** ``--save-every N`` saves ``OUT/checkpoints/step-SSSSSSSS`` every N optimizer
-  steps (atomic; ``latest`` updated after the commit; ``--keep-last K`` prunes), and a
-  stop (SIGTERM, SIGINT, a step limit) always saves at the step boundary where it stops,
-  then exits 0 (torchrun restarts a group only after a non-zero exit) with the resume
-  command; ``summary.json`` records ``stopped_early`` and ``stop_reason``.
-- **Resume** (``--resume [DIR]``; a torchrun restart resumes from the run's newest
-  checkpoint, rank 0's choice broadcast): decided before ``--out`` changes
-  (:mod:`.resume_plan`). No checkpoint, fewer steps asked than done, changed settings or,
-  unless ``--force-resume``, changed files (:mod:`torchgpu.train.fingerprints`) are
-  refused; a malformed position is a ``CheckpointFormatError`` naming the field
-  (:mod:`.saved_position`); a checkpoint whose bytes do not match its manifest is
-  skipped for the newest that verifies when reached through ``latest`` and refused when
-  named. Checkpoints past the resumed step are moved, whole, to
-  ``OUT/checkpoints-abandoned-after-step-SSSSSSSS/``; nothing is deleted.
-- **Sharded** (fsdp): every rank writes its shards (:mod:`torchgpu.checkpoint.sharded`;
-  ``--async-save`` in the background). A run may resume on another world size where the
-  effective batch stays (:mod:`.world_change`).
-- **Held**: weights (canonical keys), optimizer, scheduler, the precision's scaler, RNG
-  states, and in ``extra`` the :class:`~torchgpu.train.state.TrainState`, the finished
-  epochs' records, every rank's RNG at the save and at the saved epoch's loader start, a
-  stream's position, and ``run`` (what must match for the position to mean the same).
-- **Exact.** Built as a fresh run, states loaded, the epoch's order re-created from
-  ``(seed, epoch)`` and its first batches skipped, RNGs restored, ``metrics.jsonl``
-  rewritten (:mod:`.history`): on CPU bitwise equal to the uninterrupted run.
+Saves ``OUT/checkpoints/step-SSSSSSSS`` every ``--save-every`` optimizer steps (atomic;
+``latest`` moves after the commit; ``--keep-last`` prunes), and always at the boundary where
+a stop ends the run, which then exits 0 with the resume command (torchrun restarts a group
+only after a non-zero exit). A resume is exact: on CPU bitwise equal to the uninterrupted
+run (states, RNGs, the epoch's order and position, ``metrics.jsonl``). A checkpoint that
+does not verify is skipped for the newest that does when reached through ``latest``, and
+refused when named; checkpoints past the resumed step are moved aside whole, never deleted.
 """
 
 from __future__ import annotations
@@ -90,14 +73,14 @@ def _refuse_whole(source: Path) -> None:
 
 
 class RunCheckpoints:
-    """Saving and restoring one ``torchgpu train`` run (see the module docstring).
+    """Saving and restoring one ``torchgpu train`` run.
 
     ``model`` and ``optimizer`` are what is saved and restored; where they are spread
     over the ranks, ``before_save`` (every rank, before each save) gathers them so that
     rank 0's ``model.state_dict()`` / ``optimizer.state_dict()`` hold the whole run.
     The runner builds it once, calls :meth:`begin` (fresh or resumed state),
-    :meth:`start_epoch` instead of :func:`loop.start_epoch`, passes :meth:`step_hook` as
-    the loop's ``on_step``, and calls :meth:`stopped` when the loop stopped early.
+    :meth:`start_epoch` instead of ``loop.start_epoch``, passes ``step_hook`` as
+    the loop's ``on_step``, and calls ``stopped`` when the loop stopped early.
     Every rank calls every method (saves are collective under DDP); only rank 0 writes.
     """
 

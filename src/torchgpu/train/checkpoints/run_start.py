@@ -1,6 +1,6 @@
 """What a run's checkpoints start from: the resume plan and the run's hooks
 (:class:`RunStart`), this process's place in the world (:class:`Ranks`), and what a loader
-whose position a checkpoint keeps provides (:class:`DataPosition`)."""
+whose position a checkpoint keeps provides (``DataPosition``)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ A checkpoint's files can match their manifest and still hold what no save writes
 the run relies on is checked here, and a bad one is a one-paragraph
 :class:`~torchgpu.errors.CheckpointFormatError` naming the checkpoint, the field and what
 was expected. A resume that asks for fewer optimizer steps than the checkpoint has done
-is a :class:`~torchgpu.errors.ResumeStepsError`. Both are raised before a file under
+is a ``ResumeStepsError``. Both are raised before a file under
 ``--out`` changes.
 """
 

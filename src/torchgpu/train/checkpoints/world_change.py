@@ -1,27 +1,14 @@
 """Resuming a data-parallel run on another number of processes (:class:`WorldChange`).
 
-A ``single`` or ``ddp`` run's training order does not depend on the world size: epoch
-``e`` is the permutation ``randperm(n, seed + e)``, micro-batch ``b`` over all ranks holds
-its positions ``[b*G, (b+1)*G)`` with ``G`` = processes x per-process batch
-(:mod:`torchgpu.data.shards`), and an accumulation window of ``k`` micro-batches holds
-``[j*E, (j+1)*E)`` with ``E = k*G`` the effective (global) batch. So a checkpoint saved at
-an optimizer-step boundary by ``W`` processes can be continued by ``W'`` processes of
-per-process batch ``B'`` when ``B' x W'`` divides ``E``: the accumulation becomes
-``E / (B' x W')``, every later window holds the same samples as the uninterrupted run's,
-and the position converts at the sample level (``batch_in_epoch x G`` samples of the
-epoch consumed = ``batch_in_epoch' x G'``). The optimizer state of ``single`` and ``ddp``
-is whole on every rank, so it loads as it is; ``fsdp`` (the same global order) writes
-sharded checkpoints, also from one process, and torch.distributed.checkpoint re-shards
-its model and optimizer state for the new world on load (one process trains as
-``single``, which reads the shards too). The LR schedule's steps per epoch,
-``ceil(n / E)``, are unchanged.
-
-Where ``B' x W'`` does not divide ``E`` no accumulation keeps the effective batch, and the
-resume is refused (:class:`~torchgpu.errors.ResumeError`, naming the values and what
-would fit), as is ``fsdp`` continuing the one file of ``single`` or ``ddp``; fsdp's
-shards load into any of the three (:func:`continues`). Other strategies (model split,
-pipelines) and streamed training sets, whose position is kept per rank, keep the world
-size fixed.
+A ``single``, ``ddp`` or ``fsdp`` run's order does not depend on the world size (epoch ``e``
+is one global permutation, cut into micro-batches of ``G`` = processes x per-process batch),
+so a checkpoint saved by ``W`` processes continues on ``W'`` processes of batch ``B'`` when
+``B' x W'`` divides the effective batch ``E``: the accumulation becomes ``E / (B' x W')``,
+every later window holds the uninterrupted run's samples, and the position converts at the
+sample level. Otherwise the resume is a :class:`~torchgpu.errors.ResumeError` naming what
+would fit; so is fsdp continuing the one file of ``single`` or ``ddp`` (fsdp's shards,
+re-sharded on load, continue into any of the three). Model splits, pipelines and streamed
+training sets (their position kept per rank) keep the world size.
 """
 
 from __future__ import annotations

@@ -1,37 +1,12 @@
-"""Decisions every rank takes alike, without a collective on every training step.
+"""Decisions every rank takes alike under DDP, without a collective on every step.
 
-Under DDP the training loop must keep three promises on every rank: a non-finite loss
-stops (or skips) the same step everywhere, the logged loss is the global batch's, and a
-stop request (SIGTERM/SIGINT, a step limit) ends the run at the same optimizer-step
-boundary everywhere. A small all-reduce per step would do all three, but on CPU/gloo it
-costs a round trip per step (measured: the loop ran at 0.74x a hand-written DDP loop).
-This module keeps the promises with no extra communication in the hot path:
-
-- **Non-finite** (:class:`FiniteGuard`): after DDP's gradient all-reduce every rank
-  holds the same averaged gradients. A rank whose loss is NaN/inf makes one watched
-  gradient ("the sentinel") NaN before its backward; the all-reduce spreads it, and an
-  optimizer *step pre-hook* reading that one element raises
-  :class:`NonFiniteGradients` before ``optimizer.step`` touches the weights: the same
-  decision on every rank, from data every rank already has. Under ``no_sync``
-  accumulation the hook runs only at the window's boundary step, where the gradients
-  are synchronised.
-- **Loss and stop** (:class:`RankAgreement`): one all-reduce of
-  ``[stop, seconds, epoch-loss delta, per-step losses...]`` every ``every`` optimizer
-  steps, where ``every`` adapts (on all ranks alike, from the reduced timing) so an
-  agreement happens about every ``period_s`` seconds (0.5 s by default), plus one at the
-  epoch end. Between agreements the loss values the loop records are this rank's own;
-  each agreement replaces them with the mean over ranks.
-
-A stop flag set by a signal on one rank is therefore honoured at the first agreement
-after it (at most about ``period_s`` seconds plus one step later, or the epoch's end if
-that comes first), on every rank at the same boundary. A stop once agreed stays agreed
-for the agreement's life: the epoch-end agreement's answer is the loop's answer too
-(with epochs shorter than the period it is the only one), and a later :meth:`begin`
-does not forget it. When the ranks agree to stop, they also exchange why and at which
-step each one is (once, at the stop): every rank's :class:`StopFlag` then names the
-reason and holds ``steps_by_rank``. Code that runs at a boundary on every rank alike (a
-checkpoint save, a step limit) calls :func:`torchgpu.train.loop.epoch.sync_now`
-(``parts``) to agree *at that boundary*.
+The loop must stop (or skip) a non-finite step, log the global batch's loss and honour a
+stop request at the same optimizer-step boundary on every rank. A per-step all-reduce would
+do it but costs a round trip per step (0.74x a hand-written DDP loop on CPU/gloo), so
+:class:`FiniteGuard` decides non-finite steps from the already all-reduced gradients and
+:class:`RankAgreement` all-reduces the stop flag and the losses about every ``period_s``
+seconds and at the epoch end. Between agreements the recorded losses are this rank's own;
+a stop is honoured at the first agreement after it, on every rank at the same boundary.
 """
 
 from __future__ import annotations
@@ -61,19 +36,13 @@ class NonFiniteGradients(Exception):
 class FiniteGuard:
     """The DDP non-finite decision, taken locally from already all-reduced gradients.
 
-    Checking every gradient each step costs tens of microseconds on small models (a
-    fused norm included), so the guard watches ONE element: the first element of the
-    *sentinel* gradient (the parameter with the largest first dimension). A rank whose
-    loss is non-finite adds :meth:`poison` to its loss before backward, which makes the
-    whole sentinel gradient NaN; DDP's all-reduce (at the window's boundary, after
-    ``no_sync`` micro-steps too; FSDP2's reduce-scatter, into every rank's shard)
-    carries that NaN to every rank, and the step pre-hook on the optimizer raises
-    :class:`NonFiniteGradients` on every rank alike before ``optimizer.step`` touches
-    the weights. With ``clip_norm`` set, the clip norm computed just before the step is
-    checked as well (free), which also catches finite losses with non-finite gradients;
-    without it, such gradients are not caught (as in one process, which checks the
-    loss). Call :meth:`remove` when done.
-    """
+    A rank whose loss is non-finite adds :meth:`poison` to it before backward, making the
+    *sentinel* gradient (the parameter with the largest first dimension) NaN; the gradient
+    all-reduce (or FSDP2's reduce-scatter) carries it to every rank, and a step pre-hook on the
+    optimizer raises :class:`NonFiniteGradients` everywhere before the weights change. Only one
+    element is read (checking every gradient costs tens of microseconds per step). With
+    ``clip_norm`` set, the clip norm is checked too, which also catches finite losses with
+    non-finite gradients. Call ``remove`` when done."""
 
     def __init__(self, accumulator: Any, *, hook: bool = True) -> None:
         optimizer = getattr(accumulator, "optimizer", None)
@@ -142,12 +111,12 @@ class RankAgreement:
 
     Call :meth:`begin` when an epoch (or the rest of one) starts, :meth:`boundary` at
     every optimizer-step boundary (every rank reaches the same boundaries), and
-    :meth:`agree` at the epoch end; a True from either means "stop at this boundary",
+    ``agree`` at the epoch end; a True from either means "stop at this boundary",
     on every rank alike. ``every`` starts at ``first_every`` and then follows
     the measured step time so agreements are about ``period_s`` apart (never more than
     ``max_every`` steps, growing at most 8x per agreement); it is computed from reduced
     values, so every rank computes the same schedule. ``stop_agreed`` is sticky: once
-    True it stays True (the run is stopping), across :meth:`begin` calls too.
+    True it stays True (the run is stopping), across ``begin`` calls too.
     """
 
     def __init__(self, world_size: int, *, period_s: float = 0.5, first_every: int = 1,

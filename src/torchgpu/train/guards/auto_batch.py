@@ -1,35 +1,13 @@
 """``torchgpu train --batch-size auto``: the largest micro-batch that fits, agreed by all ranks.
 
-:func:`search_batch_size` runs :func:`torchgpu.memory.batch_size_search.find_batch_size`
-(grow by doubling, then binary-search) with a probe that does one real forward and backward of
-``n`` training samples on the run's device, holding as much extra memory as Adam's state
-(two tensors per parameter) while it runs, so what fits leaves room for the optimizer.
-Out-of-memory (:func:`torchgpu.memory.oom.is_oom`) means "does not fit"; every other error is
-raised. After each probe the ranks agree on the minimum (``agree_min``), so every rank
-walks the same probes and trains with the same micro-batch: with GPUs of different sizes,
-what the smallest one fits. The probe runs on the unwrapped model (no DDP all-reduce,
-which would hang when one rank fails); weights are not stepped, and buffers (BatchNorm
-statistics), gradients and the RNG are restored afterwards.
-
-The search is capped at ``max_size`` = the samples one rank sees per epoch (a larger
-batch is never used), the per-rank effective batch, and :data:`MAX_AUTO_BATCH`. On a CPU
-a small model never runs out of memory below the cap, so the cap is what it finds: the
-effective batch in one micro-batch. The samples are batched as the run batches them
-(the task's collate function, e.g. padding token sequences to the longest).
-
-The search never changes how many samples an optimizer step takes (the effective batch),
-only how they are cut into micro-batches: the micro-batch is at most what fits and
-accumulation makes up the rest (:func:`torchgpu.memory.batch_size_search.keep_effective`).
-The effective batch is ``--effective-batch-size E`` (over all processes) when given, else
-what the run would take with a fixed batch: ``--batch-size``'s default (or the
-``batch_size`` of ``--config``) x ``--accumulate`` x processes. Growing it takes the flag.
-With a fixed ``--batch-size B`` and ``--effective-batch-size E`` the accumulation is
-``E / (B x data-parallel processes)`` (:func:`fixed_effective`), so a script that says its
-global batch keeps it under any process count.
-
-The search's probe goes through the run's hooks (:mod:`torchgpu.train.hooks.run_hooks`): testing
-without a GPU, :mod:`torchgpu.train.hooks.simulated_memory` makes probes above N samples run
-out of memory.
+:func:`search_batch_size` grows, then bisects, a probe of one real forward and backward on
+the run's device while holding Adam-sized extra memory (room for the optimizer); out of
+memory means "does not fit", any other error is raised. The ranks agree on the minimum
+after each probe, so all train with what the smallest GPU fits. Weights are not stepped;
+buffers, gradients and the RNG are restored. The search is capped at the samples a rank
+sees per epoch, the per-rank effective batch and ``MAX_AUTO_BATCH``. The effective batch
+(samples per optimizer step: ``--effective-batch-size``, else the fixed-batch run's) never
+changes; accumulation makes up what the micro-batch does not hold.
 """
 
 from __future__ import annotations
@@ -225,6 +203,7 @@ def apply_auto_batch(
     from torchgpu.precision import Precision
 
     target = placed_output_device(model)
+    # Probe the unwrapped model: DDP's all-reduce would hang when one rank runs out of memory.
     probe_model = model if target is not None else unwrap(model)
     precision = Precision(config.precision, device)
     found = search_batch_size(

@@ -1,16 +1,12 @@
 """A stop that ends: the bound between a stop signal and the step boundary it waits for.
 
-A SIGTERM/SIGINT sets the run's :class:`~torchgpu.launch.stop_record.StopFlag`, which the loop
-honours at its next optimizer-step boundary (it saves there and returns). A step that
-never ends -- a DataLoader worker stuck in ``__getitem__``, a data source that never
-answers -- would make that wait endless. :class:`StopDeadline` bounds it: once the flag
-is set, the run has ``--stop-timeout`` seconds (``fit(stop_timeout=...)``, default 30)
-to reach the boundary; a second stop signal to the process shortens what is left to
-:data:`SECOND_SIGNAL_S`. Past the deadline the run is ended from a watcher thread: a
-checkpoint being written is let finish (checkpoints are never left half-written), the
-process's children (DataLoader workers) are killed, one line says why, and the process
-exits with 128 + the signal's number (143 for SIGTERM), without a checkpoint of the
-stop: the run resumes (``--resume``) from the newest one written before.
+The loop honours a set stop flag at its next optimizer-step boundary, but a step that never
+ends (a DataLoader worker stuck in ``__getitem__``) would make that wait endless.
+:class:`StopDeadline` gives the run ``--stop-timeout`` seconds (default 30) from the flag to
+the boundary; a second stop signal shortens what is left to :data:`SECOND_SIGNAL_S`. Past
+the deadline a watcher thread lets a checkpoint being written finish, kills the process's
+children, prints one line and exits with 128 + the signal's number (143 for SIGTERM),
+without a checkpoint of the stop: ``--resume`` continues from the newest one before.
 """
 
 from __future__ import annotations
@@ -38,7 +34,7 @@ class StopDeadline:
     ``timeout_s``: seconds from the flag being set to :meth:`reached`. ``saving``: a lock
     held while a checkpoint is written (the deadline waits for it). ``newest``: the
     newest checkpoint written so far (for the message), or None. Use :meth:`watching`
-    around the training loop; call :meth:`reached` at the boundary where the stop is
+    around the training loop; call ``reached`` at the boundary where the stop is
     honoured (the save of the stop that follows is not bounded by this deadline).
     """
 

@@ -1,28 +1,15 @@
 """Test-only fault injection for ``torchgpu train``: crash or hang one worker at a step.
 
-A plug-in of the run's hooks (:mod:`torchgpu.train.hooks.run_hooks`), activated by the
-``TORCHGPU_FAULT_`` variables below: the engine knows nothing of it.
+A plug-in of the run's hooks; the variables are read once at assembly
+(:func:`hooks_from_env`), never in the loop, and unset the module is not even imported.
 
-Used by the restart tests (a worker that dies mid-run is restarted by torchrun and
-resumes from the last checkpoint) and the hang tests (a worker that never reaches a
-collective is named by the launcher). Environment variables, read ONCE when the run
-is assembled (:func:`hooks_from_env`), never in the loop:
-
-- ``TORCHGPU_FAULT_CRASH_AT_STEP=N``: kill this process with SIGKILL right after optimizer
-  step ``N`` (after the checkpoint of step ``N``, if one is due), like a hard crash:
-  nothing is flushed, no handler runs.
-- ``TORCHGPU_FAULT_MARKER=PATH`` (required with the above): the crash happens only while
-  ``PATH`` does not exist; the crashing process creates it just before dying, so the
-  worker torchrun restarts does not crash again.
-- ``TORCHGPU_FAULT_HANG_AT_STEP=N``: block this process for good before optimizer step
-  ``N``'s gradient all-reduce (in the loss of step ``N``'s first micro-batch), the way a
-  stuck data loader or a rank-dependent branch does; the other ranks wait in that
-  all-reduce until ``--collective-timeout``. In the pipeline with one stage per process:
-  before step ``N``'s stage schedule, where the other stages wait in their sends and
-  receives.
+- ``TORCHGPU_FAULT_CRASH_AT_STEP=N``: SIGKILL this process right after optimizer step ``N``
+  (and its due checkpoint), like a hard crash: nothing is flushed, no handler runs.
+- ``TORCHGPU_FAULT_MARKER=PATH`` (required with it): crash only while ``PATH`` does not
+  exist; the crash creates it first, so the worker torchrun restarts does not crash again.
+- ``TORCHGPU_FAULT_HANG_AT_STEP=N``: block for good before step ``N``'s gradient all-reduce
+  (the stage pipeline: before its schedule); the peers wait until ``--collective-timeout``.
 - ``TORCHGPU_FAULT_RANK=R``: the global rank that crashes or hangs (default 0).
-
-Unset (the normal case), the plug-in is not even imported and the loop does no extra work.
 """
 
 from __future__ import annotations

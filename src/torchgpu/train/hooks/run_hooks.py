@@ -1,22 +1,13 @@
-"""Hooks into a run: code from outside the engine that acts at two fixed points of it.
+"""Hooks into a run: code from outside the engine that acts at fixed points of it.
 
-A :class:`RunHook` may
-
-- wrap the probe step of the ``--batch-size auto`` search (:meth:`RunHook.wrap_probe`:
-  forward and backward of ``n`` samples; ``torch.OutOfMemoryError`` means they do not fit);
-- wrap the loss function each step calls (:meth:`RunHook.wrap_loss`): where a strategy's
-  step first waits on the other ranks comes after it (the gradient all-reduce; in the
-  one-stage-per-process pipeline, the stage schedule's sends and receives);
-- act after every optimizer step (:meth:`RunHook.after_step`), after that step's
-  checkpoint when one was due. It may set the stop flag: the run then stops at this
-  boundary, as after a signal (a hook that does so on every rank at the same step
-  stops the ranks together: they agree there).
-
-The hooks of a run (:meth:`RunHooks.for_run`, taken once when it is assembled) are
-those installed in the process (:func:`installed`: a test's fixture, a script's own
-watcher) and those of the environment-activated plug-ins (:data:`ENV_PLUGINS`), which
-reach the processes a launcher starts, where no caller's code runs. With none (the
-normal case) the loop gets its loss and ``on_step`` unchanged: no per-step work.
+A :class:`RunHook` may wrap the ``--batch-size auto`` search's probe (an OOM there means
+"does not fit"), wrap the loss each step calls (before the step's first wait on the other
+ranks), and act after every optimizer step, after its due checkpoint; setting the stop flag
+there stops the run at that boundary as a signal does (set on every rank at the same step,
+the ranks stop together). A run's hooks (:meth:`RunHooks.for_run`, taken once at assembly)
+are those ``installed`` in the process and those of the environment-activated plug-ins
+(``ENV_PLUGINS``), which reach launched workers where no caller's code runs. With none,
+the loop gets its loss and ``on_step`` unchanged: no per-step work.
 """
 
 from __future__ import annotations
@@ -49,7 +40,7 @@ ENV_PLUGINS: dict[str, str] = {
 
 
 class RunHook:
-    """One hook into a run (see the module docstring); every method defaults to nothing."""
+    """One hook into a run; every method defaults to nothing."""
 
     def wrap_probe(self, try_step: Callable[[int], None]) -> Callable[[int], None]:
         """The batch-size search's probe to call instead of ``try_step``."""

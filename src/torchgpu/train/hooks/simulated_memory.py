@@ -3,7 +3,7 @@
 Testing the batch-size search without a GPU: :class:`SimulatedMemory` makes every probe
 of the search above ``limit`` samples raise ``torch.OutOfMemoryError`` (before any work),
 as a device of that size would. Processes read it once, when the run is assembled, from
-:data:`SIMULATE_ENV` (``N`` for every rank or ``N0,N1,...`` per rank), through
+``SIMULATE_ENV`` (``N`` for every rank or ``N0,N1,...`` per rank), through
 :data:`torchgpu.train.hooks.run_hooks.ENV_PLUGINS`: the engine knows nothing of it.
 """
 

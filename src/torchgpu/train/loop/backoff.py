@@ -1,37 +1,17 @@
 """Out-of-memory back-off inside the training loop: same data, smaller pieces.
 
-On ``torch.OutOfMemoryError`` in a forward or backward, :class:`LoopBackoff` frees the
-failed step, halves the micro-batch (:class:`torchgpu.memory.oom.OOMBackoff` does the
-arithmetic and the agreement), zeroes the accumulation window and runs the window again
-from its first batch, each loader batch now cut into ``ceil(n / micro_batch)``
-consecutive pieces. The effective batch is unchanged and the data order is kept: piece
-``i`` of a batch of ``n`` contributes ``loss_i * n_i / n`` of that batch's loss, so a run
-at batch 64 that backed off to 16 computes what a run started at ``--batch-size 16
---accumulate 4`` computes (bitwise on CPU when the pieces are equal, dropout included:
-each replay starts from the random state of the window's start,
-:class:`~torchgpu.train.loop.random_state.WindowRandomState`). The optimizer window is
-still counted in loader batches, so the loop's bookkeeping (steps, resume position, the
-epoch's last partial window) does not change. At micro-batch 1 the error is
-:class:`~torchgpu.errors.OutOfMemoryBackoffError` with the numbers (exit 1). Any
-other error is re-raised untouched.
+On ``torch.OutOfMemoryError`` in a forward or backward, :class:`LoopBackoff` halves the
+micro-batch and replays the accumulation window from its first batch and random state,
+each loader batch cut into pieces weighted by their rows. The effective batch, the data
+order and the loop's step bookkeeping are unchanged: the result is what a run started at
+the smaller batch with more accumulation computes. At micro-batch 1 it raises
+:class:`~torchgpu.errors.OutOfMemoryBackoffError`; any other error propagates untouched.
 
-**DDP.** Ranks must take the same decision, and a rank that ran out of memory must not
-leave the others blocked in DDP's gradient all-reduce. No collective is added to the
-normal step for this: a rank that fails in a forward (or in a backward that does not
-synchronise, under ``no_sync``) becomes *poisoned*. It finishes the window's schedule
-with tiny stand-in forwards (the first two samples, so DDP's own forward collectives
-line up) and, at the window's boundary, backpropagates a NaN loss. DDP's all-reduce
-then carries the NaN to every rank, the loop's finite-gradient guard stops the step
-before it reaches the weights on every rank, and only then -- in that rare path --
-every rank calls :meth:`OOMBackoff.check` (one small collective): "some rank ran out of
-memory" backs everyone off together and the window is replayed; "nobody did" is a real
-non-finite loss and goes to ``--on-nonfinite``. An out-of-memory error *inside* the
-synchronising backward cannot be agreed on (the other ranks are already inside the
-all-reduce, waiting for buckets this rank will never send): it raises
-:class:`OutOfMemoryBackoffError` naming the numbers to restart with, this process exits
-non-zero and torchrun stops the others. Stand-in forwards in train mode update
-BatchNorm running statistics on the poisoned rank (the window is replayed; the weights
-are exact, those statistics are not).
+Under DDP no collective is added to the normal step: a failing rank is *poisoned*, runs
+stand-in forwards to the window's boundary and backpropagates NaN; the all-reduce carries
+it, the finite guard stops the step on every rank, and only then do the ranks agree (one
+small collective) to back off, or to treat it as a real non-finite loss. An OOM inside the
+synchronising backward cannot be agreed on (the peers wait in the all-reduce): it raises.
 """
 
 from __future__ import annotations
@@ -98,7 +78,7 @@ class BackoffEvent:
 
 
 class LoopBackoff:
-    """The loop's OOM back-off state for one run (see the module docstring).
+    """The loop's OOM back-off state for one run.
 
     ``batch_size``: the loader's batch (the starting micro-batch). ``accumulate``: loader
     batches per optimizer step. ``on_event`` is called once per back-off (every rank
@@ -279,6 +259,8 @@ class LoopBackoff:
         """A poisoned rank's stand-in for one piece: a forward on two samples (DDP's
         forward collectives line up), and on a batch's last piece a NaN loss through the
         accumulator, so the window's all-reduce carries the poison to every rank."""
+        # In train mode this updates BatchNorm running statistics on this rank: the window
+        # is replayed, so the weights are exact; those statistics are not.
         small = first_rows(x, 2)
         with self._no_sync(last):
             with self._autocast():

@@ -1,43 +1,14 @@
-"""The training loop: one path for every strategy, with the rest hooked in.
+"""The training loop: :func:`run_epoch` trains one epoch, the same path for every strategy.
 
-Per micro-batch the loop sizes the window (the epoch's last one, the sample-weighted
-tail: :mod:`torchgpu.train.loop.tail`), moves the batch (off-CPU devices only), frees the
-last step's gradients at a window's start, and hands the batch to
-:class:`~torchgpu.train.loop.micro_step.MicroStep` (forward and loss under autocast,
-backward through the :class:`~torchgpu.accumulate.GradAccumulator`, which steps at
-window boundaries). :class:`~torchgpu.train.loop.window.WindowLosses` keeps the window's
-losses, applies ``--on-nonfinite`` and records each optimizer step. Per epoch the caller
-evaluates (:func:`torchgpu.train.outputs.evaluation.evaluate`).
-
-What hooks in, rather than living here:
-
-- **Checkpoints and observers**: ``on_step(state)`` runs after every optimizer step (a
-  step boundary, where a save is consistent).
-- **Stop and DDP agreement**: after each boundary the loop asks whether to stop there.
-  One process reads the stop flag; under DDP (``parts.agree``) the ranks' agreement
-  answers (:class:`~torchgpu.train.guards.agreement.RankAgreement`: a collective about every
-  0.5 s and at the epoch end, never per step), so every rank stops at the same boundary.
-  Between agreements ``state.step_losses``/``records``/``state.epoch_loss_sum`` hold this
-  rank's own values. Code that runs on every rank at the same boundary and needs the
-  global values or a stop decided right there (a checkpoint save, a step limit set in
-  ``on_step``) calls :func:`sync_now` -- a collective, so every rank must call it.
-- **Non-finite gradients under DDP**: decided from the already all-reduced gradients by
-  a step pre-hook on the optimizer (:class:`~torchgpu.train.guards.agreement.FiniteGuard`).
-- **Out of memory**: with ``parts.backoff`` (:class:`torchgpu.train.loop.backoff.LoopBackoff`)
-  an OOM in forward or backward halves the micro-batch and replays the accumulation
-  window (inside :class:`~torchgpu.train.loop.micro_step.MicroStep`); without it the error
-  propagates.
-
-The data order of epoch ``e`` is a function of ``(seed, e)`` (:func:`start_epoch`), so
-a resumed run recreates it and skips ``state.batch_in_epoch`` micro-batches.
-
-Hot path rules (the loop must stay within 2% of a hand-written loop): every decision
-that does not change per step (transfer or not, distributed or not, progress or not)
-is made before the loop; per step there is no I/O, no import, no capability probe, and
-no module-level state. On an accelerator the loss is read once per optimizer step
-(:mod:`torchgpu.train.loop.loss_reader`: one host sync per step, none per micro-batch); on
-the CPU, where a read is no sync, once per micro-batch. Two clock reads per batch time
-the wait for the next batch (``EpochTotals.data_wait_s``).
+Per micro-batch it sizes the window (the epoch's short last one included), moves the batch
+and runs one step; the optimizer steps at window boundaries. After each boundary
+``on_step(state)`` runs (a save there is consistent) and the loop asks whether to stop;
+under DDP the ranks' agreement decides, so all stop at the same boundary, and until it the
+recorded losses are this rank's own: code needing the global values or a stop decided right
+there calls :func:`sync_now` (a collective: every rank calls it). Epoch ``e``'s order is a
+function of ``(seed, e)``, so a resumed run recreates it. Hot path (kept within 2% of a
+hand-written loop): what does not change per step is decided before the loop; per step
+there is no I/O, import, capability probe or module state.
 """
 
 from __future__ import annotations
@@ -171,25 +142,19 @@ def run_epoch(
 ) -> EpochTotals:
     """Train over ``batches`` (the rest of epoch ``state.epoch``), advancing ``state``.
 
-    ``batches_per_epoch`` is the epoch's full length: the last window is shortened to
-    the remaining micro-batches (``set_steps``), so a final partial window is a real,
-    synchronised boundary under DDP and its gradient is the mean over that window
-    (with ``parts.layout``, over its samples: a window holding a short micro-batch, or
-    a DDP rank's short or empty share of the last batch, weights each micro-batch by
-    its samples, see :mod:`torchgpu.train.loop.tail`).
-    ``records`` receives ``(step, epoch, loss)`` per optimizer step (in memory).
-    Returns at the epoch end, or at the first step boundary where the stop flag is set
-    (under DDP: agreed); ``stopped`` is True when the stop flag ended it (also when the
-    stop was agreed at the epoch's end, after its last step).
-    Non-finite loss: one process raises :class:`NonFiniteLossError`
-    (on_nonfinite="stop") before that loss's gradients are computed; under DDP every
-    rank raises (or skips) at the window's boundary, before the optimizer step, from
-    the all-reduced gradients. Either way the weights never see it.
-    """
+    ``batches_per_epoch`` is the epoch's full length: the last window is shortened to the
+    micro-batches left, so it is a real, synchronised boundary under DDP whose gradient is
+    the window's (sample-weighted with ``parts.layout``) mean. ``records`` receives
+    ``(step, epoch, loss)`` per optimizer step. Returns at the epoch end or at the first
+    boundary where the stop flag is set (under DDP: agreed); ``stopped`` is True when the
+    flag ended it, even at the epoch's last boundary. A non-finite loss is acted on
+    (``parts.on_nonfinite``) before the optimizer step: the weights never see it."""
     acc, device, target_device = parts.accumulator, parts.device, parts.target_device
     move = parts.move_batches
     records = [] if records is None else records
-    hooked = per_step_optimizer(device, acc)  # None: the loss is read per micro-batch
+    # An accelerator reads the loss once per optimizer step (one host sync per step);
+    # the CPU, where a read is no sync, per micro-batch (hooked is None).
+    hooked = per_step_optimizer(device, acc)
     guard, stop_here, stop_at_end = _agreement(parts, state, records, stop,
                                                hook=hooked is None)
     reader = LossReader(hooked, guard) if hooked is not None else None

@@ -1,18 +1,13 @@
 """The training loss read off an accelerator once per optimizer step, not per micro-batch.
 
-Reading a loss on the host (``.item()``) waits for everything queued before it. Read
-between a micro-batch's forward and its backward, it idles the device at every micro-batch
-and stops the host from queueing ahead. On an accelerator the loop therefore keeps each
-micro-batch's loss on the device (:meth:`LossReader.add`) and reads the whole window in
-one transfer in a step pre-hook on the optimizer: after every backward of the window is
-queued, before ``optimizer.step`` touches the weights. The same transfer carries DDP's
-finite-guard probes (:meth:`~torchgpu.train.guards.agreement.FiniteGuard.probes`), so a step
-costs one host sync. A non-finite value raises
-:class:`~torchgpu.train.guards.agreement.NonFiniteGradients` there: a non-finite loss still never
-reaches the weights (its backward ran, its gradients are dropped with the window).
-
-On the CPU a read is no sync, and the loop reads each loss as it comes
-(:func:`per_step_optimizer` is None): a non-finite loss then gets no backward at all.
+A host read (``.item()``) waits for everything queued before it: between a forward and its
+backward it would idle the device at every micro-batch. :class:`LossReader` keeps each
+micro-batch's loss on the device (:meth:`LossReader.add`) and reads the window's, with DDP's
+finite-guard probes, in one transfer from a step pre-hook on the optimizer: one host sync
+per step, before ``optimizer.step`` touches the weights. A non-finite value raises
+``NonFiniteGradients`` there, so a non-finite loss still never reaches the weights (its
+gradients are dropped with the window). On the CPU a read is no sync and
+``per_step_optimizer`` is None: the loop reads each loss as it comes.
 """
 
 from __future__ import annotations

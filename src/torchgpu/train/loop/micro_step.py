@@ -1,23 +1,12 @@
-"""One micro-batch through the model: forward and loss under autocast, then backward
-through the accumulator, which steps the optimizer at the window's boundary.
+"""One micro-batch through the model: forward and loss under autocast, then backward through
+the accumulator, which steps the optimizer at the window's boundary.
 
-The loss is read on the host once per micro-batch on the CPU (no sync there: a
-non-finite loss then gets no backward), and once per optimizer step on an accelerator
-(:class:`~torchgpu.train.loop.loss_reader.LossReader`: the loss stays on the device, the
-window is read and judged in the step's pre-hook). Under DDP a non-finite loss is
-backpropagated poisoned, so the all-reduce carries the decision to every rank and
-:class:`~torchgpu.train.guards.agreement.FiniteGuard` stops the step on all of them.
-
-What may take a micro-batch over: the OOM back-off (``parts.backoff``: an
-out-of-memory error halves the micro-batch and replays the window from the random
-state kept at its start) and a boundary whose gradients are non-finite
-(:class:`~torchgpu.train.guards.agreement.NonFiniteGradients`: the window is dropped, or,
-with the back-off armed under DDP, the ranks first agree whether one ran out of memory).
-
-:meth:`MicroStep.run` returns ``(value, bad, stepped, outcome)``: the loss (None while
-it is still on the device), whether it was non-finite, whether the optimizer stepped,
-and the back-off's or the guard's :class:`~torchgpu.train.loop.outcome.BatchOutcome` when
-one took over (None otherwise).
+Under DDP a non-finite loss is backpropagated poisoned, so the all-reduce carries the
+decision to every rank and the finite guard stops the step on all of them. The OOM back-off
+(``parts.backoff``) or a boundary with non-finite gradients may take a micro-batch over.
+:meth:`MicroStep.run` returns ``(value, bad, stepped, outcome)``: the loss (None while it is
+still on the device), whether it was non-finite, whether the optimizer stepped, and the
+back-off's or the guard's ``BatchOutcome`` when one took over (None otherwise).
 """
 
 from __future__ import annotations

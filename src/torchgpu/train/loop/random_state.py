@@ -18,7 +18,7 @@ class WindowRandomState:
     from these only (data order comes from the loader's own generator); Python's and
     numpy's generators are not kept. Keeping the CPU state copies ~5 KB (~2 us), so it
     is paid only by steps that draw: if the random state did not move over the first
-    window, the step draws nothing and marking stops (:attr:`armed` False) for the run.
+    window, the step draws nothing and marking stops (``armed`` False) for the run.
     """
 
     def __init__(self, device: torch.device | str | None = None) -> None:

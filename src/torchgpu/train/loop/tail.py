@@ -1,17 +1,12 @@
 """The epoch's last windows: micro-batches weighted by their samples.
 
-Equal weights (``loss / steps`` per micro-batch, DDP's plain mean over ranks) are exact
-while every micro-batch on every rank is full. The epoch's last global batch is usually
-short: with accumulation it shares a window with full micro-batches, and under DDP the
-ranks hold different numbers of its samples (one may hold none, see
-:mod:`torchgpu.data.shards`). From the first window that can reach a short batch on,
-:class:`TailWindows` gives the accumulator each window's sample count and the loop
-weights each micro-batch by its samples, so the step equals one process's step on the
-big batch. Under DDP the logged losses get the matching weights: the mean over ranks
-of a rank's weighted loss is the global batch's mean loss (:meth:`ShardLayout.loss_weight`),
-as one process with the global batch logs it. (A step's loss stays the mean of its
-micro-batches' losses, the definition used for every window.)
-Before that point the loop runs unchanged (nothing is computed per step).
+Equal weights (``loss / steps`` per micro-batch, DDP's plain mean over ranks) are exact only
+while every micro-batch on every rank is full, but the epoch's last global batch is usually
+short (under DDP a rank may hold none of it). From the first window that can reach a short
+batch, :class:`TailWindows` gives the accumulator each window's sample count and the loop
+weights each micro-batch by its samples, so the step equals one process's step on the big
+batch, and the logged losses get the matching weights. Before that point the loop runs
+unchanged (nothing is computed per step).
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """One accumulation window's losses, the step it ends in, and ``--on-nonfinite``.
 
-The loop (:func:`torchgpu.train.loop.epoch.run_epoch`) hands :class:`WindowLosses` each
-micro-batch's loss (:meth:`~WindowLosses.add`) and closes the window at each
-optimizer-step boundary (:meth:`~WindowLosses.close`): a step's loss is the mean of its
-window's finite micro-batch losses; it is appended to ``state.step_losses`` and to the
-step records, and the ``on_step`` hook (checkpoints, observers) runs after it.
-
-Non-finite losses never reach the weights. On the CPU one process decides on the loss,
-before its backward (:class:`~torchgpu.train.loop.micro_step.MicroStep` skips it): ``stop``
-raises :class:`~torchgpu.errors.NonFiniteLossError`, ``skip`` drops the window. On an
-accelerator the losses stay on the device until the boundary (a micro-batch's value is
-None here until then), where the step's pre-hook reads them and drops a window holding a
-non-finite one (:mod:`torchgpu.train.loop.loss_reader`). Under DDP the decision is taken at
-the window's boundary from the all-reduced gradients, on every rank alike
-(:mod:`torchgpu.train.guards.agreement`): a dropped window raises, or is taken out of the
-epoch's sums and counted as skipped.
+The loop hands :class:`WindowLosses` each micro-batch's loss (:meth:`~WindowLosses.add`;
+None until the boundary on an accelerator, where the losses stay on the device) and closes
+the window at each optimizer-step boundary (``WindowLosses.close``): the step's loss is
+the mean of the window's finite micro-batch losses, appended to ``state.step_losses`` and
+the step records, then the ``on_step`` hook runs. A window holding a non-finite loss never
+reaches the weights: ``stop`` raises ``NonFiniteLossError``; ``skip`` drops the window,
+takes it out of the epoch's sums and counts it as skipped.
 """
 
 from __future__ import annotations

@@ -1,6 +1,4 @@
-"""What watches a run without changing it: the progress display (:mod:`.progress`),
-``--profile`` (:mod:`.profiler`), ``--log tensorboard`` (:mod:`.tensorboard`), CUDA
-memory snapshots (:mod:`.memory_snapshot`), the memory estimate beside the measured peak
-(:mod:`.memory_report`), the data-wait share (:mod:`.data_wait`), and all of them as one
-object for the run driver (:mod:`.observers`).
+"""What watches a run without changing it: progress, ``--profile``, ``--log tensorboard``,
+CUDA memory snapshots, the memory estimate beside the measured peak and the data-wait
+share, all of them one object for the run driver (``observers``).
 """

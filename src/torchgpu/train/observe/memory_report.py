@@ -1,24 +1,13 @@
 """The planner's memory estimate next to the measured peak, in ``summary.json``.
 
-Every run records ``peak_memory_bytes`` per device and, on CUDA, the estimate beside it
-(``estimated_peak_bytes``), so every GPU run shows how close the estimator came:
-
-- ``--strategy auto`` ran the planner (a big step): its row for the strategy that ran
-  (``source: "planner"``), no extra work;
-- a CUDA run, or ``--estimate-memory`` (``fit(estimate_memory=True)``) on any device:
-  :func:`torchgpu.estimate_memory` after training on a meta twin of the trained model
-  (its structure, every weight a meta tensor: the model factory is not called again, no
-  weight is copied) and a batch of its data, about a second on fake tensors
-  (``source: "estimate_memory"``);
-- otherwise (CPU, not asked) nothing is estimated and ``memory_estimate`` says why
-  (``source: null``).
-
-The entry names each device as it ran (``devices``: ``cpu`` on a CPU run, a rank's own
-``cuda:N``) and says what the two numbers are (``measured``, ``comparable``): on CUDA the
-peak is ``max_memory_allocated``, the tensors torch allocated, which is what the
-estimate models (the CUDA context, ~0.3-0.5 GiB, is in neither); on CPU the peak is the
-process's peak resident memory (the Python interpreter, torch's libraries, ~0.4 GiB, and
-the data set included), which is no check of the estimate: ``comparable`` is false there.
+Every run records ``peak_memory_bytes`` per device and, on CUDA, the estimate beside it.
+The estimate is the planner's row when ``--strategy auto`` planned (free), else, on CUDA
+or with ``--estimate-memory``, ``torchgpu.estimate_memory`` after training on a
+:func:`meta_twin` of the trained model (about a second, no weight copied); otherwise
+``memory_estimate`` says why there is none. The entry says what the numbers are: on CUDA
+the peak is ``max_memory_allocated``, what the estimate models (the CUDA context is in
+neither); on CPU it is the process's peak resident memory (interpreter, libraries, data),
+no check of the estimate, so ``comparable`` is false there.
 """
 
 from __future__ import annotations

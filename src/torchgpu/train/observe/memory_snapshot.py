@@ -1,24 +1,14 @@
 """CUDA memory, explained: allocator snapshots on request (``--memory-snapshot``) and on OOM.
 
-``--memory-snapshot`` records the CUDA caching allocator's history for the whole
-training loop (``torch.cuda.memory._record_memory_history``: every alloc/free with its
-Python stack, ~2 us per allocation, so only when asked; ``stacks="python"``
-(:data:`STACKS`): torch's default, ``"all"``, also records C++ frames, whose
-symbolisation when the snapshot is taken can last minutes) and at the end dumps it
-(``_dump_snapshot``) to :data:`SNAPSHOT`\\ ``.pickle`` and renders it with PyTorch's own
-renderer (``torch.cuda._memory_viz.trace_plot``) to :data:`SNAPSHOT`\\ ``.html``.
-
-On a CUDA out-of-memory error in the loop an observer the allocator calls *before* it
-raises (so before the OOM back-off frees anything) writes :data:`OOM_SNAPSHOT`\\ ``.pickle``
-and ``.html`` and prints one message naming both files and the biggest live
-allocations, grouped by the model's module (``Linear.forward``), the optimizer, or the
-code that made them (:func:`biggest_live`). Without ``--memory-snapshot`` the allocator
-keeps no stacks, so the groups are by size only and the message says how to get them.
-
-The HTML file holds the snapshot and a static summary (totals, biggest allocations);
-PyTorch's interactive timeline in it loads its script (MemoryViz.js) from
-cdn.jsdelivr.net, and https://pytorch.org/memory_viz opens the ``.pickle`` offline.
-On CPU the flag is refused (:func:`refuse_off_cuda`): the CPU has no caching allocator.
+``--memory-snapshot`` records the caching allocator's history over the training loop (each
+allocation's Python stack, ~2 us per allocation, so only when asked; C++ frames would take
+minutes to symbolise) and at the end writes :data:`SNAPSHOT` ``.pickle`` and ``.html``
+(PyTorch's renderer). On a CUDA OOM an observer the allocator calls before it raises (so
+before the back-off frees anything) writes :data:`OOM_SNAPSHOT` ``.pickle``/``.html`` and
+prints one message naming both and the biggest live allocations, grouped by module, the
+optimizer or the code that made them (by size only without the flag's stacks). The HTML's
+timeline loads MemoryViz.js from cdn.jsdelivr.net; https://pytorch.org/memory_viz opens the
+``.pickle`` offline. On CPU the flag is refused (no caching allocator).
 """
 
 from __future__ import annotations

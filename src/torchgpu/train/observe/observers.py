@@ -4,7 +4,7 @@
 ``--log tensorboard``, ``--memory-snapshot``; on CUDA the out-of-memory observer, which
 costs nothing until an OOM), so with the flags off the loop gets the same ``on_step``
 hook and no per-step work. The runner calls :meth:`epoch` where it flushes
-``metrics.jsonl``, :meth:`close` after the loop and :meth:`report` to fill the summary.
+``metrics.jsonl``, ``close`` after the loop and ``report`` to fill the summary.
 """
 
 from __future__ import annotations

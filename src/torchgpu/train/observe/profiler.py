@@ -1,20 +1,13 @@
 """``--profile [N]``: N optimizer steps under ``torch.profiler``, after a short warm-up.
 
-The run's first steps are slow for reasons that do not repeat (allocator growth, lazy
-initialisation, cuDNN autotuning), so :func:`profile_window` skips up to
-:data:`WARMUP_STEPS` of them, fewer when the run is too short to keep N after them.
-:class:`StepProfiler` starts the profiler at an optimizer-step boundary (the loop's
-``on_step`` hook) and stops it N boundaries later: the traced window is exactly N
-whole steps, data loading included. Nothing is added to the loop when the flag is off.
-
-Outputs (rank 0, under ``--out``): :data:`TRACE_FILE`, a Chrome trace that Perfetto
-(ui.perfetto.dev) and chrome://tracing open; :data:`TABLE_FILE`, the top operators by
-self time (also printed to stderr) and the share of the step spent in data loading,
-forward (the loss included), backward, optimizer, communication and other
-(:func:`step_shares`: each moment counted once, so they add up to 100 %; communication
-is the time the step waits for it, not what overlaps compute), which also go into
-``summary.json`` under ``profile``. A run with fewer steps than asked for is profiled
-whole, and says so.
+The first steps are slow for reasons that do not repeat (allocator growth, lazy
+initialisation, cuDNN autotuning), so up to :data:`WARMUP_STEPS` are skipped (fewer when
+the run is short). :class:`StepProfiler` traces exactly N whole steps, boundary to
+boundary, data loading included; without the flag nothing is added to the loop. Rank 0
+writes ``TRACE_FILE`` (a Chrome trace, for Perfetto) and ``TABLE_FILE`` (the top
+operators by self time and the step's shares, ``step_shares``: each moment counted
+once, so they add up to 100 %), also printed and in ``summary.json``. A run shorter than
+asked is profiled whole, and says so.
 """
 
 from __future__ import annotations

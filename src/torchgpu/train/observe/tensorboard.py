@@ -1,15 +1,11 @@
 """``--log tensorboard``: the run's records as TensorBoard event files under ``--out``.
 
-The same values ``metrics.jsonl`` holds (which is still written), written at the same
-moments: the loop keeps step losses in memory (:class:`~torchgpu.train.outputs.files.MetricsBuffer`)
-and :meth:`TensorBoardLog.write_epoch` turns them into scalars once per epoch, with the
-epoch's evaluation metrics, throughput and peak memory. Nothing runs per step.
-
-TensorBoard is an optional extra (``pip install torchgpu[tensorboard]``): it is imported
-only when a run asks for it. Before the data loads, :func:`check_available` refuses the
-flag when tensorboard is missing or fails to import, and :func:`check_log_dir` when
-``OUT/tensorboard`` exists read-only, each with the fix; nothing is written. View with
-``tensorboard --logdir OUT/tensorboard``.
+The values ``metrics.jsonl`` holds (still written), at the same moments:
+:meth:`TensorBoardLog.write_epoch` turns the epoch's step losses, evaluation metrics,
+throughput and peak memory into scalars once per epoch; nothing runs per step.
+TensorBoard is an optional extra imported only when asked for; before the data loads,
+:func:`check_available` and ``check_log_dir`` refuse a missing or broken install and
+a read-only ``OUT/tensorboard``, each with the fix, and nothing is written.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Evaluation on the held-out split: :func:`evaluate` and its :class:`EvalResult`.
+"""Evaluation on the held-out split: :func:`evaluate` and its ``EvalResult``.
 
 Once per epoch, off the hot path: the model in eval mode, the loss summed in float64 on
 the CPU, and the task's metrics (:mod:`torchgpu.train.recipe.metrics`).

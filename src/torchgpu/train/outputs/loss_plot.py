@@ -1,14 +1,10 @@
 """The loss plot (``loss.png``): train and test loss per epoch, drawn with Pillow.
 
-Pillow draws this one chart in ~30 ms, import included. matplotlib (which the bench's
-charts use) costs ~0.45 s of CPU per process before it draws anything: on a small machine
-that was a tenth of a 200-epoch ``make demo`` even when a helper process prepared it during
-training, since the helper competed with training for the CPUs. The chart is simple enough
-for a canvas: axes, a grid, nice ticks (a log scale when every loss is positive and there
-are several epochs), two lines with markers, a legend and a title. Non-finite losses
-(no held-out data, a skipped epoch) leave a gap in their line. When the learning rate
-changed during the run (a schedule, :mod:`torchgpu.train.schedule`), a second panel
-below draws it per optimizer step.
+Pillow draws this one chart in ~30 ms; matplotlib's ~0.45 s of CPU per process was a tenth
+of a 200-epoch ``make demo``. Axes, a grid, nice ticks (a log scale when every loss is
+positive and there are several epochs), two lines with markers, a legend and a title; a
+non-finite loss (no held-out data, a skipped epoch) leaves a gap in its line. When the
+learning rate changed during the run, a second panel draws it per optimizer step.
 """
 
 from __future__ import annotations

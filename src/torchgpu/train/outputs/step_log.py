@@ -1,20 +1,12 @@
 """Step records on disk while an epoch runs: ``--log-every N`` (``log_every``).
 
-The loop keeps each optimizer step's ``(step, epoch, loss)`` in memory
-(:class:`~torchgpu.train.outputs.files.MetricsBuffer`); without this a long epoch showed
-nothing in metrics.jsonl until its end. :class:`StepLog` wraps the loop's ``on_step``
-hook and, on rank 0, appends the records not written yet to metrics.jsonl every ``N``
-optimizer steps, or without ``N`` once :data:`~torchgpu.train.outputs.files.STEP_FLUSH_S`
-seconds have passed since the last write (one clock read per step; the hot path never
-writes per step). Each write is one append, flushed
-(:func:`~torchgpu.train.outputs.files.append_lines`; fsynced at the run's end), so a crash
-never damages earlier lines.
-
-Under DDP a record holds this rank's own loss until the ranks' next agreement makes it
-the global mean, so only records up to the last agreed step are written
-(``agreed()``); the rest follow at the next write or the epoch's end. A resumed run
-rewrites metrics.jsonl from its checkpoint, so lines written after that checkpoint
-never appear twice.
+:class:`StepLog` wraps the loop's ``on_step`` hook and, on rank 0, appends the step records
+not written yet to metrics.jsonl every ``N`` optimizer steps, or without ``N`` every
+``files.STEP_FLUSH_S`` seconds (one clock read per step), so a long epoch shows progress.
+Each write is one flushed append: a crash never damages earlier lines. Under DDP only the
+records up to the last agreed step are written (later ones hold this rank's own loss); the
+rest follow at the next write or the epoch's end. A resume rewrites metrics.jsonl from its
+checkpoint, so no line appears twice.
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """``--compile``: the training model run through ``torch.compile``, with an eager fallback.
 
-:func:`compile_for_run` compiles the module the run calls (after the strategy wrapped
-it: for DDP, ``torch.compile`` of the DDP module, as torch recommends, so that dynamo's
-DDPOptimizer splits the graph at the gradient buckets) *in place*, with
-``nn.Module.compile``: no ``OptimizedModule`` wrapper, so parameter names,
-``state_dict`` keys and checkpoints stay those of the plain model (no ``_orig_mod.``),
-and a checkpoint of an eager run loads into a compiled one and back.
-
-Compilation happens lazily, at the first forward. Where it cannot run (no C compiler
-for inductor, a platform or Python that dynamo does not support, dynamo raising on the
-model), :class:`CompileGuard` catches the failure of that call, prints one line naming
-why, and runs the same call eagerly; the run goes on eager. Compiling runs nothing of
-the model, so the step is neither lost nor applied twice (the CPU and CUDA random
-states are put back as well, so dropout draws what the eager call would have drawn). A
-call that fails eagerly too is the model's own error and is raised as such.
+:func:`compile_for_run` compiles the module the run calls, after the strategy wrapped it
+(under DDP dynamo then splits the graph at the gradient buckets, as torch recommends), *in
+place* with ``nn.Module.compile``: parameter names, ``state_dict`` keys and checkpoints
+stay the plain model's, so checkpoints move between eager and compiled runs. Where
+compiling fails at the first forward (no C compiler, an unsupported platform, dynamo
+raising), :class:`CompileGuard` prints one line naming why and runs that call, and the rest
+of the run, eagerly: no step is lost or applied twice, and the random states are put back
+so dropout draws the same. A call that fails eagerly too is the model's own error.
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
 """Evaluation metrics: what a run reports as ``test_<name>`` after each epoch.
 
-A metric is one of two things:
-
-- a function ``fn(output, target_or_batch) -> float``, called on every evaluation batch
-  and averaged over the evaluation samples (each batch weighted by its rows): the right
-  shape for means such as a per-sample accuracy or error;
-- an object with ``reset()``, ``update(output, target_or_batch)`` and ``compute() ->
-  float``, reset before each evaluation, updated with every batch and computed once at
-  its end: the shape for metrics that are not a mean of per-batch values (R² over the
-  whole split, F1, perplexity from summed log-likelihoods). torchmetrics' ``Metric`` has
-  these three methods, so its metrics plug in as they are (``compute()`` may return a
-  one-element tensor).
-
-``target_or_batch`` is the batch's target for ``(inputs, target)`` pairs and the whole
-batch for dict batches (:mod:`torchgpu.data.batches`). :class:`R2` and :class:`Accuracy`
-are the built-in examples' metrics (:mod:`torchgpu.examples`), objects of the second
-kind; ``--metrics`` names them (:data:`BUILT_IN`) or specs (:func:`from_specs`).
-:class:`Tally` is what :func:`torchgpu.train.outputs.evaluation.evaluate` keeps while it
-runs the batches.
+A metric is a function ``fn(output, target_or_batch) -> float``, averaged over the
+evaluation samples (each batch weighted by its rows: right for means such as a per-sample
+accuracy), or an object with ``reset()``, ``update(output, target_or_batch)`` and
+``compute() -> float``, reset before each evaluation and computed once at its end (right for
+R², F1, perplexity; torchmetrics' ``Metric`` plugs in as it is, ``compute()`` may return a
+one-element tensor). ``target_or_batch`` is the target of ``(inputs, target)`` pairs, the
+whole batch for dict batches. :class:`R2` and :class:`Accuracy` are built in; ``--metrics``
+names them (``BUILT_IN``) or specs (``from_specs``).
 """
 
 from __future__ import annotations

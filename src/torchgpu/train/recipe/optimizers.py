@@ -1,21 +1,12 @@
 """The run's optimizer: ``--optimizer adam|adamw|sgd|module:function`` and ``fit(optimizer=)``.
 
-An optimizer choice is a built-in name, at the run's ``--lr``:
-
-- ``adam``: ``torch.optim.Adam`` (the built-in examples' default, as the seeds);
-- ``adamw``: ``torch.optim.AdamW`` (the default for a user's model);
-- ``sgd``: plain ``torch.optim.SGD``;
-
-or a function ``params -> torch.optim.Optimizer`` (``fit(optimizer=...)``, or a
-``module:function`` spec resolved by :func:`resolve`), which sets its own learning rate;
-a spec naming an Optimizer class gets ``lr=--lr``. A :class:`~torchgpu.train.task.Task`
-carries its default choice; ``--optimizer`` replaces it.
-
-A built-in name gets the kernel that suits the parameters' device (:func:`kernel_options`):
-on CUDA the fused one (one kernel for every parameter, instead of torch's default
-multi-tensor ``foreach`` launches per group of tensors); elsewhere torch's default, which
-keeps CPU runs bitwise equal to a hand-written loop's ``torch.optim.AdamW(params, lr)``.
-A user's factory or class is left as it is.
+A choice is a built-in name, at the run's ``--lr`` (``adam``: the built-in examples'
+default; ``adamw``: the default for a user's model; plain ``sgd``), or a function
+``params -> torch.optim.Optimizer`` (``fit(optimizer=...)`` or a ``module:function`` spec,
+:func:`resolve`) that sets its own learning rate; a spec naming an Optimizer class gets
+``lr=--lr``. A Task carries its default choice; ``--optimizer`` replaces it. A built-in name
+gets the fused kernel on CUDA (one kernel for every parameter) and torch's default
+elsewhere, which keeps CPU runs bitwise equal to a hand-written ``torch.optim.AdamW(params, lr)``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
-"""Training strategies as objects, in one registry.
+"""Training strategies as objects, in one registry (``registry``: the ``--strategy`` values
+and :func:`choose`).
 
-- :mod:`.base`: the :class:`Strategy` shape and its :class:`Features`; :mod:`.shard`:
-  a rank's slice of the training order; :mod:`.run_steps`: what a strategy hands the
-  run driver (the default model steps);
-- :mod:`.single`, :mod:`.data_parallel` (dp, ddp, fsdp), :mod:`.split` (model and the
-  one-process pipeline, with their flags), :mod:`.stages` (the pipeline with one stage
-  per process, a package);
-- :mod:`.registry`: name -> strategy (``--strategy`` values), and :func:`choose`;
-- :mod:`.checks`: the flag checks that follow from the strategies' features.
+Each strategy (``single``; ``data_parallel``: dp, ddp, fsdp; ``split``: model and the
+one-process pipeline; ``stages``: one stage per process) has the shape of
+``base.Strategy`` and hands the run driver its ``run_steps``; ``checks`` makes the flag
+checks that follow from the strategies' declared features.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
-"""The shape every strategy has: :class:`Strategy`, its :class:`Features`, a :class:`Choice`.
+"""The shape every strategy has: :class:`Strategy`, its :class:`Features`, a ``Choice``.
 
-A strategy object knows where the run's device is (:meth:`Strategy.place`), how it
-wraps the model (:meth:`Strategy.wrap`), the model's full state for saving
-(:meth:`Strategy.full_state`), the model evaluation runs on (:meth:`Strategy.eval_model`),
-each rank's share of the data (:meth:`Strategy.shard`), what its run does differently
-from the shared run driver (:meth:`Strategy.steps`: the loop's pieces, evaluation, what
-a checkpoint saves, summary entries), what it supports (:class:`Features`: resume, OOM
-back-off, ``--batch-size auto``, precisions, its own flags) and its own flag checks
-(:meth:`Strategy.check`). The checks that follow from the features alone (a feature it
-lacks, a flag it does not take, a process count it cannot run with) are made once for
-every strategy in :mod:`torchgpu.train.strategies.checks`, from these declarations, so
-their messages name the strategy and its reason.
-
+A strategy places the run's device, wraps the model, gives its full state and the model
+evaluation runs on, shards the data, and supplies what its run does differently from the
+shared driver (``Strategy.steps``). What it supports is declared in ``Features``
+(with the reason for each refusal), so the checks that follow from the declarations alone
+are made once for every strategy (``strategies.checks``) and name it and its reason.
 Strategy objects hold no run state: one instance per strategy, shared by every run.
 """
 
@@ -77,10 +70,10 @@ class Strategy:
     """One training strategy (subclass it; see the module docstring).
 
     ``processes``: ``"one"`` (runs in one process; several are refused), ``"several"``
-    (one per device; in one process it falls back to :meth:`alone`), ``"any"``.
+    (one per device; in one process it falls back to ``alone``), ``"any"``.
     Every strategy runs through the same run driver and loop
     (:func:`torchgpu.train.runner.train`, :func:`torchgpu.train.loop.epoch.run_epoch`);
-    :meth:`steps` supplies what its run does differently.
+    ``steps`` supplies what its run does differently.
     """
 
     name: str = ""

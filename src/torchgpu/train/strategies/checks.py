@@ -1,8 +1,8 @@
 """The strategy flags of a config, checked from the strategies' declarations (pure).
 
-:func:`check_config` runs inside :func:`torchgpu.train.config_checks.validate`: the strategy's
+``check_config`` runs inside :func:`torchgpu.train.config_checks.validate`: the strategy's
 name, the strategy-only flags (``--chunks``, ``--schedule``, ``--balance``,
-``--devices``: refused by a strategy whose :attr:`Features.flags` lacks them), the
+``--devices``: refused by a strategy whose ``Features.flags`` lacks them), the
 process count (a one-process strategy with ``--nproc``), the features it lacks
 (``--save-every``/``--resume``, ``--batch-size auto``, a ``--precision``), each with the
 strategy's reason, then the strategy's own :meth:`~.base.Strategy.check`. The process

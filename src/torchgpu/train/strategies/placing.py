@@ -4,7 +4,7 @@ Each function does one thing and raises a torchgpu error for bad input, so
 :func:`torchgpu.train.assemble.assemble` can run all of them before ``--out`` is
 created. What differs per strategy is asked of the strategy object
 (:mod:`torchgpu.train.strategies`); the data and the model come from the run's plug-in
-(:mod:`torchgpu.train.plugin`).
+(``torchgpu.train.plugin``).
 """
 
 from __future__ import annotations

@@ -1,28 +1,12 @@
 """What a strategy hands the run driver for one run: :class:`RunSteps`.
 
-The run driver (:func:`torchgpu.train.runner.train`) is the same for every strategy: the
-loaders, checkpoints
-(:class:`~torchgpu.train.checkpoints.run_checkpoints.RunCheckpoints`), observers
-(profile, TensorBoard, CUDA memory), the heartbeat, the loop
-(:func:`~torchgpu.train.loop.epoch.run_epoch`) with an evaluation after each epoch, the
-summary and the outputs. What differs between strategies is what the object from
-:meth:`Strategy.steps <torchgpu.train.strategies.Strategy.steps>` supplies:
-
-- ``parts``: the loop's pieces (:class:`~torchgpu.train.loop.parts.LoopParts`);
-- ``stop``: the flag the loop and the checkpoints read (the run's own flag, or one the
-  ranks agree on);
-- ``model``, ``optimizer`` and :meth:`~RunSteps.before_save`: what a checkpoint saves
-  and a resume restores (``model`` holds canonical keys; ``before_save`` runs on every
-  rank before each save, e.g. to gather state to rank 0);
-- :meth:`~RunSteps.evaluate`, :meth:`~RunSteps.full_state`,
-  :meth:`~RunSteps.summarize`, :meth:`~RunSteps.lines`; ``observed`` (the module the
-  observers watch), ``result_model``, ``record_world`` (the factor from this process's
-  samples to the run's) and ``phase`` (the heartbeat's name for a step in progress).
-
-:class:`ModelSteps` is the default: one model object (placed and wrapped by the
-strategy), its optimizer through the :class:`~torchgpu.accumulate.GradAccumulator`,
-OOM back-off (where the strategy allows it) and, under DDP, the ranks' agreement. The
-multi-process stage pipeline has its own (:class:`torchgpu.train.strategies.stages.run.StageRun`).
+The driver (``train.runner``) is the same for every strategy; what differs comes from the
+object ``Strategy.steps`` returns: the loop's parts, the stop flag, what a checkpoint saves
+(``model`` under canonical keys and ``optimizer``; :meth:`RunSteps.before_save` runs on every
+rank first), evaluation, the full weights and the summary's entries. ``ModelSteps`` is
+the default: one model object (placed and wrapped by the strategy), its optimizer through
+the engine's accumulator, OOM back-off where the strategy allows it and, under DDP, the
+ranks' agreement.
 """
 
 from __future__ import annotations
@@ -79,7 +63,7 @@ class StepContext:
 
 
 class RunSteps:
-    """What one strategy's run supplies to the driver (see the module docstring).
+    """What one strategy's run supplies to the driver.
 
     Subclasses set the attributes in ``__init__``; the methods here are the defaults.
     """

@@ -1,24 +1,14 @@
-"""``--strategy model|pipeline`` in one process: the model cut into stages over
-``--devices``. All of the split is here: its flags, parsed pure (``--devices``,
-``--balance 3,2|size|time``, ``--schedule``, ``--chunks``; the multi-process pipeline,
-:mod:`.stages`, shares them), the checks on the model and the stage devices, and the
-strategy objects. With several processes ``pipeline`` runs as one stage per process:
-the registry gives :class:`Pipeline` that variant (:mod:`.registry`), so this module
-never imports :mod:`.stages`, which builds on it.
+"""``--strategy model|pipeline`` in one process: the model cut into stages over ``--devices``.
 
-``model`` cuts the model's sequential view (``as_sequential()``, an ``nn.Sequential`` or
-an ``nn.ModuleList`` of blocks) into one stage per ``--devices`` entry with
-:func:`torchgpu.parallel.model.split_model`; ``pipeline`` does the same with a
-:class:`~torchgpu.parallel.pipeline.Pipeline` that runs ``--chunks`` micro-batches
-GPipe-style (``--chunks auto`` measures the split-size sweep on the real devices and keeps
-the fastest). Entries may repeat: ``cuda:0,cuda:0`` or ``cpu,cpu`` run the same code
-path on a machine with one GPU or none. Inputs go to the first stage's device; the saved
-model has the plain model's keys. Defaults: ``--devices`` = every visible GPU when there
-are two or more (else refused with the fix); ``--chunks`` = 4 per stage capped at the
-batch size. Flag rules (checked by :mod:`.checks` and each strategy's ``check``):
-``--devices`` only with model/pipeline, at least two entries in one process, one per
-process with ``--nproc``; ``--schedule 1f1b|interleaved1f1b`` only across processes;
-model/pipeline run on one node.
+Its flags (parsed pure, shared with the multi-process pipeline), the checks on the model and
+the stage devices, and the strategy objects. ``model`` cuts the model's sequential view
+(``as_sequential()``, an ``nn.Sequential`` or ``nn.ModuleList`` of blocks) into one stage
+per ``--devices`` entry; ``pipeline`` also runs ``--chunks`` micro-batches GPipe-style
+(``auto``: measured on the real devices). Entries may repeat (``cpu,cpu``), so one GPU or
+none runs the same code path; the saved model has the plain model's keys. Defaults:
+``--devices`` = every visible GPU when there are two or more; ``--chunks`` = 4 per stage,
+capped at the batch size. Under ``--nproc`` the registry gives :class:`Pipeline` its
+one-stage-per-process variant, so this module never imports ``stages``, which builds on it.
 """
 
 from __future__ import annotations
@@ -151,7 +141,7 @@ def build_split_model(
     default ``config.strategy``), as :mod:`torchgpu.train.strategies.split` wraps it.
     ``data``: the run's :class:`~torchgpu.train.task.Task` (samples measure the stages).
 
-    Returns a SplitModel (``model``) or Pipeline (``pipeline``) over :func:`stage_devices`.
+    Returns a SplitModel (``model``) or Pipeline (``pipeline``) over ``stage_devices``.
     BalanceError (exit 2) when ``--balance`` does not match the model's layers.
     """
     from torch import nn

@@ -1,21 +1,12 @@
-"""``--strategy pipeline --nproc N`` through the run driver every strategy shares:
-:class:`StageRun` supplies what differs from the other strategies.
+"""``--strategy pipeline --nproc N`` through the shared run driver: :class:`StageRun`.
 
-Every rank builds the same seeded model and keeps its stage(s) of the sequential view
-(:class:`~torchgpu.train.strategies.stages.trainer.StageTrainer`; ``--schedule
-gpipe|1f1b|interleaved1f1b``, the last with two stages per process) and iterates the
-same, unsharded batches (the one-process order): rank 0 feeds the inputs, the last rank
-the labels. :class:`StageRun` gives the loop its own step (:class:`StageStep`, one
-schedule per batch) and window (:class:`StageWindow`: gradients accumulate over
-``--accumulate`` batches weighted by their rows, as one process does), the stop flag
-the ranks agree on in each step's all-reduce, the forward-only evaluation, the whole
-model gathered on rank 0 for checkpoints and ``model.safetensors`` with every stage's
-optimizer state (``--save-every``/``--resume`` continue exactly), and the summary's
-``pipeline`` entry. Every batch runs in ``--chunks`` micro-batches whatever its
-size, so no batch is skipped and losses, gradients and metrics equal the one-process
-run's; ``--chunks auto`` sweeps the equal splits (a resume keeps the saved choice).
-``bf16`` runs each stage's forward and the loss under autocast; ``fp16`` is refused
-(:mod:`.strategy`).
+Every rank builds the same seeded model, keeps its stage(s) (two per process with
+``--schedule interleaved1f1b``) and iterates the same unsharded batches. Every batch runs
+in ``--chunks`` micro-batches whatever its size, and the window weights batches by their
+rows, so no batch is skipped and losses, gradients and metrics equal the one-process run's.
+Checkpoints hold the whole model and every stage's optimizer state, so ``--resume``
+continues exactly (keeping the saved ``--chunks auto`` choice). ``bf16`` runs each stage's
+forward and the loss under autocast.
 """
 
 from __future__ import annotations
@@ -130,9 +121,9 @@ def saved_chunks(checkpoint: Path | None) -> int | None:
 class StageRun(RunSteps):
     """What the multi-process stage pipeline supplies to the shared run driver
     (:mod:`torchgpu.train.strategies.run_steps`): :class:`StageStep` and
-    :class:`StageWindow` as the loop's step and window, the stop flag the ranks agree on,
+    ``StageWindow`` as the loop's step and window, the stop flag the ranks agree on,
     the forward-only evaluation, the whole model gathered on rank 0 for checkpoints and the
-    final file, every stage's optimizer state (:class:`StageOptimizers`) and the summary's
+    final file, every stage's optimizer state (``StageOptimizers``) and the summary's
     ``pipeline`` entry. Call inside the process group, on every rank."""
 
     phase = "stages"  # a step waits on the stages' sends and receives, then one all-reduce

@@ -1,23 +1,13 @@
 """The multi-process stage pipeline's state in one place: rank 0 gathers, each rank restores.
 
-Each process of ``--strategy pipeline --nproc N`` trains only its stages: its stage
-modules are the model's own layers (rank ``r`` keeps its full model object, of which it
-trains the layers of its stages), and its optimizer holds only their parameters. A
-checkpoint and ``model.safetensors`` are rank 0's files, so before each save (and at the
-end of the run):
-
-- :func:`gather_weights` copies every rank's stage weights and buffers into rank 0's
-  model object, which then holds the whole trained model under the plain model's keys
-  (what ``model.safetensors`` and a checkpoint's weights are);
-- :class:`StageOptimizers` gathers every rank's optimizer state to rank 0, keyed by the
-  parameters' state-dict keys (not by rank or by position), so the checkpoint's
-  ``state.pt`` holds one entry per parameter of the whole model.
-
-A resume loads the checkpoint on every rank: the whole model's weights go into each
-rank's model object (its stages are that object's layers, so they get theirs), and
-:meth:`StageOptimizers.load_state_dict` picks the entries of the rank's own parameters.
-Keyed by parameter, the state fits any cut of the same model: a resume may balance the
-stages differently (``--balance time`` measures again) and continue exactly.
+Each process trains only its stages (layers of its own full model object) with an optimizer
+over their parameters, while a checkpoint and ``model.safetensors`` are rank 0's files. So
+before each save :func:`gather_weights` copies every rank's stage weights into rank 0's
+model (the whole model under the plain model's keys), and :class:`StageOptimizers` gathers
+the optimizer states keyed by parameter name, not by rank or position. A resume loads the
+whole model on every rank and each rank picks its own parameters' optimizer entries; keyed
+by parameter, the state fits any cut of the same model, so a resume may balance the stages
+differently and continue exactly.
 """
 
 from __future__ import annotations
@@ -79,9 +69,9 @@ class StageOptimizers:
     :func:`torchgpu.checkpoint.save_checkpoint` / ``load_checkpoint``).
 
     :meth:`gather` (every rank, before a save) collects every rank's state on rank 0;
-    :meth:`state_dict` (rank 0) returns it: ``{"format", "params": {key: {"group": the
+    ``state_dict`` (rank 0) returns it: ``{"format", "params": {key: {"group": the
     hyperparameters of the parameter's group, "state": its state}}}``, ``key`` being the
-    parameter's key in the model's state dict. :meth:`load_state_dict` (every rank)
+    parameter's key in the model's state dict. ``load_state_dict`` (every rank)
     restores the rank's own parameters' entries into its optimizer.
     """
 

@@ -1,28 +1,11 @@
 """``--strategy pipeline --nproc N``: one pipeline stage per process.
 
-It runs through the run driver and loop every strategy shares; what its run does
-differently (a trainer over ``torch.distributed.pipelining`` schedules, where one step
-is a forward and backward of every micro-batch on every stage at once, its evaluation,
-the whole model and every stage's optimizer state gathered on rank 0 for checkpoints)
-is :class:`torchgpu.train.strategies.stages.run.StageRun`, which :meth:`StagePipeline.steps`
-returns. Every rank reads every batch (rank 0 feeds the inputs, the last rank the
-labels): :meth:`StagePipeline.shard` is the whole order.
-
-Resume (``--save-every``/``--resume``, a stop), ``--precision bf16`` and every observer
-work as for the other strategies. What it cannot do is declared here, with the reason
-each user sees:
-
-- ``--precision fp16``: a GradScaler decides per process from the gradients it sees,
-  and here each process sees only its stages' gradients: one stage's overflow would
-  skip the step (and shrink the scale) on that process alone while the others step,
-  and the stages would train different steps. A scaler would need the ranks to agree
-  on every step's inf/NaN check (an all-reduce of found-inf before any optimizer
-  steps) and to keep one scale, which torch's GradScaler does not do across a
-  pipeline; bf16 needs no scaler;
-- OOM back-off and ``--batch-size auto``: a stage that runs out of memory raises inside
-  the schedule while the other stages wait in their sends and receives for activations
-  or gradients that never come, so no smaller retry can be agreed on (the run would
-  hang until ``--collective-timeout``).
+It runs through the driver and loop every strategy shares; its run (``stages.run.StageRun``,
+from :meth:`StagePipeline.steps`) makes one step a forward and backward of every
+micro-batch on every stage. Every rank walks the whole data order (rank 0 feeds the inputs,
+the last rank the labels). Resume, a stop, ``--precision bf16`` and every observer work as
+for the other strategies; fp16, OOM back-off and ``--batch-size auto`` are refused, with the
+reasons users see in ``StagePipeline.features``.
 """
 
 from __future__ import annotations
@@ -58,6 +41,8 @@ class StagePipeline(Strategy):
     features = Features(
         backoff=_STRANDED,
         auto_batch=f"{_STRANDED}; pass --batch-size B",
+        # fp16 would need every rank to agree on each step's found-inf and keep one scale,
+        # which torch's GradScaler does not do across a pipeline's processes.
         precisions=("fp32", "bf16", "auto"),
         precision_why="fp16 needs a GradScaler, and each process's scaler would check "
                       "only its own stages' gradients for inf/NaN, so one stage could skip "
