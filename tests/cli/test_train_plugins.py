@@ -15,7 +15,7 @@ from torch import nn
 from torchgpu.cli.main import main
 from torchgpu.examples import PLUGINS, housing, table
 from torchgpu.train.config import EXAMPLES, TrainConfig, resolve
-from torchgpu.train.recipe.metrics import R2, Accuracy
+from torchgpu.train.metrics import R2, Accuracy
 
 QUICK = ["--data-size", "100", "--epochs", "2", "--batch-size", "16", "--device", "cpu",
          "--strategy", "single", "--progress", "off"]

@@ -190,7 +190,7 @@ def test_epoch_order_depends_only_on_seed_and_epoch() -> None:
 
 
 def test_evaluate_computes_r2_and_accuracy() -> None:
-    from torchgpu.train.recipe.metrics import R2, Accuracy
+    from torchgpu.train.metrics import R2, Accuracy
 
     x = torch.randn(30, 1)
     perfect = evaluate(nn.Identity(), [(x, x.clone())], nn.MSELoss(),

@@ -16,8 +16,8 @@ from torch.utils.data import TensorDataset
 
 from tests.step_limit import train_until
 from torchgpu.errors import UsageError
+from torchgpu.train.metrics import R2, Accuracy, Tally, aggregates, check_metrics
 from torchgpu.train.outputs.evaluation import evaluate
-from torchgpu.train.recipe.metrics import R2, Accuracy, Tally, aggregates, check_metrics
 
 CPU = torch.device("cpu")
 

@@ -23,8 +23,8 @@ from torchgpu.train.config import TrainConfig
 from torchgpu.train.config_checks import validate
 from torchgpu.train.loop.epoch import run_epoch
 from torchgpu.train.loop.parts import LoopParts
+from torchgpu.train.metrics import Accuracy
 from torchgpu.train.outputs.evaluation import evaluate
-from torchgpu.train.recipe.metrics import Accuracy
 from torchgpu.train.runner import train
 from torchgpu.train.state import TrainState
 from torchgpu.train.strategies import check_config

@@ -3,7 +3,7 @@
 A plug-in is a function ``task(config: TrainConfig) -> Task``
 (:class:`~torchgpu.train.task.Task`): a model factory seeded by ``config.seed``, the
 training and held-out datasets (:mod:`torchgpu.data`), the loss, the metrics
-(:mod:`torchgpu.train.recipe.metrics`), the default optimizer and the evaluation batch size --
+(:mod:`torchgpu.train.metrics`), the default optimizer and the evaluation batch size --
 what ``--model``/``--data``/``--loss`` specs or :func:`torchgpu.fit` give for a user's
 model. The engine runs every Task alike; nothing in it tests an example's name.
 

@@ -13,7 +13,7 @@ from torch import nn
 from torchgpu.data import ExampleData, example_data
 from torchgpu.errors import DataError
 from torchgpu.train.config import TrainConfig
-from torchgpu.train.recipe.metrics import Accuracy, MetricLike
+from torchgpu.train.metrics import Accuracy, MetricLike
 from torchgpu.train.task import LossFn, Task, seeded
 
 #: The seeds' optimizer (``--optimizer`` replaces it).

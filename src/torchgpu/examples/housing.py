@@ -12,7 +12,7 @@ from torch import nn
 from torchgpu.data import ExampleData
 from torchgpu.examples.common import builtin_data, example_task
 from torchgpu.train.config import TrainConfig
-from torchgpu.train.recipe.metrics import R2
+from torchgpu.train.metrics import R2
 from torchgpu.train.task import Task
 
 NAME = "housing"

@@ -209,7 +209,7 @@ def validate(config: TrainConfig) -> None:
     _choice("progress", config.progress, PROGRESS_MODES)
     _choice("log", config.log, LOG_FORMATS)
     if config.metrics is not None:
-        from torchgpu.train.recipe.metrics import check_specs
+        from torchgpu.train.metrics import check_specs
 
         check_specs(config.metrics)
     if config.optimizer is not None:

@@ -35,7 +35,7 @@ def task_for_config(config: TrainConfig) -> Task:
     else:
         task = _user_plugin(config, config.model)
     if config.metrics:  # --metrics: beside the task's own (the same name: replaced)
-        from torchgpu.train.recipe.metrics import from_specs
+        from torchgpu.train.metrics import from_specs
 
         task = dataclasses.replace(task, metrics={**task.metrics, **from_specs(config.metrics)})
     return with_optimizer(task, config)

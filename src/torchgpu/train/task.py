@@ -25,8 +25,8 @@ from torchgpu.data.base import ExampleData
 from torchgpu.data.batches import DictPairs, check_dict_item, output_loss
 from torchgpu.data.collate import Collate, CollateFn
 from torchgpu.errors import DataError, UsageError
+from torchgpu.train.metrics import MetricLike, check_metrics
 from torchgpu.train.recipe import optimizers
-from torchgpu.train.recipe.metrics import MetricLike, check_metrics
 from torchgpu.train.recipe.optimizers import OptimizerChoice
 
 LossFn = Callable[[Any, Any], Tensor]

@@ -1,7 +1,7 @@
 """Evaluation on the held-out split: :func:`evaluate` and its ``EvalResult``.
 
 Once per epoch, off the hot path: the model in eval mode, the loss summed in float64 on
-the CPU, and the task's metrics (:mod:`torchgpu.train.recipe.metrics`).
+the CPU, and the task's metrics (:mod:`torchgpu.train.metrics`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from torchgpu.data.batches import batch_rows
-from torchgpu.train.recipe.metrics import MetricLike, Tally
+from torchgpu.train.metrics import MetricLike, Tally
 from torchgpu.transfer import to_device
 
 LossFn = Callable[[Any, Any], Tensor]
@@ -48,7 +48,7 @@ def evaluate(
     target_device: torch.device | None = None,
     metrics: Mapping[str, MetricLike] | None = None,
 ) -> EvalResult:
-    """Mean loss over ``batches`` and ``metrics`` (:mod:`torchgpu.train.recipe.metrics`: a
+    """Mean loss over ``batches`` and ``metrics`` (:mod:`torchgpu.train.metrics`: a
     function ``fn(output, target) -> float`` averaged over the samples, each batch
     weighted by its rows, or an object reset here, updated per batch and computed at the
     end; NaN when there were no samples).

@@ -1,3 +1,4 @@
 """What a training recipe chooses besides the model, the data and the schedule: the optimizer
-(``optimizers``), ``--compile`` (``compiling``) and the evaluation metrics (``metrics``).
+(``optimizers``: fused or foreach per device, a user's factory untouched) and ``--compile``
+(``compiling``). The evaluation metrics stay at ``torchgpu.train.metrics``, a public path.
 """
