@@ -17,6 +17,7 @@ import atexit
 import os
 import socket
 from collections.abc import Callable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import TracebackType
@@ -188,7 +189,13 @@ class DistSession(DistEnv):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close(clean=exc_type is None)
+        if exc_type is None:
+            self.close()
+            return
+        # A peer already gone can make the teardown fail: the script's own error (or exit
+        # code) is the one to report.
+        with suppress(Exception):
+            self.close(clean=False)
 
 
 def _resolve_backend(backend: str, device: torch.device | None) -> str:

@@ -92,6 +92,26 @@ def test_init_with_one_gloo_process_and_context_exit(clean_env: pytest.MonkeyPat
     assert not torch.cuda.is_initialized()
 
 
+def test_an_error_in_the_session_survives_a_failing_teardown(
+        clean_env: pytest.MonkeyPatch) -> None:
+    # A script's own exit code (SystemExit(3)) or exception must come out of the session
+    # even when tearing the group down fails (a peer already gone).
+    clean_env.setenv("RANK", "0")
+    clean_env.setenv("WORLD_SIZE", "1")
+    clean_env.setenv("MASTER_ADDR", "127.0.0.1")
+    clean_env.setenv("MASTER_PORT", str(free_port()))
+    real = dist.destroy_process_group
+
+    def failing(*args: object, **kwargs: object) -> None:
+        real()
+        raise RuntimeError("Connection closed by peer")
+
+    clean_env.setattr(dist, "destroy_process_group", failing)
+    with pytest.raises(SystemExit) as stopped, init_distributed(device="cpu"):
+        raise SystemExit(3)
+    assert stopped.value.code == 3 and not dist.is_initialized()
+
+
 def test_bad_backend_and_nccl_without_gpu(clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setenv("RANK", "0")
     clean_env.setenv("WORLD_SIZE", "1")

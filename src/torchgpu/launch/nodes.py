@@ -44,9 +44,8 @@ POLL_S = 0.5
 STORE_TIMEOUT_S = 5.0
 #: After this node's workers failed, how long its launcher waits at most for every other
 #: node to record that its workers ended too, before it exits (with the store, when it
-#: hosts it): so that the others can tell its exit from a loss. A peer's worker must first
-#: fail in its collective, exit and be seen by its agent: 2 s was too short on a loaded
-#: 2-core machine when the failing worker died at once (os._exit).
+#: hosts it): so that the others can tell its exit from a loss. A peer's worker must fail
+#: in its collective, exit and be seen by its agent first (2 s was too short under load).
 LINGER_S = 10.0
 _WAKE = signal.SIGUSR1
 

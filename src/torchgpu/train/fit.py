@@ -158,17 +158,26 @@ def fit(
     - ``optimizer``: ``params -> Optimizer``, or ``"adam"``/``"adamw"``/``"sgd"`` at ``lr``
       (default AdamW at ``lr``, 1e-3). ``scheduler``: ``optimizer -> LRScheduler`` or a
       ``module:function`` spec, stepped once per optimizer step and checkpointed; or the
-      built-in schedules: ``lr_schedule``, ``warmup_steps``, ``lr_step_size``, ``lr_gamma``.
+      built-in schedules: ``lr_schedule`` (``"constant"``, ``"linear"``, ``"cosine"``,
+      ``"step"``), ``warmup_steps``, ``lr_step_size`` (epochs), ``lr_gamma``.
     - ``collate_fn``: ``fn(items) -> batch`` for both datasets (default torch's
       ``default_collate``), returning a dict of tensors or an ``(inputs, target)`` pair, e.g.
       ``DataCollatorWithPadding(tokenizer)``; it must pickle under spawned DataLoader workers.
     - ``settings``: the ``torchgpu train`` flags by name, typed as ``FitSettings`` (a misspelt
       name is a type error, and at run time a UsageError naming the closest one): ``epochs``,
       ``batch_size`` (int or ``"auto"``, per process), ``effective_batch_size`` (samples per
-      optimizer step over all processes, kept under any ``launch --nproc N``), ``strategy``,
-      ``precision``, ``lr``, ``out``, ``save_every``, ``resume``, ``overwrite``, ``autoresume``
-      (a finished run in ``out`` is not trained again: its result is returned), ``seed``,
-      ``device``, ``num_workers``, ...; each one's meaning is ``torchgpu train --help``'s.
+      optimizer step over all processes, kept under any ``launch --nproc N``), ``strategy``
+      (``"auto"``, single, dp, ddp, fsdp, model, pipeline), ``devices``, ``chunks``,
+      ``accumulate``, ``precision``, ``activation_checkpointing`` (True, or the block
+      class's name), ``compile``, ``clip_norm``, ``lr``, ``out``, ``save_every``,
+      ``keep_last``, ``async_save`` (fsdp), ``resume`` (``force_resume=True``: although a
+      file the run was built from changed since), ``overwrite`` (an ``out`` holding a run's
+      files is refused without ``resume`` or it), ``autoresume`` (a finished run in ``out``
+      is not trained again: its result is returned), ``log_every`` (step records every N
+      steps; default every 10 s), ``seed``, ``device``, ``progress``, ``on_nonfinite``,
+      ``collective_timeout``, ``startup_timeout``, ``stop_timeout`` (seconds), ``profile``,
+      ``log`` (``"tensorboard"``), ``memory_snapshot``, ``estimate_memory``,
+      ``num_workers`` (int or ``"auto"``), ...; each as ``torchgpu train --help`` says.
 
     The run's ``OUT/config.toml`` says it cannot be re-run with ``torchgpu train --config``
     (the model and data were objects). Bad input raises torchgpu errors (ConfigError,

@@ -184,6 +184,7 @@ class _Run:
         self.on_step = StepLog(out_dir, self.buffer, config.log_every,
                                lambda: agreed_steps(parts)).wrap(on_step)
         self.train_seconds = 0.0
+        self.started = 0.0  # train()'s start: the summary's wall time runs to its end
         self.stopped_at: int | None = None  # the step the loop stopped at on a stop flag
 
     def train(self) -> TrainResult:
@@ -191,7 +192,7 @@ class _Run:
         flushed to ``--out``; a stop ends the run at a step boundary, saved."""
         config, state, steps, ckpt, beat = self.config, self.state, self.steps, self.ckpt, self.beat
         assert config.epochs is not None
-        started = time.perf_counter()
+        self.started = time.perf_counter()
         self.progress.start(config.epochs, self.batches_per_epoch, state.epoch)
         try:
             deadline = StopDeadline(self.stop, config.stop_timeout, ckpt.saving,
@@ -222,7 +223,7 @@ class _Run:
         finally:
             self.progress.close()
             self.watch.close(state)
-        return self._finish(time.perf_counter() - started)
+        return self._finish()
 
     def _stopped(self, epoch: int, totals: EpochTotals, deadline: StopDeadline) -> bool:
         """After epoch ``epoch``'s training: its data wait, then whether a stop ends the
@@ -271,7 +272,7 @@ class _Run:
             outputs.flush_epoch(self.out_dir, self.buffer, record)
         self.progress.end_epoch(record, config.epochs, data_wait=totals.data_wait_share)
 
-    def _finish(self, seconds: float) -> TrainResult:
+    def _finish(self) -> TrainResult:
         """The final weights, the summary and the run's files (rank 0)."""
         config, state, steps, ckpt, device = (self.config, self.state, self.steps, self.ckpt,
                                               self.device)
@@ -287,7 +288,8 @@ class _Run:
         ckpt.close()
         peaks = gather_objects((str(device), build.device_name(device), peak_memory(device)))
         summary = summary_of(config, run.task, mode, world, state, self.records, peaks,
-                             self.train_seconds, seconds, steps.stop, self.precision.mode,
+                             self.train_seconds, time.perf_counter() - self.started,
+                             steps.stop, self.precision.mode,
                              self.stopped_at)
         summary.update(ckpt.summary())
         summary.update(self.waits.summary())

@@ -2,7 +2,7 @@
 for the ``overhead`` suite.
 
 :func:`loop_parts` builds :class:`~torchgpu.train.loop.parts.LoopParts` with the same calls and
-arguments as the runner's ``_run`` for one process: the built-in examples' optimizer
+arguments as the runner's ``_Run`` for one process: the built-in examples' optimizer
 (Adam, :mod:`torchgpu.examples.common`, made by :func:`torchgpu.train.recipe.optimizers.make`),
 ``GradAccumulator`` with the Precision and clip norm, the example's loss (the housing
 example's MSE unless another is given), the label device from ``output_device``, the

@@ -153,7 +153,8 @@ def run_epoch(
     move = parts.move_batches
     records = [] if records is None else records
     # An accelerator reads the loss once per optimizer step (one host sync per step);
-    # the CPU, where a read is no sync, per micro-batch (hooked is None).
+    # the CPU, where a read is no sync, per micro-batch (hooked is None; so too for a
+    # strategy's own step, which reads its loss itself).
     hooked = per_step_optimizer(device, acc)
     guard, stop_here, stop_at_end = _agreement(parts, state, records, stop,
                                                hook=hooked is None)

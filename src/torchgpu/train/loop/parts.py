@@ -115,6 +115,11 @@ class LoopParts:
     step: OwnStep | None = None
 
     def __post_init__(self) -> None:
+        if self.step is not None and (self.agree or self.backoff is not None
+                                      or self.layout is not None):
+            raise TypeError("LoopParts.step (a strategy's own step) runs without the loop's "
+                            "DDP agreement, OOM back-off and sample-weighted tail: leave "
+                            "agree, backoff and layout unset")
         if self.agree and self.agreement is None:
             import torch.distributed as dist  # only under DDP: the group exists
 

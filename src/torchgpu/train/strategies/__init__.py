@@ -4,7 +4,8 @@ and :func:`choose`).
 Each strategy (``single``; ``data_parallel``: dp, ddp, fsdp; ``split``: model and the
 one-process pipeline; ``stages``: one stage per process) has the shape of
 ``base.Strategy`` and hands the run driver its ``run_steps``; ``checks`` makes the flag
-checks that follow from the strategies' declared features.
+checks that follow from the strategies' declared features; ``placing`` turns a config into
+the device, the strategy and the wrapped model.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch import Tensor
 
@@ -89,22 +90,27 @@ class StageStep:
     stops or skips alike, before :class:`StageWindow` counts it), with the stop flag the
     ranks agreed on in the same all-reduce (``agreed``: what the loop checks)."""
 
-    def __init__(self, stop: StopFlag, window: StageWindow) -> None:
-        self.stop, self.window = stop, window
+    def __init__(self, trainer: StageTrainer, stop: StopFlag, window: StageWindow) -> None:
+        self.trainer, self.stop, self.window = trainer, stop, window
         self.agreed = _AgreedStop(stop)
-        # What the step runs per batch: the schedule, or the run hooks' wrapper of it.
-        self.schedule: Callable[[Tensor, Tensor], tuple[bool, float]] = self.run_schedule
+        # What the step calls per batch: the schedule's loss, or the run hooks' wrapper of
+        # it (they see the batch and this step's loss, as in every other strategy).
+        self.loss: Callable[[Tensor, Tensor], Tensor] = self.schedule_loss
+        self._stop_seen = False
 
     def __call__(self, x: Tensor, y: Tensor, samples: int, loss_fn: object) -> StepResult:
-        stop_seen, value = self.schedule(x, y)
-        self.agreed.agree(stop_seen)
+        value = float(self.loss(x, y))
+        self.agreed.agree(self._stop_seen)
         if not math.isfinite(value):  # the loop applies --on-nonfinite (drops the window)
             return value, True, False, None
         return value, False, self.window.add(samples), None
 
-    def run_schedule(self, x: Tensor, y: Tensor) -> tuple[bool, float]:
-        """Every stage's forward and backward of one batch: ``(stop seen, loss)``."""
-        return self.window.trainer.forward_backward(x, y, self.stop.is_set())
+    def schedule_loss(self, x: Tensor, y: Tensor) -> Tensor:
+        """Every stage's forward and backward of one batch (its gradients added to the
+        window's); the loss agreed on every rank, a float64 scalar on the host. The stop
+        flag agreed in the same all-reduce is kept for the step."""
+        self._stop_seen, value = self.trainer.forward_backward(x, y, self.stop.is_set())
+        return torch.tensor(value, dtype=torch.float64)
 
 
 def saved_chunks(checkpoint: Path | None) -> int | None:
@@ -146,10 +152,10 @@ class StageRun(RunSteps):
                                      chunks=trainer.chunks if config.chunks == "auto"
                                      else config.chunks)
         window = StageWindow(trainer, config.accumulate)
-        step = StageStep(ctx.stop, window)
-        position = ctx.position  # the hooks wrap the schedule: before step N's sends
-        step.schedule = ctx.hooks.wrap_loss(step.schedule, lambda: position()[0],
-                                            before="stage schedule (its sends and receives)")
+        step = StageStep(trainer, ctx.stop, window)
+        position = ctx.position  # the hooks wrap the schedule's loss: before step N's sends
+        step.loss = ctx.hooks.wrap_loss(step.loss, lambda: position()[0],
+                                        before="stage schedule (its sends and receives)")
         self.parts = LoopParts(model=model, loss_fn=task.loss, accumulator=window,
                                precision=ctx.precision, device=ctx.device,
                                accumulate=config.accumulate, on_nonfinite=config.on_nonfinite,
