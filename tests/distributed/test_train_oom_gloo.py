@@ -14,6 +14,10 @@ from tests.procs import run_torchrun
 
 WORKER = Path(__file__).with_name("train_oom_worker.py")
 
+# One xdist worker for the module: each loss-read mode's torchrun (~13 s) runs once, not
+# once on each worker that --dist loadgroup would spread the module's tests over.
+pytestmark = pytest.mark.xdist_group("train-oom")
+
 
 @pytest.fixture(scope="module", params=["micro-batch", "step"])
 def reports(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
