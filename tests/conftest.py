@@ -1,6 +1,6 @@
 """Shared test set-up: the gpu marker skips without CUDA; tests run single-threaded
 so two xdist workers share the 2-core CI machine fairly, and ``xdist_group`` marks hold
-under ``--dist loadgroup``; the ``run_device`` fixture."""
+under ``--dist loadgroup``; the ``run_device`` and ``mypy_report`` fixtures."""
 
 from __future__ import annotations
 
@@ -81,12 +81,45 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "run_device" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.device)
+        if "mypy_report" in getattr(item, "fixturenames", ()):
+            # on the worker that already ran mypy for the session (see mypy_report)
+            item.add_marker(pytest.mark.xdist_group("mypy"))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (none visible)")
     for item in items:
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def mypy_report(request: pytest.FixtureRequest,
+                tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+    """``mypy --strict`` run once over the ``MYPY_SNIPPETS`` ({file name: source}) of every
+    collected test module that takes this fixture, against this checkout's ``src``: each
+    file name's output lines (``name:line: error: ...``), and under ``""`` the whole
+    output (for failure messages). One run for all: reading torch's stubs is most of
+    mypy's ~15 s. Imported modules' own errors are not reported (``--follow-imports=silent``);
+    the cache goes to a temporary directory, never into the checkout."""
+    import subprocess
+
+    snippets: dict[str, str] = {}
+    for item in request.session.items:
+        if "mypy_report" in getattr(item, "fixturenames", ()):
+            snippets.update(getattr(getattr(item, "module", None), "MYPY_SNIPPETS", {}))
+    work = tmp_path_factory.mktemp("mypy")
+    for name, source in snippets.items():
+        (work / name).write_text(source, encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent",
+         "--no-error-summary", "--cache-dir", str(work / "cache"), *sorted(snippets)],
+        cwd=work, env={**os.environ, "MYPYPATH": str(SRC)}, capture_output=True, text=True,
+        timeout=300, check=False)
+    lines = done.stdout.splitlines()
+    report = {name: [line for line in lines if line.startswith(f"{name}:")]
+              for name in snippets}
+    report[""] = [*lines, *done.stderr.splitlines()]
+    return report
 
 
 # The suite never writes into the checkout: a run (a test's `fit(out=...)` with a relative

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,15 +21,37 @@ from tests.procs import REPO, run_cli, test_env
 SCRIPT = REPO / "tests" / "distributed" / "fit_lm_script.py"
 
 
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], Path]:
+    """The script run alone (batch 8) on ``samples`` rows, once per module and row count:
+    the reference of the two-process runs below (its output directory)."""
+    runs: dict[int, Path] = {}
+
+    def run(samples: int) -> Path:
+        if samples not in runs:
+            out = tmp_path_factory.mktemp(f"one-{samples}") / "one"
+            one = subprocess.run([sys.executable, str(SCRIPT), str(out), "8",
+                                  f"samples={samples}"],
+                                 capture_output=True, text=True, timeout=120, env=test_env(),
+                                 check=False)
+            assert one.returncode == 0, one.stderr[-3000:]
+            assert "strategy single world 1 models built 1" in one.stdout
+            runs[samples] = out
+        return runs[samples]
+
+    return run
+
+
+# One xdist worker for the tests sharing the one-process reference of 44 rows.
+ONE_PROCESS = pytest.mark.xdist_group("fit-lm-one-process")
+
+
 @pytest.mark.slow
+@ONE_PROCESS
 @pytest.mark.parametrize("samples", [44, 41])  # 41: rank 1's share of the last batch is empty
-def test_two_processes_equal_one(tmp_path: Path, samples: int) -> None:
-    one = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "one"), "8",
-                          f"samples={samples}"],
-                         capture_output=True, text=True, timeout=120, env=test_env(),
-                         check=False)
-    assert one.returncode == 0, one.stderr[-3000:]
-    assert "strategy single world 1 models built 1" in one.stdout
+def test_two_processes_equal_one(tmp_path: Path, samples: int,
+                                 one_process: Callable[[int], Path]) -> None:
+    one = one_process(samples)
     two = run_cli(["launch", "--nproc", "2", str(SCRIPT), str(tmp_path / "two"), "4",
                    f"samples={samples}"],
                   timeout=180)
@@ -36,7 +59,7 @@ def test_two_processes_equal_one(tmp_path: Path, samples: int) -> None:
     assert two.stdout.count("strategy ddp world 2 models built 1") == 2  # once per process
     summary = json.loads((tmp_path / "two" / "summary.json").read_text())
     assert summary["global_batch"] == 8 and summary["world_size"] == 2
-    a = load_file(tmp_path / "one" / "model.safetensors")
+    a = load_file(one / "model.safetensors")
     b = load_file(tmp_path / "two" / "model.safetensors")
     assert a.keys() == b.keys()
     for key in a:
@@ -44,19 +67,18 @@ def test_two_processes_equal_one(tmp_path: Path, samples: int) -> None:
 
 
 @pytest.mark.slow
-def test_fsdp_on_the_tied_lm_equals_one_process(tmp_path: Path) -> None:
+@ONE_PROCESS
+def test_fsdp_on_the_tied_lm_equals_one_process(tmp_path: Path,
+                                                one_process: Callable[[int], Path]) -> None:
     """The test LM ties its head to the token embedding: under fsdp on 2 processes the tied
     blocks are sharded as one unit, and the run trains, saves the tie once and ends with
     one process's weights at the same global batch."""
-    one = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "one"), "8"],
-                         capture_output=True, text=True, timeout=120, env=test_env(),
-                         check=False)
-    assert one.returncode == 0, one.stderr[-3000:]
+    one = one_process(44)  # the script's default row count
     two = run_cli(["launch", "--nproc", "2", str(SCRIPT), str(tmp_path / "two"), "4",
                    "strategy=fsdp"], timeout=180)
     assert two.returncode == 0, two.stderr[-3000:]
     assert two.stdout.count("strategy fsdp world 2 models built 1") == 2
-    a = load_file(tmp_path / "one" / "model.safetensors")
+    a = load_file(one / "model.safetensors")
     b = load_file(tmp_path / "two" / "model.safetensors")
     assert "head.weight" not in b and a.keys() == b.keys()  # the tie is stored once
     with safe_open(tmp_path / "two" / "model.safetensors", "pt") as f:

@@ -224,8 +224,8 @@ def test_an_endpoint_that_is_no_store_is_one_paragraph(nodes: Nodes) -> None:
         thread = threading.Thread(target=accept, daemon=True)
         thread.start()
         endpoint = f"127.0.0.1:{squatter.getsockname()[1]}"
-        try:
-            code, err, took = _finish(nodes.start("--rdzv-timeout", "10", endpoint=endpoint))
+        try:  # 4 s: the launcher sees the port listen on its first probe, 0.2 s in
+            code, err, took = _finish(nodes.start("--rdzv-timeout", "4", endpoint=endpoint))
         finally:
             stop.set()
             thread.join(5)

@@ -21,8 +21,12 @@ from tests.procs import HEAVY, run_cli
 
 pytestmark = [pytest.mark.slow, HEAVY, pytest.mark.timeout(900)]
 
-# 200 samples -> 160 train rows -> 10 micro-batches of 8 per rank per epoch
-# a hang guard for one 400-step run (~40 s on a quiet 2-core machine), restarts included
+# 200 samples -> 160 train rows -> 10 micro-batches of 8 per rank per epoch; 20 epochs:
+# the SIGTERM after the first save (step 5) was seen to stop the run at step 10, a
+# fraction of a second later, far from its end (~8 s of steps on a quiet machine)
+STEPS = 200
+EPOCHS = ["--epochs", str(STEPS // 10)]
+# a hang guard for one 200-step run (~20 s on a quiet 2-core machine), restarts included
 RUN_S = 600.0
 FLAGS = ["train", "--example", "housing", "--data-size", "200", "--batch-size", "8",
          "--progress", "off", "--device", "cpu", "--nproc", "2", "--strategy", "fsdp",
@@ -39,7 +43,7 @@ def _same_weights(a: Path, b: Path) -> None:
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("fsdp") / "full"
-    done = run_cli([*FLAGS, "--epochs", "40", "--out", str(out)], timeout=RUN_S)
+    done = run_cli([*FLAGS, *EPOCHS, "--out", str(out)], timeout=RUN_S)
     assert done.returncode == 0, done.stderr[-3000:]
     return out
 
@@ -47,7 +51,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_sigterm_then_autoresume_equals_the_uninterrupted_run(
         uninterrupted: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    with Session([*FLAGS, "--epochs", "40", "--out", str(out), "--async-save"],
+    with Session([*FLAGS, *EPOCHS, "--out", str(out), "--async-save"],
                  tmp_path) as run:
         run.wait_for(out / "checkpoints" / "latest")
         run.proc.send_signal(signal.SIGTERM)
@@ -56,14 +60,14 @@ def test_sigterm_then_autoresume_equals_the_uninterrupted_run(
     assert not run.leftovers, run.leftovers
     assert code == 0 and "Traceback" not in err, err[-3000:]
     stopped = json.loads((out / "summary.json").read_text())
-    assert stopped["stopped_early"] and stopped["stopped_at_step"] < 400, stopped
+    assert stopped["stopped_early"] and stopped["stopped_at_step"] < STEPS, stopped
     step = stopped["stopped_at_step"]
     checkpoint = out / "checkpoints" / f"step-{step:08d}"
     assert (checkpoint / "shards" / ".metadata").is_file()
     assert len(list((checkpoint / "shards").glob("*.distcp"))) == 2  # one per rank
     verify = run_cli(["ckpt", "verify", str(out)])
     assert verify.returncode == 0 and "sharded: 3 shard files" in verify.stdout, verify.stdout
-    done = run_cli([*FLAGS, "--epochs", "40", "--out", str(out), "--autoresume",
+    done = run_cli([*FLAGS, *EPOCHS, "--out", str(out), "--autoresume",
                     "--async-save"], timeout=RUN_S)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"resuming from {checkpoint}" in done.stderr
@@ -75,7 +79,7 @@ def test_a_crashed_rank_restarts_from_the_async_checkpoint_bitwise(
     """Also: with a gather limit of 0 bytes the final model is written as every rank's
     shards (model-shards/, nothing gathered) and converts to the gathered model."""
     out = tmp_path / "run"
-    done = run_cli([*FLAGS, "--epochs", "40", "--out", str(out), "--max-restarts", "1",
+    done = run_cli([*FLAGS, *EPOCHS, "--out", str(out), "--max-restarts", "1",
                     "--async-save"], timeout=RUN_S,
                    TORCHGPU_FAULT_CRASH_AT_STEP="23", TORCHGPU_FAULT_MARKER=str(tmp_path / "m"),
                    TORCHGPU_FAULT_RANK="1", TORCHGPU_GATHER_LIMIT_BYTES="0")
@@ -84,7 +88,7 @@ def test_a_crashed_rank_restarts_from_the_async_checkpoint_bitwise(
     # from step 20, or 15 when the async save of step 20 was still being written
     assert re.search(r"resuming from \S*step-000000(20|15)", done.stderr), done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["steps"] == 400
+    assert summary["steps"] == STEPS
     assert not (out / "model.safetensors").exists()
     assert summary["files"]["model"] == str(out / "model-shards")
     assert len(list((out / "model-shards" / "shards").glob("*.distcp"))) == 2
@@ -98,7 +102,7 @@ def test_a_crashed_rank_restarts_from_the_async_checkpoint_bitwise(
 
 def test_the_last_checkpoint_converts_to_the_final_model(uninterrupted: Path,
                                                          tmp_path: Path) -> None:
-    last = uninterrupted / "checkpoints" / "step-00000400"
+    last = uninterrupted / "checkpoints" / f"step-{STEPS:08d}"
     assert (uninterrupted / "checkpoints" / "latest").read_text().strip() == last.name
     flat = tmp_path / "model.safetensors"
     done = run_cli(["ckpt", "convert", str(last), str(flat)])
@@ -112,12 +116,13 @@ def test_a_damaged_sharded_checkpoint_named_by_resume_is_one_paragraph(
 
     out = tmp_path / "run"
     shutil.copytree(uninterrupted, out)
-    named = out / "checkpoints" / "step-00000400"
+    named = out / "checkpoints" / f"step-{STEPS:08d}"
     shard = sorted((named / "shards").glob("*.distcp"))[-1]
     data = bytearray(shard.read_bytes())
     data[100] ^= 0x01
     shard.write_bytes(bytes(data))
-    done = run_cli([*FLAGS, "--epochs", "41", "--out", str(out), "--resume", str(named)])
+    done = run_cli([*FLAGS, "--epochs", str(STEPS // 10 + 1), "--out", str(out), "--resume",
+                    str(named)])
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     assert shard.name in done.stderr and "sha256" in done.stderr

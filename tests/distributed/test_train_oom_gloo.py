@@ -14,16 +14,28 @@ from tests.procs import run_torchrun
 
 WORKER = Path(__file__).with_name("train_oom_worker.py")
 
+# One xdist worker for the module: the worker's torchrun (~13 s) runs once, not once on
+# each worker that --dist loadgroup would spread the module's tests over.
+pytestmark = pytest.mark.xdist_group("train-oom")
 
-@pytest.fixture(scope="module", params=["micro-batch", "step"])
-def reports(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
-    # "step": the loss read once per optimizer step, as on an accelerator
-    # (torchgpu.train.loop.loss_reader); "micro-batch": as on the CPU.
-    proc = run_torchrun(WORKER, 2, TEST_LOSS_READ=request.param)
+
+@pytest.fixture(scope="module")
+def both_reads() -> list[dict[str, Any]]:
+    """The worker's rows, rank 0's first: one torchrun runs every scenario in both
+    loss-read modes."""
+    proc = run_torchrun(WORKER, 2)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert sorted(r["rank"] for r in rows) == [0, 1]
     return sorted(rows, key=lambda r: int(r["rank"]))
+
+
+@pytest.fixture(params=["micro-batch", "step"])
+def reports(request: pytest.FixtureRequest,
+            both_reads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    # "step": the loss read once per optimizer step, as on an accelerator
+    # (torchgpu.train.loop.loss_reader); "micro-batch": as on the CPU.
+    return [{"rank": row["rank"], **row[request.param]} for row in both_reads]
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """Worker for test_train_oom_gloo.py: one gloo process group, several DDP scenarios on
-run_epoch, where only rank 1 runs out of memory / sees a NaN loss. Prints one JSON line
-per rank."""
+run_epoch, where only rank 1 runs out of memory / sees a NaN loss, each with the loss read
+per micro-batch (as on the CPU) and then per optimizer step (as on an accelerator). Prints
+one JSON line per rank: {"rank": r, "micro-batch": {scenario: ...}, "step": {...}}."""
 
 from __future__ import annotations
 
@@ -152,14 +153,8 @@ def stop_case() -> dict[str, Any]:
             "same_losses_on_all_ranks": same_everywhere(state.step_losses)}
 
 
-def main() -> None:
-    torch.set_num_threads(1)
-    if os.environ.get("TEST_LOSS_READ") == "step":
-        # What an accelerator does (one read per optimizer step), here on the CPU.
-        loop.per_step_optimizer = lambda device, acc: acc.optimizer  # type: ignore[attr-defined]
-    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
-    report = {
-        "rank": dist.get_rank(),
+def cases() -> dict[str, Any]:
+    return {
         "backoff_1x": backoff_case(64, 1, 16, 16, 4),
         "backoff_window": backoff_case(32, 2, 8, 8, 8),
         "backoff_dropout": backoff_case(64, 1, 16, 16, 4, build=dropout_net),
@@ -169,6 +164,16 @@ def main() -> None:
         "stop": nonfinite_case("stop", 1),
         "stop_flag": stop_case(),
     }
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    report: dict[str, Any] = {"rank": dist.get_rank(), "micro-batch": cases()}
+    # What an accelerator does (one read per optimizer step), here on the CPU; in the
+    # same processes as the per-micro-batch read above, one start-up for both.
+    loop.per_step_optimizer = lambda device, acc: acc.optimizer  # type: ignore[attr-defined]
+    report["step"] = cases()
     # One os.write of line + newline: ranks share stdout, and a print() under
     # PYTHONUNBUFFERED writes text and newline separately, so lines could interleave.
     os.write(1, (json.dumps(report) + "\n").encode())

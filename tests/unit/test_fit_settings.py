@@ -5,16 +5,12 @@ mypy and, at run time, one paragraph naming the closest setting."""
 from __future__ import annotations
 
 import inspect
-import os
-import subprocess
-import sys
 import typing
 from pathlib import Path
 
 import pytest
 from torch import nn
 
-from tests.conftest import SRC
 from torchgpu import fit
 from torchgpu.errors import UsageError
 from torchgpu.train.config import TrainConfig
@@ -82,7 +78,8 @@ def test_an_unknown_setting_names_the_closest(tmp_path: Path, settings: dict[str
     assert not (tmp_path / "run").exists()
 
 
-_SNIPPET = """\
+# checked by the session's one mypy run (tests/conftest.py: mypy_report)
+MYPY_SNIPPETS = {"snippet.py": """\
 from torch import nn
 from torchgpu import fit
 
@@ -90,17 +87,11 @@ fit(nn.Linear(2, 1), [], epochs=3, batch_size="auto", lr=1e-3, resume=True, out=
 fit(nn.Linear(2, 1), [], epoch=3)
 fit(nn.Linear(2, 1), [], epochs="3")
 fit(nn.Linear(2, 1), [], batch_size="big")
-"""
+"""}
 
 
-def test_mypy_refuses_a_misspelt_or_mistyped_setting(tmp_path: Path) -> None:
-    (tmp_path / "snippet.py").write_text(_SNIPPET, encoding="utf-8")
-    proc = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent",
-         "--no-error-summary", "--cache-dir", str(tmp_path / "cache"), "snippet.py"],
-        cwd=tmp_path, env={**os.environ, "MYPYPATH": str(SRC)}, capture_output=True,
-        text=True, timeout=300, check=False)
-    errors = [line for line in proc.stdout.splitlines() if ": error:" in line]
-    assert [line.split(":")[1] for line in errors] == ["5", "6", "7"], proc.stdout + proc.stderr
+def test_mypy_refuses_a_misspelt_or_mistyped_setting(mypy_report: dict[str, list[str]]) -> None:
+    errors = [line for line in mypy_report["snippet.py"] if ": error:" in line]
+    assert [line.split(":")[1] for line in errors] == ["5", "6", "7"], "\n".join(mypy_report[""])
     assert 'Unexpected keyword argument "epoch" for "fit"' in errors[0]
     assert '"epochs"' in errors[1] and '"batch_size"' in errors[2]

@@ -15,7 +15,7 @@ from types import ModuleType
 import pytest
 
 import torchgpu
-from tests.procs import REPO, test_env
+from tests.procs import test_env
 from torchgpu._lazy import export_table
 
 LAZY = ["torchgpu", "torchgpu.devices", "torchgpu.memory", "torchgpu.train"]
@@ -51,18 +51,18 @@ def test_at_most_20_public_names() -> None:
     assert len(export_table(str(torchgpu.__file__))) <= 20
 
 
-def test_the_type_checker_refuses_a_misspelt_name(tmp_path: Path) -> None:
+# checked by the session's one mypy run (tests/conftest.py: mypy_report)
+MYPY_SNIPPETS = {"user.py": "import torchgpu\nimport torchgpu.devices\n"
+                            "ok = torchgpu.to_device\nbad = torchgpu.to_devcie\n"
+                            "worse = torchgpu.devices.lst_devices\n"}
+
+
+def test_the_type_checker_refuses_a_misspelt_name(mypy_report: dict[str, list[str]]) -> None:
     # __getattr__ is out of the type checker's sight: a typo is an error, not Any.
-    user = tmp_path / "user.py"
-    user.write_text("import torchgpu\nimport torchgpu.devices\n"
-                    "ok = torchgpu.to_device\nbad = torchgpu.to_devcie\n"
-                    "worse = torchgpu.devices.lst_devices\n")
-    done = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-incremental",
-                           str(user)], capture_output=True, text=True, timeout=300,
-                          cwd=REPO, env=test_env())
-    assert 'no attribute "to_devcie"' in done.stdout, done.stdout + done.stderr
-    assert 'no attribute "lst_devices"' in done.stdout
-    assert "user.py:3:" not in done.stdout  # the real name type-checks
+    out = "\n".join(mypy_report["user.py"])
+    assert 'no attribute "to_devcie"' in out, "\n".join(mypy_report[""])
+    assert 'no attribute "lst_devices"' in out
+    assert "user.py:3:" not in out  # the real name type-checks
 
 
 def test_an_export_block_is_required(tmp_path: Path) -> None:
