@@ -95,7 +95,9 @@ def run_torchrun(
     cmd = [
         sys.executable, "-m", "torch.distributed.run",
         f"--nproc-per-node={nproc}", "--nnodes=1",
-        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+        # port 0: the agent binds a free port itself (a port picked here first could be taken
+        # by another test before torchrun binds it: its store then never answers)
+        "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0",
         "--max-restarts=0", str(script), *args,
     ]
     return subprocess.run(
