@@ -134,3 +134,12 @@ def test_rdzv_timeout_bounds_and_torchrun_settings() -> None:
     assert f"--rdzv-conf={rdzv_conf(45)}" in args
     assert rdzv_conf(45) == "join_timeout=75,keep_alive_interval=1,keep_alive_max_attempt=3"
     assert not any(a.startswith("--rdzv-conf") for a in torchrun_args(LaunchSpec(), "x.py", []))
+
+
+def test_one_node_lets_the_store_bind_its_own_port() -> None:
+    # A port picked before torchrun binds it can be taken by another job in between (the
+    # agent then waits 60 s on a store that never answers): one node asks for port 0.
+    args = torchrun_args(LaunchSpec(nproc=2), "x.py", [])
+    assert "--rdzv-endpoint=127.0.0.1:0" in args
+    several = torchrun_args(LaunchSpec(nnodes=2, rdzv_endpoint="10.0.0.1:29400"), "x.py", [])
+    assert "--rdzv-endpoint=10.0.0.1:29400" in several

@@ -88,8 +88,8 @@ def check_endpoint(endpoint: str) -> None:
 class LaunchSpec:
     """What to start: ``nproc`` processes on this node, of ``nnodes`` nodes.
 
-    ``rdzv_endpoint`` (HOST:PORT) is required for several nodes; for one node a free
-    loopback port is chosen. ``rdzv_id`` must be the same on every node of one job.
+    ``rdzv_endpoint`` (HOST:PORT) is required for several nodes; for one node the store
+    binds a free loopback port. ``rdzv_id`` must be the same on every node of one job.
     """
 
     nproc: int = 1
@@ -198,10 +198,11 @@ def check_spec(spec: LaunchSpec) -> None:
 
 def torchrun_args(spec: LaunchSpec, target: str, target_args: Sequence[str]) -> list[str]:
     """The argument list for ``torch.distributed.run`` (without the program name)."""
-    from torchgpu.distributed import free_port
-
     check_spec(spec)
-    endpoint = spec.rdzv_endpoint or f"{LOOPBACK}:{free_port(LOOPBACK)}"
+    # One node: port 0, the agent's store binds a free port itself (as torchrun's
+    # --standalone does); a port picked here first could be taken by another job before
+    # the store binds it, and the agent would then wait on a store that never answers.
+    endpoint = spec.rdzv_endpoint or f"{LOOPBACK}:0"
     host = endpoint.rsplit(":", 1)[0]
     args = [
         f"--nnodes={spec.nnodes}",
