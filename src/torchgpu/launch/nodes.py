@@ -1,20 +1,16 @@
 """Several nodes: the rendezvous and the other nodes of a run, each failure named in time.
 
-torchrun's c10d rendezvous (torch's ``DynamicRendezvousHandler``) keeps, in the store at
-``--rdzv-endpoint``, which node agents take part and when each last kept alive. A
-:class:`NodeWatch` (one per launcher of a multi-node run, a thread) reads that state and
-turns what torchrun would wait out silently into one paragraph:
+A :class:`NodeWatch` (one per launcher of a multi-node run, a thread) reads the state
+torchrun's c10d rendezvous keeps in the store at ``--rdzv-endpoint`` (the node agents and
+their keep-alives) and turns what torchrun would wait out silently into one paragraph:
 
-- at the rendezvous: a node that gives another ``--nnodes`` than this one (each launcher
-  records its own in the store) is a :class:`~torchgpu.errors.UsageError` on every node;
-  nodes still missing after ``--rdzv-timeout`` are a :class:`NodesMissingError` naming
-  how many arrived of how many; SIGTERM/SIGINT ends the wait at once (no worker exists
-  yet to pass it on to). These reach the launcher's main thread through ``SIGUSR1``,
-  which interrupts torch's rendezvous loop;
-- while the workers run: a node whose agent stopped keeping alive (its launcher killed,
-  its machine gone) or whose store stopped answering is *lost*: this node's workers are
-  ended at once (their collectives would otherwise wait for ``--collective-timeout``)
-  and :attr:`NodeWatch.lost` names it, with the step this node's ranks had done.
+- at the rendezvous: another ``--nnodes`` on some node is a UsageError on every node;
+  nodes missing after ``--rdzv-timeout`` are a :class:`NodesMissingError`; SIGTERM/SIGINT
+  ends the wait at once. These reach the main thread through ``SIGUSR1``, which
+  interrupts torch's rendezvous loop;
+- while the workers run: a node whose agent stopped keeping alive or whose store stopped
+  answering is *lost*: this node's workers are ended at once (their collectives would
+  wait for ``--collective-timeout``) and :attr:`NodeWatch.lost` names it with the step.
 """
 
 from __future__ import annotations
@@ -42,11 +38,10 @@ from torchgpu.launch.rendezvous import KEEP_ALIVE_MISSES, KEEP_ALIVE_S, tcp_stor
 POLL_S = 0.5
 #: How long one store request of the watch may take before the store counts as gone.
 STORE_TIMEOUT_S = 5.0
-#: After this node's workers failed, how long its launcher waits at most for every other
-#: node to record that its workers ended too, before it exits (with the store, when it
-#: hosts it): so that the others can tell its exit from a loss. A peer's worker must fail
-#: in its collective, exit and be seen by its agent first (2 s was too short under load).
-LINGER_S = 10.0
+#: After this node's workers failed, how long its launcher waits at most for the other
+#: nodes' word (their workers ended, every node's word read) before it exits, with the
+#: store when it hosts it: so that none takes its exit for a loss.
+LINGER_S = 2.0
 _WAKE = signal.SIGUSR1
 
 
@@ -104,8 +99,6 @@ class NodeWatch:
         self._checked = False  # the nodes' --nnodes compared since this round began
         self._failed = False  # this node's workers failed: is a peer's exit its own?
 
-    # -- the launcher's main thread ------------------------------------------------------
-
     @contextmanager
     def installed(self) -> Iterator[NodeWatch]:
         """Watch while the block runs (main thread: SIGUSR1 then raises :attr:`error`)."""
@@ -121,14 +114,18 @@ class NodeWatch:
             signal.signal(_WAKE, previous)
 
     def _linger(self) -> None:
-        """After this node's workers failed: wait (at most LINGER_S) until every other
-        node of the round recorded that its workers ended, or its launcher is gone."""
+        """After this node's workers failed: wait (at most LINGER_S) until every other node
+        of the round recorded that its workers ended and that it read every node's word
+        (so no node reads a store host's exit as a loss), or the store is gone."""
         peers = [node for node in self._round or {} if node != self._me]
-        deadline = time.monotonic() + LINGER_S
+        deadline, told = time.monotonic() + LINGER_S, False
         while self._failed and peers and self.lost is None and time.monotonic() < deadline:
             try:
-                peers = [node for node in peers if not self._store.check(
-                    [self._ended_key(node)])]
+                if not told and all([self._ended(node) for node in peers]):
+                    self._store.set(self._key("seen", self._me), str(self._round_no))
+                    told = True
+                if told and all(self._marked(self._key("seen", node)) for node in peers):
+                    return
             except Exception:  # the store is gone: nobody is left to tell
                 return
             time.sleep(POLL_S / 10)
@@ -205,18 +202,21 @@ class NodeWatch:
         self._succeeded, self._failed = succeeded, not succeeded
         if self._store is not None and self._me is not None:
             with suppress(Exception):  # the store may be gone: then nothing is to be told
-                self._store.set(self._ended_key(self._me), str(self._round_no))
+                self._store.set(self._key("ended", self._me), str(self._round_no))
         if succeeded and self.lost is not None:  # not to wait for it in the exit barrier
             raise NodeLostError(self.lost)
 
-    def _ended_key(self, node: Any) -> str:
-        return f"torchgpu.ended.{self.run_id}.{node!r}"
+    def _key(self, what: str, node: Any) -> str:
+        return f"torchgpu.{what}.{self.run_id}.{node!r}"
+
+    def _marked(self, key: str) -> bool:
+        """Whether ``key`` was recorded in this round."""
+        return bool(self._store.check([key])
+                    and self._store.get(key).decode() == str(self._round_no))
 
     def _ended(self, node: Any) -> bool:
         """Whether ``node``'s workers of this round ended by themselves (not lost)."""
-        key = self._ended_key(node)
-        ended = bool(self._store.check([key])
-                     and self._store.get(key).decode() == str(self._round_no))
+        ended = self._marked(self._key("ended", node))
         self._peer_ended = self._peer_ended or ended
         return ended
 
@@ -231,8 +231,6 @@ class NodeWatch:
                and time.monotonic() < deadline):
             time.sleep(POLL_S / 2)
         return self.lost
-
-    # -- the watch thread -----------------------------------------------------------------
 
     def _watch(self) -> None:
         # after this node's workers failed, look often: a peer whose workers failed too
