@@ -303,6 +303,10 @@ def run(spec: LaunchSpec, target: str, target_args: Sequence[str]) -> int:
                 if watch.report is None:
                     watch.report = watch.after_failure(_aborted_ranks(error))
                 raise
+            except RendezvousError:
+                if nodes is not None:  # a store gone mid-run: its host's loss is named first
+                    nodes.wait_lost()
+                raise
             finally:
                 stop_words[0] = judge.recorded()
                 _restore(STOP_FILE_ENV, previous_record)
