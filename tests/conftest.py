@@ -144,6 +144,23 @@ def _checkout_paths() -> set[str] | None:
     return {p for p in paths if not any(part in p for part in _ALLOWED_IN_CHECKOUT)}
 
 
+def _own_report(config: pytest.Config, path: str) -> bool:
+    """Whether ``path`` (as git names it: a file, or a new folder ending in "/") is or holds
+    the report pytest itself was asked to write (``--junitxml``, ``--resultlog``-like
+    options): the GPU kit keeps its ``--junitxml`` beside its other results."""
+    for option in ("xmlpath", "reportlog"):
+        wanted = getattr(config.option, option, None)
+        if not wanted:
+            continue
+        try:
+            relative = Path(wanted).resolve().relative_to(REPO.resolve()).as_posix()
+        except ValueError:  # outside the checkout
+            continue
+        if relative == path or (path.endswith("/") and relative.startswith(path)):
+            return True
+    return False
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     if not hasattr(session.config, "workerinput"):  # the controller, once per session
         session.config._checkout_before = _checkout_paths()  # type: ignore[attr-defined]
@@ -154,7 +171,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if before is None or hasattr(session.config, "workerinput"):
         return
     after = _checkout_paths() or set()
-    landed = sorted(after - before)
+    landed = sorted(p for p in after - before if not _own_report(session.config, p))
     if landed:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
