@@ -247,3 +247,70 @@ def test_resume_with_workers_is_bitwise_with_random_augmentation(tmp_path: Path)
     a, b, c = (r.model.state_dict() for r in (whole, resumed, other))
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not all(torch.equal(a[k], c[k]) for k in a)  # the seed (and noise) matters
+
+
+def _calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """Records each epoch's iterator start and each evaluation, in order."""
+    from torchgpu.train import runner
+    from torchgpu.train.checkpoints.run_checkpoints import RunCheckpoints
+
+    calls: list[tuple[str, int]] = []
+    start, evaluate = RunCheckpoints.start_epoch, runner._Run._evaluate
+
+    def started(self: Any, loader: Any, seed: int, epoch: int, skip: int = 0) -> Any:
+        calls.append(("start", epoch))
+        return start(self, loader, seed, epoch, skip)
+
+    def evaluated(self: Any, epoch: int, totals: Any) -> None:
+        calls.append(("evaluate", epoch))
+        evaluate(self, epoch, totals)
+
+    monkeypatch.setattr(RunCheckpoints, "start_epoch", started)
+    monkeypatch.setattr(runner._Run, "_evaluate", evaluated)
+    return calls
+
+
+def test_workers_load_the_next_epoch_while_this_one_is_evaluated(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With workers the next epoch's iterator starts before this epoch's evaluation (its
+    workers fork and fill their queues meanwhile); not after the last epoch, and not
+    without workers (nothing to start ahead)."""
+    calls = _calls(monkeypatch)
+    _fit(SlowStep(), Rows(48), tmp_path / "workers", num_workers=2, epochs=3,
+         eval_data=Rows(8))
+    assert calls == [("start", 0), ("start", 1), ("evaluate", 0), ("start", 2),
+                     ("evaluate", 1), ("evaluate", 2)]
+    assert _children() == []
+    calls.clear()
+    _fit(SlowStep(), Rows(48), tmp_path / "in-process", num_workers=0, epochs=2)
+    assert calls == [("start", 0), ("evaluate", 0), ("start", 1), ("evaluate", 1)]
+
+
+def test_the_next_epoch_s_workers_end_when_the_evaluation_fails(tmp_path: Path) -> None:
+    evaluated = {"n": 0}
+
+    def loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if not torch.is_grad_enabled():  # the probe of the held-out split, then epoch 1's
+            evaluated["n"] += 1
+            if evaluated["n"] == 2:
+                raise RuntimeError("the evaluation failed")
+        return nn.functional.mse_loss(out, y)
+
+    with pytest.raises(RuntimeError, match="the evaluation failed") as info:
+        fit(SlowStep(), Rows(64), eval_data=Rows(16), loss=loss, epochs=2, batch_size=8,
+            device="cpu", progress="off", out=tmp_path / "run", num_workers=2)
+    assert info.traceback  # the error, with the runner's frame, is still held here
+    assert _children() == []
+
+
+def test_a_loader_with_workers_seeds_them_from_its_own_generator() -> None:
+    """Not from the global RNG: starting an epoch's iterator leaves it as it was, so
+    when the iterator starts (ahead of an evaluation or not) changes nothing."""
+    for shuffle in (True, False):
+        loader = make_loader(Rows(16), 4, shuffle=shuffle, num_workers=2)
+        assert isinstance(loader.generator, torch.Generator)
+        before = torch.get_rng_state()
+        batches = iter(loader)
+        assert torch.equal(torch.get_rng_state(), before)
+        del batches
+    assert make_loader(Rows(16), 4, shuffle=False, num_workers=0).generator is None

@@ -59,6 +59,8 @@ def make_loader(
       its samples (the training loop does) for results equal to one process's.
     - otherwise, with ``shuffle``: a random order drawn from a ``torch.Generator``
       seeded with ``seed``, so runs repeat exactly and the global RNG is not touched.
+    - with workers, that generator (one of its own without a shuffle) also gives the
+      workers' base seed, never the global RNG.
     - ``pin_memory`` only when ``device`` is CUDA (pinning for the CPU costs time and
       buys nothing); ``num_workers`` defaults to 0, in-memory data needs no workers;
       ``"auto"`` chooses the workers and their prefetching from this process's cores
@@ -95,6 +97,12 @@ def make_loader(
     workers = worker_choice(num_workers, torch.device(device).type if device else "cpu",
                             in_memory=_whole_batches(dataset, dict_pairs)).loader_kwargs()
     distributed = dist is not None and dist.is_distributed
+    # The loader's generator: the shuffled order's source, and with workers their base
+    # seed's, reseeded per epoch by the training loop. Workers get one without a shuffle
+    # too, so their seed never comes from the global RNG and a run's random state does
+    # not depend on when an epoch's iterator starts (train.loop.epoch.loads_ahead).
+    generator = (torch.Generator().manual_seed(seed)
+                 if (shuffle and not distributed) or workers["num_workers"] > 0 else None)
     per_rank = n
     if distributed:
         assert dist is not None
@@ -114,11 +122,12 @@ def make_loader(
                               shuffle=shuffle, seed=seed)
         if collate_fn is None and _whole_batches(dataset, dict_pairs):  # zero rows itself
             return DataLoader(dataset, sampler=shards, batch_size=None,
-                              collate_fn=_contiguous, **workers)
+                              collate_fn=_contiguous, generator=generator, **workers)
         return DataLoader(
             dataset,
             batch_sampler=shards,
             collate_fn=_pairs(EmptyBatchCollate(dataset, collate), dict_pairs),
+            generator=generator,
             **workers,
         )
     if distributed:
@@ -136,10 +145,10 @@ def make_loader(
             batch_size=batch_size,
             sampler=sampler,
             collate_fn=_pairs(collate, dict_pairs),
+            generator=generator,
             **workers,
             drop_last=drop_last,
         )
-    generator = torch.Generator().manual_seed(seed) if shuffle else None
     if collate_fn is None and _whole_batches(dataset, dict_pairs):
         # The sampler DataLoader would build, batched; ``generator`` stays the loader's
         # (the training loop reseeds it per epoch).

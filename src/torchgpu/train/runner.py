@@ -42,7 +42,14 @@ from torchgpu.train.fingerprints import fingerprints
 from torchgpu.train.guards.agreement import share_stop
 from torchgpu.train.guards.auto_batch import apply_auto_batch, batch_line
 from torchgpu.train.guards.stop_deadline import StopDeadline
-from torchgpu.train.loop.epoch import EpochTotals, agreed_steps, run_epoch, sync_now
+from torchgpu.train.loop.epoch import (
+    EpochBatches,
+    EpochTotals,
+    agreed_steps,
+    loads_ahead,
+    run_epoch,
+    sync_now,
+)
 from torchgpu.train.observe.data_wait import DataWait
 from torchgpu.train.observe.observers import Observers
 from torchgpu.train.observe.progress import NullProgress, make_progress, memory_reader
@@ -197,12 +204,13 @@ class _Run:
         try:
             deadline = StopDeadline(self.stop, config.stop_timeout, ckpt.saving,
                                     lambda: ckpt.last_saved)
+            ahead: EpochBatches | None = None  # the next epoch's batches, already loading
             with self.stop.installed(), deadline.watching():
                 for epoch in range(state.epoch, config.epochs):
                     if state.batch_in_epoch == 0 or state.epoch != epoch:
                         state.begin_epoch(epoch)
-                    batches = ckpt.start_epoch(self.train_loader, config.seed, epoch,
-                                               state.batch_in_epoch)
+                    batches, ahead = ahead or ckpt.start_epoch(
+                        self.train_loader, config.seed, epoch, state.batch_in_epoch), None
                     fetched: Iterator[Any] = batches
                     if self.device.type == "cuda":  # copies overlap compute on a side stream
                         from torchgpu.transfer import Prefetcher
@@ -219,8 +227,14 @@ class _Run:
                         batches.close()  # the epoch's DataLoader workers end here, error or not
                     if self._stopped(epoch, totals, deadline):
                         break
+                    if epoch + 1 < config.epochs and loads_ahead(self.train_loader):
+                        # The workers start on the next epoch's first batches during this
+                        # one's evaluation, not after it (see loads_ahead).
+                        ahead = ckpt.start_epoch(self.train_loader, config.seed, epoch + 1)
                     self._evaluate(epoch, totals)
         finally:
+            if ahead is not None:
+                ahead.close()
             self.progress.close()
             self.watch.close(state)
         return self._finish()

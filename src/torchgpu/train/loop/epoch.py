@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.utils.data import DataLoader
 
 from torchgpu.data.batches import batch_rows
 from torchgpu.launch.stop_record import StopFlag
@@ -109,6 +110,19 @@ def start_epoch(loader: Iterable[Any], seed: int, epoch: int, skip: int = 0) -> 
     if begin is not None:  # a stream (torchgpu.data.stream_loader) skips inside its pass
         skip = begin(epoch, skip)
     return EpochBatches(iter(loader), skip)
+
+
+def loads_ahead(loader: Iterable[Any]) -> bool:
+    """Whether the next epoch's iterator may be started before this epoch's evaluation,
+    so its DataLoader workers fork and fill their queues while the model is evaluated
+    rather than at the next epoch's first batch (with short epochs that start-up was most
+    of the time a GPU waited for data: one worker decodes a whole batch before the first
+    arrives). Only a plain ``DataLoader`` with workers and its own generator: starting its
+    iterator then draws nothing from the global RNG (the workers' base seed comes from the
+    generator :func:`start_epoch` seeds per epoch), so the run's random state, and a
+    resumed run's, are the same whenever it starts."""
+    return (type(loader) is DataLoader and loader.num_workers > 0
+            and isinstance(loader.generator, torch.Generator))
 
 
 def sync_now(parts: LoopParts) -> bool:
