@@ -263,13 +263,25 @@ class _Run:
         self.ckpt.stopped(state, self.buffer, self.batches_per_epoch)  # save, say how to resume
         return True
 
+    def _evaluated(self) -> Any:
+        """The strategy's evaluation of the held-out split; its DataLoader workers, if
+        any, end when it does, even on an error (whose traceback holds the iterator)."""
+        loader = self.test_loader
+        if not getattr(loader, "num_workers", 0):
+            return self.steps.evaluate(loader)
+        batches = EpochBatches(iter(loader))
+        try:
+            return self.steps.evaluate(batches)
+        finally:
+            batches.close()
+
     def _evaluate(self, epoch: int, totals: EpochTotals) -> None:
         """The epoch's evaluation and record (metrics.jsonl, observers, progress)."""
         state, beat, config = self.state, self.beat, self.config
         assert config.epochs is not None
         with beat.during("evaluation") if beat is not None else nullcontext():
             try:
-                result = self.steps.evaluate(self.test_loader)
+                result = self._evaluated()
             except Exception as error:
                 if isinstance(error, DistributedError) or collective_failure(error):
                     raise  # a peer's failure: no collective save can follow
@@ -334,10 +346,20 @@ def _loaders(data: Task, config: TrainConfig, shard: Shard,
                                    seed=config.seed, dist=shard, device=device,
                                    num_workers=config.num_workers, pad=False,
                                    dict_pairs=data.dict_batches, collate_fn=data.collate_items)
-    test_loader: Any = (make_loader(data.test, data.eval_batch(config.batch_size),
-                                    shuffle=False, device=device, dict_pairs=data.dict_batches,
-                                    collate_fn=data.collate_items)
-                        if data.test is not None else [])
+    test, batch = data.test, data.eval_batch(config.batch_size)
+    if test is None:
+        return train_loader, []
+
+    def held_out(workers: int | str) -> Any:
+        return make_loader(test, batch, shuffle=False,
+                           device=device, num_workers=workers, dict_pairs=data.dict_batches,
+                           collate_fn=data.collate_items)
+
+    # The held-out split loads as the training split does (a __getitem__ that decodes
+    # is as slow in either), with no more workers than it has batches.
+    test_loader = held_out(config.num_workers)
+    if test_loader.num_workers > len(test_loader):
+        test_loader = held_out(len(test_loader))
     return train_loader, test_loader
 
 
