@@ -157,6 +157,11 @@ class GradAccumulator:
         weakref.finalize(self, handle.remove)
 
     @property
+    def scales_loss(self) -> bool:
+        """Whether a loss scaler (fp16's GradScaler) runs backward, unscale and step."""
+        return self._scaling is not None
+
+    @property
     def steps(self) -> int:
         return self._steps
 

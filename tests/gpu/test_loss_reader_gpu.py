@@ -30,7 +30,12 @@ def _model() -> nn.Module:
     return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 1)).cuda()
 
 
-def _syncs(accumulate: int, precision: str) -> tuple[int, int, list[str]]:
+def _never(step: int) -> bool:
+    return False
+
+
+def _syncs(accumulate: int, precision: str, *, late: bool = False
+           ) -> tuple[int, int, list[str]]:
     """Synchronising calls between the end of the first and of the last optimizer step of
     an epoch (steady state: the epoch's start and end are not steps), the steps between,
     and where each call was made (Python's warning location)."""
@@ -52,7 +57,8 @@ def _syncs(accumulate: int, precision: str) -> tuple[int, int, list[str]]:
         torch.cuda.set_sync_debug_mode("warn")
         try:
             run_epoch(parts, batches[4 * accumulate:], state, on_step=on_step,
-                      batches_per_epoch=len(batches) - 4 * accumulate)
+                      batches_per_epoch=len(batches) - 4 * accumulate,
+                      settle=_never if late else None)
         finally:
             torch.cuda.set_sync_debug_mode(0)
     between = seen[marks[0]:marks[-1]]
@@ -85,6 +91,39 @@ def test_a_nan_loss_on_cuda_never_reaches_the_weights() -> None:
     kept: list[list[torch.Tensor]] = []
     with pytest.raises(NonFiniteLossError, match="at step 3 "):
         run_epoch(parts, _batches(8), TrainState(), batches_per_epoch=8,
+                  on_step=lambda s: kept.append([p.detach().clone() for p in model.parameters()]))
+    assert len(kept) == 2
+    for before, now in zip(kept[-1], model.parameters(), strict=True):
+        assert torch.equal(before, now.detach())
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_late_reads_make_no_host_sync_between_steps(precision: str) -> None:
+    """With the fused Adam torchgpu builds on CUDA and ``settle`` (as the runner passes
+    it), each window's losses are read one step late from pinned memory: no synchronising
+    call between the first and the last step's record."""
+    if precision == "bf16" and not torch.cuda.is_bf16_supported():
+        pytest.skip("this GPU has no bf16")
+    syncs, steps, where = _syncs(1, precision, late=True)
+    assert steps == 7
+    assert syncs == 0, f"{syncs} synchronising calls in {steps} optimizer steps: {where}"
+
+
+def test_a_nan_loss_read_late_on_cuda_never_reaches_the_weights() -> None:
+    device = torch.device("cuda")
+    calls = 0
+
+    def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        nonlocal calls
+        calls += 1
+        loss = nn.functional.mse_loss(out, y)
+        return loss * math.nan if calls == 3 else loss
+
+    model = _model()
+    parts = loop_parts(model, device, batch_size=32, lr=1e-3, loss_fn=loss_fn, samples=32 * 8)
+    kept: list[list[torch.Tensor]] = []
+    with pytest.raises(NonFiniteLossError, match="at step 3 "):
+        run_epoch(parts, _batches(8), TrainState(), batches_per_epoch=8, settle=_never,
                   on_step=lambda s: kept.append([p.detach().clone() for p in model.parameters()]))
     assert len(kept) == 2
     for before, now in zip(kept[-1], model.parameters(), strict=True):

@@ -69,7 +69,9 @@ def _data(samples: int = 100, seed: int = 0) -> list[tuple[torch.Tensor, torch.T
 
 def _train(accumulate: int, *, precision: str = "fp32", loss_fn: Any = None,
            on_nonfinite: str = "stop", count: bool = False,
-           seen: list[list[torch.Tensor]] | None = None) -> tuple[nn.Module, TrainState, int]:
+           seen: list[list[torch.Tensor]] | None = None,
+           settle: Any = None, stop: Any = None,
+           events: list[tuple[str, int]] | None = None) -> tuple[nn.Module, TrainState, int]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(13, 16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, 1))
     batches = _data()
@@ -78,13 +80,18 @@ def _train(accumulate: int, *, precision: str = "fp32", loss_fn: Any = None,
                        on_nonfinite=on_nonfinite, samples=100)
     state = TrainState()
 
-    def on_step(_: TrainState) -> None:
+    def on_step(done: TrainState) -> None:
         if seen is not None:
             seen.append([p.detach().clone() for p in model.parameters()])
+        if events is not None:
+            events.append(("step", done.step))
 
+    if events is not None:
+        model.register_forward_hook(lambda *_: events.append(("forward", len(events))))
     counter = SyncCounter()
     with counter if count else _nothing():
-        run_epoch(parts, batches, state, batches_per_epoch=len(batches), on_step=on_step)
+        run_epoch(parts, batches, state, batches_per_epoch=len(batches), on_step=on_step,
+                  settle=settle, stop=stop)
     return model, state, counter.total
 
 
@@ -187,3 +194,187 @@ def test_fit_reading_per_step_gives_the_run_it_gives_reading_per_micro_batch(
     assert a.summary["final"]["train_loss"] == b.summary["final"]["train_loss"]
     for key, value in a.model.state_dict().items():
         assert torch.equal(b.model.state_dict()[key], value), key
+
+
+# -- late reads: one step late, no sync, the step skipped on the device's word ----------
+
+
+@pytest.fixture
+def fused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Torch's fused Adam (CUDA's choice; it runs on the CPU too): its step takes the
+    device-side skip flag late reads need."""
+    from torchgpu.train.recipe import optimizers
+
+    monkeypatch.setattr(optimizers, "kernel_options", lambda params: {"fused": True})
+
+
+def _never(step: int) -> bool:
+    return False
+
+
+def _forwards_before_steps(events: list[tuple[str, int]]) -> list[int]:
+    """For each step's on_step, how many forwards had run by then."""
+    found, forwards = [], 0
+    for kind, _ in events:
+        if kind == "forward":
+            forwards += 1
+        else:
+            found.append(forwards)
+    return found
+
+
+def test_late_reads_train_exactly_as_reading_per_micro_batch(
+        fused: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen_a: list[list[torch.Tensor]] = []
+    model_a, state_a, _ = _train(1, seen=seen_a)  # the CPU's choice: per micro-batch
+    monkeypatch.setattr(loop, "per_step_optimizer", lambda device, acc: acc.optimizer)
+    seen_b: list[list[torch.Tensor]] = []
+    events: list[tuple[str, int]] = []
+    model_b, state_b, _ = _train(1, seen=seen_b, settle=_never, events=events)
+    # Each step's on_step ran after the next batch's forward (read late), the last one at
+    # the epoch's end; and saw the weights of its own step, not the next one's.
+    assert _forwards_before_steps(events) == [*range(2, 14), 13]
+    assert state_b.step_losses == state_a.step_losses and state_b.step == 13
+    assert state_b.epoch_loss_sum == state_a.epoch_loss_sum
+    for step_a, step_b in zip(seen_a, seen_b, strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(step_a, step_b, strict=True))
+    for a, b in zip(_weights(model_a), _weights(model_b), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_step_that_must_be_exact_settles_at_its_own_boundary(
+        fused: None, per_step: None) -> None:
+    """A checkpoint due every 4 steps (``settle``), or the stop flag: those steps'
+    on_step runs before the next forward."""
+    events: list[tuple[str, int]] = []
+    _train(1, settle=lambda step: step % 4 == 0, events=events)
+    assert _forwards_before_steps(events) == [2, 3, 4, 4, 6, 7, 8, 8, 10, 11, 12, 12, 13]
+    from torchgpu.launch.stop_record import StopFlag
+
+    stop, events = StopFlag(), []
+
+    def stopper(step: int) -> bool:
+        if step == 5:
+            stop.set("test")  # as a signal arriving at step 5's boundary
+        return False
+
+    _, state, _ = _train(1, settle=stopper, stop=stop, events=events)
+    assert state.step == 5 and state.batch_in_epoch == 5  # stopped at that boundary
+    assert _forwards_before_steps(events) == [2, 3, 4, 5, 5]  # step 5 settled first
+
+
+@pytest.mark.parametrize("nan_at", [3, 13])  # a step in the middle; the epoch's last
+def test_a_nan_loss_read_late_never_reaches_the_weights(
+        fused: None, per_step: None, nan_at: int) -> None:
+    seen: list[list[torch.Tensor]] = []
+    with pytest.raises(NonFiniteLossError, match=rf"loss nan on rank 0 at step {nan_at} "):
+        _train(1, loss_fn=NanAt(nan_at), seen=seen, settle=_never)
+    assert len(seen) == nan_at - 1  # the steps before it recorded, none after
+    # The same run reading per micro-batch stops at the same step with the same weights.
+    reference: list[list[torch.Tensor]] = []
+    loop_choice = loop.per_step_optimizer
+    try:
+        loop.per_step_optimizer = lambda device, acc: None  # type: ignore[assignment]
+        with pytest.raises(NonFiniteLossError, match=rf"at step {nan_at} "):
+            _train(1, loss_fn=NanAt(nan_at), seen=reference)
+    finally:
+        loop.per_step_optimizer = loop_choice  # type: ignore[assignment]
+    for a, b in zip(seen[-1], reference[-1], strict=True):
+        assert torch.equal(a, b) and bool(torch.isfinite(a).all())
+
+
+def test_the_weights_after_a_nan_read_late_are_the_last_good_step_s(
+        fused: None, per_step: None) -> None:
+    """The step with the NaN was skipped by the fused kernel (its step count restored);
+    the next one never ran: the model ends with the weights of the step before."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(13, 16), nn.ReLU(), nn.Linear(16, 1))
+    parts = loop_parts(model, torch.device("cpu"), batch_size=8, lr=1e-2,
+                       loss_fn=NanAt(4), samples=100)
+    kept: list[list[torch.Tensor]] = []
+    with pytest.raises(NonFiniteLossError, match="at step 4 "):
+        run_epoch(parts, _data(), TrainState(), batches_per_epoch=13, settle=_never,
+                  on_step=lambda s: kept.append(_weights(model)))
+    assert len(kept) == 3
+    assert all(torch.equal(a, b) for a, b in zip(kept[-1], _weights(model), strict=True))
+    optimizer = parts.accumulator.optimizer  # type: ignore[attr-defined]
+    assert {float(s["step"]) for s in optimizer.state.values()} == {3.0}
+    assert not hasattr(optimizer, "found_inf")  # the loop's flag left with the loop
+
+
+@pytest.mark.parametrize(("change", "late"), [
+    ({}, True), ({"accumulate": 2}, False), ({"on_nonfinite": "skip"}, False),
+    ({"fused": False}, False), ({"scaled": True}, False)])
+def test_which_runs_read_late(change: dict[str, Any], late: bool) -> None:
+    """Late reads need a step the device can skip (a fused kernel, no loss scaler setting
+    the flag itself), one micro-batch a step and --on-nonfinite stop."""
+    from torchgpu.train.loop.loss_reader import reads_late
+
+    param = nn.Parameter(torch.ones(2))
+    optimizer = torch.optim.AdamW([param], fused=change.get("fused", True))
+
+    class Acc:
+        scales_loss = change.get("scaled", False)
+
+    assert reads_late(optimizer, Acc(), accumulate=change.get("accumulate", 1),
+                      on_nonfinite=change.get("on_nonfinite", "stop")) is late
+
+
+def test_fit_reading_late_writes_the_records_and_checkpoints_of_reading_per_micro_batch(
+        fused: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``fit`` on the accelerator's path with a fused optimizer reads late (no sync per
+    step) and settles at each --save-every step: its step records, checkpoints and final
+    weights are those of the CPU's per-micro-batch reads."""
+    from torchgpu.train.loop import loss_reader
+
+    def run(name: str) -> Any:
+        return fit(lm_factory, TokenDataset(48), epochs=2, batch_size=8, out=tmp_path / name,
+                   progress="off", log_every=1, save_every=2)
+
+    def steps(name: str) -> list[str]:
+        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        return [line for line in lines if '"kind": "step"' in line]
+
+    a = run("a")
+    modes: list[bool] = []
+    made = loss_reader.LossReader.__init__
+
+    def spy(self: Any, *args: Any, **kwargs: Any) -> None:
+        made(self, *args, **kwargs)
+        modes.append(self.late)
+
+    monkeypatch.setattr(loss_reader.LossReader, "__init__", spy)
+    monkeypatch.setattr(loop, "per_step_optimizer", lambda device, acc: acc.optimizer)
+    b = run("b")
+    assert modes == [True, True]  # both epochs read late
+    assert len(steps("b")) == 12 and steps("b") == steps("a")
+    saved = sorted(p.name for p in (tmp_path / "a" / "checkpoints").glob("step-*"))
+    assert saved == sorted(p.name for p in (tmp_path / "b" / "checkpoints").glob("step-*"))
+    assert saved
+    for name in saved:  # weights, optimizer, RNG (dropout) and position: the same
+        a_dir, b_dir = (tmp_path / run_name / "checkpoints" / name for run_name in "ab")
+        assert ((a_dir / "model.safetensors").read_bytes()
+                == (b_dir / "model.safetensors").read_bytes()), name
+        _assert_same(torch.load(a_dir / "state.pt", weights_only=False),
+                     torch.load(b_dir / "state.pt", weights_only=False), name)
+    for key, value in a.model.state_dict().items():
+        assert torch.equal(b.model.state_dict()[key], value), key
+
+
+TIMED = ("per_s", "seconds", "time", "wall")  # measured, so never equal between runs
+
+
+def _assert_same(a: Any, b: Any, where: str) -> None:
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            if not any(word in str(key) for word in TIMED):
+                _assert_same(a[key], b[key], f"{where}/{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _assert_same(x, y, f"{where}/{i}")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), where
+    elif not (isinstance(a, float) and math.isnan(a) and math.isnan(b)):
+        assert a == b, where

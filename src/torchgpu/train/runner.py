@@ -190,6 +190,12 @@ class _Run:
             start.hooks.after_step(ckpt.step_hook(), steps.stop, ckpt.sync)))
         self.on_step = StepLog(out_dir, self.buffer, config.log_every,
                                lambda: agreed_steps(parts)).wrap(on_step)
+        # Where the loop may read the losses a step late (no sync per step): every step's
+        # on_step then runs at the next step's start, except where a checkpoint is due.
+        # Not with the run's hooks (a step limit must stop at its step) nor profiling
+        # (its steps are the loop's).
+        self.settle = (ckpt.saves_at if not start.hooks.hooks and self.watch.profiler is None
+                       else None)
         self.train_seconds = 0.0
         self.started = 0.0  # train()'s start: the summary's wall time runs to its end
         self.stopped_at: int | None = None  # the step the loop stopped at on a stop flag
@@ -222,7 +228,8 @@ class _Run:
                         totals = run_epoch(self.parts, fetched, state,
                                            batches_per_epoch=self.batches_per_epoch,
                                            stop=steps.stop, on_step=self.on_step,
-                                           progress=self.progress, records=self.buffer.steps)
+                                           progress=self.progress, records=self.buffer.steps,
+                                           settle=self.settle)
                     finally:
                         batches.close()  # the epoch's DataLoader workers end here, error or not
                     if self._stopped(epoch, totals, deadline):

@@ -135,5 +135,10 @@ class TrainEpoch:
             batches = iter(Prefetcher(batches, self.device))
         run_epoch(self.parts, batches, state, batches_per_epoch=len(self.batches),
                   stop=self.stop, on_step=self.on_step, progress=self.progress,
-                  records=self.buffer.steps)
+                  records=self.buffer.steps, settle=_no_save)
         state.begin_epoch(state.epoch + 1)
+
+
+def _no_save(step: int) -> bool:
+    """The runner's ``settle`` without ``--save-every``: no step needs its exact state."""
+    return False

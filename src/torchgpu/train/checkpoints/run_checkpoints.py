@@ -274,6 +274,10 @@ class RunCheckpoints:
 
     # -- during the run ---------------------------------------------------------------
 
+    def saves_at(self, step: int) -> bool:
+        """Whether ``on_step`` saves after optimizer step ``step`` (``--save-every``)."""
+        return self.save_every is not None and step % self.save_every == 0
+
     def step_hook(self) -> Callable[[TrainState], None] | None:
         """The loop's ``on_step``, or ``None`` when nothing happens per step."""
         if self.save_every is None:
@@ -287,7 +291,7 @@ class RunCheckpoints:
         save every rank calls ``sync`` (:func:`loop.sync_now`) here (the same steps on
         every rank, so the collective matches) so the checkpoint holds the global loss
         history."""
-        if self.save_every is None or state.step % self.save_every != 0:
+        if not self.saves_at(state.step):
             return
         if self.sync is not None:
             self.sync()

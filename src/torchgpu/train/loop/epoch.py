@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 from torchgpu.data.batches import batch_rows
 from torchgpu.launch.stop_record import StopFlag
 from torchgpu.train.guards.agreement import FiniteGuard, NonFiniteGradients
-from torchgpu.train.loop.loss_reader import LossReader, per_step_optimizer
+from torchgpu.train.loop.loss_reader import LossReader, per_step_optimizer, reads_late
 from torchgpu.train.loop.micro_step import MicroStep
 from torchgpu.train.loop.parts import LoopParts, ProgressSink, Window
 from torchgpu.train.loop.tail import TailWindows
@@ -153,6 +153,7 @@ def run_epoch(
     on_step: Callable[[TrainState], None] | None = None,
     progress: ProgressSink | None = None,
     records: list[tuple[int, int, float]] | None = None,
+    settle: Callable[[int], bool] | None = None,
 ) -> EpochTotals:
     """Train over ``batches`` (the rest of epoch ``state.epoch``), advancing ``state``.
 
@@ -162,7 +163,14 @@ def run_epoch(
     ``(step, epoch, loss)`` per optimizer step. Returns at the epoch end or at the first
     boundary where the stop flag is set (under DDP: agreed); ``stopped`` is True when the
     flag ended it, even at the epoch's last boundary. A non-finite loss is acted on
-    (``parts.on_nonfinite``) before the optimizer step: the weights never see it."""
+    (``parts.on_nonfinite``) before the optimizer step: the weights never see it.
+
+    ``settle`` (None: never) lets the loop read the losses one step late where the
+    optimizer can skip a step on the device's word (``loss_reader.reads_late``): no host
+    sync per step; a step's record and ``on_step`` then run at the next step's start,
+    except at the steps for which ``settle(step)`` is True (a checkpoint is due: its
+    ``on_step`` must see the step's exact state), when the stop flag is set, and at the
+    epoch's last step, which settle at their own boundary (one sync)."""
     acc, device, target_device = parts.accumulator, parts.device, parts.target_device
     move = parts.move_batches
     records = [] if records is None else records
@@ -172,12 +180,21 @@ def run_epoch(
     hooked = per_step_optimizer(device, acc)
     guard, stop_here, stop_at_end = _agreement(parts, state, records, stop,
                                                hook=hooked is None)
-    reader = LossReader(hooked, guard) if hooked is not None else None
+    late = (hooked is not None and settle is not None and guard is None
+            and parts.step is None
+            and reads_late(hooked, acc, accumulate=parts.accumulate,
+                           on_nonfinite=parts.on_nonfinite))
+    reader = LossReader(hooked, guard, late=late) if hooked is not None else None
     # The stage pipeline brings its own step (one schedule over every stage); every other
     # strategy: forward, loss, backward through the accumulator, back-off and guard inside.
     step = parts.step if parts.step is not None else MicroStep(parts, guard, reader).run
     losses = WindowLosses(state, records, acc, on_step=on_step, on_nonfinite=parts.on_nonfinite,
                           rank=parts.rank, distributed=guard is not None, reader=reader)
+    if late:
+        assert reader is not None and settle is not None
+        reader.before_step = losses.settle
+    settles = settle if settle is not None else _always
+    flagged = stop.is_set if stop is not None else _never
     window = parts.accumulate
     tail = TailWindows(parts.layout, window, batches_per_epoch, parts.loss_fn)
     tail_from = tail.start  # sys.maxsize: no short batch in this epoch
@@ -190,6 +207,7 @@ def run_epoch(
     next_ui = started + UI_INTERVAL_S
 
     def totals(stopped: bool) -> EpochTotals:
+        losses.settle()  # a held window is recorded before the epoch's totals
         _restore_window(acc, window, free=device.type != "cpu")
         return EpochTotals(state.batch_in_epoch - first_batch, state.samples - first_sample,
                            time.perf_counter() - started, stopped, waited)
@@ -219,7 +237,8 @@ def run_epoch(
             state.samples += n
             losses.add(value, bad, logged, outcome)
             if acc.pending == 0:  # a boundary (stepped, skipped, dropped or replayed)
-                losses.close(stepped)
+                losses.close(stepped, hold=late and state.batch_in_epoch < batches_per_epoch
+                             and not flagged() and not settles(state.step + 1))
                 if stop_here():
                     return totals(True)
             if progress is not None:
@@ -228,6 +247,7 @@ def run_epoch(
                     next_ui = now + UI_INTERVAL_S
                     progress.update(state, losses.last, (state.samples - first_sample)
                                     / max(now - started, 1e-9))
+        losses.settle()
         if acc.pending:  # a loader that yielded fewer batches than batches_per_epoch
             losses.close(_flush(acc, losses))
         # The epoch's losses become the global means, and the ranks agree on the stop flag
@@ -259,6 +279,10 @@ def _agreement(parts: LoopParts, state: TrainState, records: list[tuple[int, int
 
 def _never() -> bool:
     return False
+
+
+def _always(step: int) -> bool:
+    return True
 
 
 def _moved(x: Any, y: Any, device: torch.device) -> tuple[Any, Any]:

@@ -20,7 +20,7 @@ from torchgpu.train.loop.outcome import BatchOutcome
 from torchgpu.train.state import TrainState
 
 if TYPE_CHECKING:
-    from torchgpu.train.loop.loss_reader import LossReader
+    from torchgpu.train.loop.loss_reader import LossCopy, LossReader
     from torchgpu.train.loop.parts import Window
 
 StepRecords = list[tuple[int, int, float]]
@@ -48,6 +48,8 @@ class WindowLosses:
         self.bad = False  # DDP: a non-finite local loss in this window (for the message)
         self.factors: list[float] = []  # logged factors of losses still on the device
         self.last = math.nan  # the latest loss known on the host (for the progress line)
+        # Late reads (LossReader.late): the last step's window, until settle() reads it.
+        self._held: tuple[LossCopy, list[float]] | None = None
 
     def add(self, value: float | None, bad: bool, logged: float,
             outcome: BatchOutcome | None) -> None:
@@ -83,20 +85,58 @@ class WindowLosses:
             state.epoch_loss_count += count - self.count
             self.sum, self.count = total, count
 
-    def close(self, stepped: bool) -> None:
+    def close(self, stepped: bool, *, hold: bool = False) -> None:
         """At an optimizer-step boundary (stepped, skipped by the GradScaler or dropped):
-        record the step when the optimizer stepped, then start a new window."""
-        if self.factors and not self._fold():
+        record the step when the optimizer stepped, then start a new window.
+
+        ``hold`` (late reads: the reader copied the window's losses in the step's
+        pre-hook): keep the window, unread, until :meth:`settle` (the next step's
+        pre-hook, or the loop before it returns) records it."""
+        self.settle()
+        reader = self.reader
+        if hold and stepped and self.factors and reader is not None:
+            copy = reader.copied()
+            if copy is not None:
+                self._held, self.factors = (copy, self.factors), []
+                return
+        if self.factors and not self._fold(self.reader_values(), self._take_factors()):
             return  # a non-finite loss the step's check did not see (a skipped step)
         if stepped:
-            state = self.state
-            state.step += 1
-            mean = self.sum / self.count if self.count else math.nan
-            state.step_losses.append(mean)
-            self.records.append((state.step, state.epoch, mean))
-            if self.on_step is not None:
-                self.on_step(state)
+            self._record()
         self.sum, self.count, self.bad = 0.0, 0, False
+
+    def settle(self) -> None:
+        """Late reads: the window held since the last step, read (its copy is done by
+        now), folded into the sums and recorded with its ``on_step``, or its non-finite
+        loss acted on (``stop`` raises: the step was skipped on the device, the next one
+        has not run). Nothing when no window is held."""
+        held, self._held = self._held, None
+        if held is None:
+            return
+        copy, factors = held
+        # The window in progress has no losses on the host yet (one micro-batch a step).
+        progress = self.sum, self.count, self.bad
+        self.sum, self.count, self.bad = 0.0, 0, False
+        if self._fold(copy.values(), factors):
+            self._record()
+        self.sum, self.count, self.bad = progress
+
+    def reader_values(self) -> list[float]:
+        assert self.reader is not None  # factors are kept only with a reader
+        return self.reader.take()
+
+    def _take_factors(self) -> list[float]:
+        factors, self.factors = self.factors, []
+        return factors
+
+    def _record(self) -> None:
+        state = self.state
+        state.step += 1
+        mean = self.sum / self.count if self.count else math.nan
+        state.step_losses.append(mean)
+        self.records.append((state.step, state.epoch, mean))
+        if self.on_step is not None:
+            self.on_step(state)
 
     def drop(self, local: bool) -> None:
         """DDP: the window's all-reduced gradients are non-finite on every rank (checked
@@ -127,13 +167,11 @@ class WindowLosses:
         state.skipped_steps += 1
         self.sum, self.count, self.bad = 0.0, 0, False
 
-    def _fold(self) -> bool:
-        """The window's losses read off the device (one sync unless the step's pre-hook
-        read them) into the sums. False when one process found a non-finite loss there
-        (``--on-nonfinite`` applied: the window is gone)."""
-        assert self.reader is not None  # factors are kept only with a reader
-        values, factors = self.reader.take(), self.factors
-        self.factors = []
+    def _fold(self, values: list[float], factors: list[float]) -> bool:
+        """The window's losses read off the device (``values``: one sync unless the
+        step's pre-hook read them; ``factors``: each one's logged factor) into the sums.
+        False when one process found a non-finite loss there (``--on-nonfinite``
+        applied: the window is gone)."""
         state = self.state
         for value, logged in zip(values, factors, strict=False):
             if not math.isfinite(value):
