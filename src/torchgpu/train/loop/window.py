@@ -92,7 +92,8 @@ class WindowLosses:
         ``hold`` (late reads: the reader copied the window's losses in the step's
         pre-hook): keep the window, unread, until :meth:`settle` (the next step's
         pre-hook, or the loop before it returns) records it."""
-        self.settle()
+        if self._held is not None:
+            self.settle()
         reader = self.reader
         if hold and stepped and self.factors and reader is not None:
             copy = reader.copied()
