@@ -205,6 +205,10 @@ def test_workers_end_with_the_run_on_error_and_on_stop(tmp_path: Path) -> None:
     stopped = train_until(3, config, task=task)
     assert stopped.summary["stopped_early"]
     assert _children() == []
+    # At step 6 of 8 the next epoch's workers already run (started with 4 batches left)
+    later = TrainConfig(**{**config.__dict__, "out": str(tmp_path / "later")})
+    assert train_until(6, later, task=task).summary["stopped_early"]
+    assert _children() == []
 
 
 #: Set in the child pytest that runs a test in an interpreter of its own.
@@ -270,16 +274,32 @@ def _calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
     return calls
 
 
-def test_workers_load_the_next_epoch_while_this_one_is_evaluated(
+def _trained(calls: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """``calls`` with each run of training forwards as one ("train", count) entry."""
+    merged: list[tuple[str, int]] = []
+    for kind, n in calls:
+        if kind == "forward" and merged and merged[-1][0] == "train":
+            merged[-1] = ("train", merged[-1][1] + 1)
+        else:
+            merged.append(("train", 1) if kind == "forward" else (kind, n))
+    return merged
+
+
+def test_workers_load_the_next_epoch_while_this_one_ends(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With workers the next epoch's iterator starts before this epoch's evaluation (its
-    workers fork and fill their queues meanwhile); not after the last epoch, and not
-    without workers (nothing to start ahead)."""
+    """With workers the next epoch's iterator starts once this epoch's last batches are
+    in the workers' queues (2 workers x 2 batches: 4 of its 6 batches left), so its
+    workers fork and fill their queues while those train and the model is evaluated; not
+    after the last epoch, and not without workers (nothing to start ahead)."""
     calls = _calls(monkeypatch)
-    _fit(SlowStep(), Rows(48), tmp_path / "workers", num_workers=2, epochs=3,
-         eval_data=Rows(8))
-    assert calls == [("start", 0), ("start", 1), ("evaluate", 0), ("start", 2),
-                     ("evaluate", 1), ("evaluate", 2)]
+    model = SlowStep()
+    model.register_forward_hook(
+        lambda module, args, out: calls.append(("forward", 0)) if module.training else None)
+    _fit(model, Rows(48), tmp_path / "workers", num_workers=2, epochs=3, eval_data=Rows(8))
+    assert _trained(calls) == [("train", 1), ("start", 0),  # the probe's forward first
+                               ("train", 2), ("start", 1), ("train", 4), ("evaluate", 0),
+                               ("train", 2), ("start", 2), ("train", 4), ("evaluate", 1),
+                               ("train", 6), ("evaluate", 2)]
     assert _children() == []
     calls.clear()
     _fit(SlowStep(), Rows(48), tmp_path / "in-process", num_workers=0, epochs=2)

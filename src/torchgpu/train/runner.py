@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -210,13 +210,26 @@ class _Run:
         try:
             deadline = StopDeadline(self.stop, config.stop_timeout, ckpt.saving,
                                     lambda: ckpt.last_saved)
-            ahead: EpochBatches | None = None  # the next epoch's batches, already loading
+            ahead: list[EpochBatches] = []  # the next epoch's batches, already loading
+            epochs = config.epochs
+
+            def next_epoch(epoch: int) -> Callable[[], None] | None:
+                """Starts epoch ``epoch``'s loading (once), where the loader allows it."""
+                if epoch >= epochs or not loads_ahead(self.train_loader):
+                    return None
+
+                def start() -> None:
+                    if not ahead:
+                        ahead.append(ckpt.start_epoch(self.train_loader, config.seed, epoch))
+                return start
+
             with self.stop.installed(), deadline.watching():
                 for epoch in range(state.epoch, config.epochs):
                     if state.batch_in_epoch == 0 or state.epoch != epoch:
                         state.begin_epoch(epoch)
-                    batches, ahead = ahead or ckpt.start_epoch(
-                        self.train_loader, config.seed, epoch, state.batch_in_epoch), None
+                    batches = ahead.pop() if ahead else ckpt.start_epoch(
+                        self.train_loader, config.seed, epoch, state.batch_in_epoch)
+                    start_next = next_epoch(epoch + 1)
                     fetched: Iterator[Any] = batches
                     if self.device.type == "cuda":  # copies overlap compute on a side stream
                         from torchgpu.transfer import Prefetcher
@@ -229,19 +242,18 @@ class _Run:
                                            batches_per_epoch=self.batches_per_epoch,
                                            stop=steps.stop, on_step=self.on_step,
                                            progress=self.progress, records=self.buffer.steps,
-                                           settle=self.settle)
+                                           settle=self.settle, ahead=start_next,
+                                           ahead_left=_in_flight(self.train_loader))
                     finally:
                         batches.close()  # the epoch's DataLoader workers end here, error or not
                     if self._stopped(epoch, totals, deadline):
                         break
-                    if epoch + 1 < config.epochs and loads_ahead(self.train_loader):
-                        # The workers start on the next epoch's first batches during this
-                        # one's evaluation, not after it (see loads_ahead).
-                        ahead = ckpt.start_epoch(self.train_loader, config.seed, epoch + 1)
+                    if start_next is not None:  # an epoch shorter than the workers' queues
+                        start_next()
                     self._evaluate(epoch, totals)
         finally:
-            if ahead is not None:
-                ahead.close()
+            for started in ahead:
+                started.close()
             self.progress.close()
             self.watch.close(state)
         return self._finish()
@@ -337,6 +349,14 @@ class _Run:
                                   state.step_lrs)
         return TrainResult(config, summary, state, tuple(self.records), steps.result_model,
                            out_dir, self.notes)
+
+
+def _in_flight(loader: Any) -> int:
+    """The batches a DataLoader's workers hold in flight (requested, not yet trained on):
+    once no more than these are left, the epoch's indices are all handed out and the
+    next epoch's workers may start (``run_epoch``'s ``ahead``)."""
+    workers = int(getattr(loader, "num_workers", 0) or 0)
+    return workers * int(getattr(loader, "prefetch_factor", None) or 2)
 
 
 def _loaders(data: Task, config: TrainConfig, shard: Shard,

@@ -113,14 +113,14 @@ def start_epoch(loader: Iterable[Any], seed: int, epoch: int, skip: int = 0) -> 
 
 
 def loads_ahead(loader: Iterable[Any]) -> bool:
-    """Whether the next epoch's iterator may be started before this epoch's evaluation,
-    so its DataLoader workers fork and fill their queues while the model is evaluated
-    rather than at the next epoch's first batch (with short epochs that start-up was most
-    of the time a GPU waited for data: one worker decodes a whole batch before the first
-    arrives). Only a plain ``DataLoader`` with workers and its own generator: starting its
-    iterator then draws nothing from the global RNG (the workers' base seed comes from the
-    generator :func:`start_epoch` seeds per epoch), so the run's random state, and a
-    resumed run's, are the same whenever it starts."""
+    """Whether the next epoch's iterator may be started before this epoch ends, so its
+    DataLoader workers fork and fill their queues while this epoch's last batches train
+    and it is evaluated, rather than at the next epoch's first batch (with short epochs
+    that start-up was most of the time a GPU waited for data: one worker decodes a whole
+    batch before the first arrives). Only a plain ``DataLoader`` with workers and its own
+    generator: starting its iterator then draws nothing from the global RNG (the workers'
+    base seed comes from the generator :func:`start_epoch` seeds per epoch), so the run's
+    random state, and a resumed run's, are the same whenever it starts."""
     return (type(loader) is DataLoader and loader.num_workers > 0
             and isinstance(loader.generator, torch.Generator))
 
@@ -154,6 +154,8 @@ def run_epoch(
     progress: ProgressSink | None = None,
     records: list[tuple[int, int, float]] | None = None,
     settle: Callable[[int], bool] | None = None,
+    ahead: Callable[[], None] | None = None,
+    ahead_left: int = 0,
 ) -> EpochTotals:
     """Train over ``batches`` (the rest of epoch ``state.epoch``), advancing ``state``.
 
@@ -170,7 +172,11 @@ def run_epoch(
     sync per step; a step's record and ``on_step`` then run at the next step's start,
     except at the steps for which ``settle(step)`` is True (a checkpoint is due: its
     ``on_step`` must see the step's exact state), when the stop flag is set, and at the
-    epoch's last step, which settle at their own boundary (one sync)."""
+    epoch's last step, which settle at their own boundary (one sync).
+
+    ``ahead`` is called once, when ``ahead_left`` batches of the epoch are left to train
+    on: the runner starts the next epoch's DataLoader workers there (``loads_ahead``), so
+    they fork and fill their queues while this epoch's last batches train."""
     acc, device, target_device = parts.accumulator, parts.device, parts.target_device
     move = parts.move_batches
     records = [] if records is None else records
@@ -235,6 +241,9 @@ def run_epoch(
             value, bad, stepped, outcome = step(x, y, n, loss_fn)
             state.batch_in_epoch += 1
             state.samples += n
+            if ahead is not None and batches_per_epoch - state.batch_in_epoch <= ahead_left:
+                ahead()
+                ahead = None
             losses.add(value, bad, logged, outcome)
             if acc.pending == 0:  # a boundary (stepped, skipped, dropped or replayed)
                 losses.close(stepped, hold=late and state.batch_in_epoch < batches_per_epoch
