@@ -102,7 +102,8 @@ def auto_choice(cores: int, processes: int, device_type: str, *, in_memory: bool
     generator, which keeps a resumed run exact (a persistent worker carries its random
     state from epoch to epoch, and a resumed run cannot recreate it); that costs a
     fork per worker per epoch, which the training run hides by starting the next epoch's
-    iterator while it evaluates (:func:`torchgpu.train.loop.epoch.loads_ahead`).
+    iterator while an epoch's last batches train
+    (:func:`torchgpu.train.loop.epoch.loads_ahead`).
     """
     pin = device_type == "cuda"
     workers = 0
