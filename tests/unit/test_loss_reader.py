@@ -297,6 +297,8 @@ def test_the_weights_after_a_nan_read_late_are_the_last_good_step_s(
                   on_step=lambda s: kept.append(_weights(model)))
     assert len(kept) == 3
     assert all(torch.equal(a, b) for a, b in zip(kept[-1], _weights(model), strict=True))
+    assert all(p.grad is None for p in model.parameters())  # step 5's gradients dropped
+    assert parts.accumulator.pending == 0
     optimizer = parts.accumulator.optimizer  # type: ignore[attr-defined]
     assert {float(s["step"]) for s in optimizer.state.values()} == {3.0}
     assert not hasattr(optimizer, "found_inf")  # the loop's flag left with the loop
@@ -378,3 +380,58 @@ def _assert_same(a: Any, b: Any, where: str) -> None:
         assert torch.equal(a, b), where
     elif not (isinstance(a, float) and math.isnan(a) and math.isnan(b)):
         assert a == b, where
+
+
+class OomOnce:
+    """MSE; out of memory on the ``at``-th call (once); with ``nan_small`` a NaN for any
+    micro-batch under 8 rows (the back-off's halves)."""
+
+    def __init__(self, at: int, *, nan_small: bool = False) -> None:
+        self.calls, self.at, self.nan_small = 0, at, nan_small
+
+    def __call__(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == self.at:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        loss = nn.functional.mse_loss(out, y)
+        return loss * math.nan if self.nan_small and out.shape[0] < 8 else loss
+
+
+@pytest.mark.parametrize("nan_small", [False, True])
+def test_the_out_of_memory_back_off_comes_after_a_window_held_by_late_reads(
+        fused: None, monkeypatch: pytest.MonkeyPatch, nan_small: bool) -> None:
+    """Step 4 is held when step 5's forward runs out of memory: it is recorded before the
+    back-off logs and replays step 5 (the log names step 5); a NaN in the replay stops at
+    step 5 with step 4 recorded: as when each loss is read as it comes."""
+
+    def train(late: bool) -> tuple[TrainState, list[int], str]:
+        if late:
+            monkeypatch.setattr(loop, "per_step_optimizer", lambda device, acc: acc.optimizer)
+        else:
+            monkeypatch.undo()
+            from torchgpu.train.recipe import optimizers
+
+            monkeypatch.setattr(optimizers, "kernel_options", lambda params: {"fused": True})
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(13, 16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, 1))
+        state = TrainState()
+        parts = loop_parts(model, torch.device("cpu"), batch_size=8, lr=1e-2, state=state,
+                           loss_fn=OomOnce(5, nan_small=nan_small), samples=100)
+        logged: list[int] = []
+        assert parts.backoff is not None
+        parts.backoff._on_event = lambda event: logged.append(state.step + 1)
+        error = ""
+        try:
+            run_epoch(parts, _data(), state, batches_per_epoch=13,
+                      settle=_never if late else None)
+        except NonFiniteLossError as stopped:
+            error = str(stopped).split(":")[0]
+        return state, logged, error
+
+    late, logged, error = train(True)
+    reference, logged_ref, error_ref = train(False)
+    assert logged == logged_ref == [5]
+    assert error == error_ref and (error.startswith("loss nan on rank 0 at step 5 ")
+                                   if nan_small else not error)
+    assert late.step_losses == reference.step_losses
+    assert len(late.step_losses) == (4 if nan_small else 13)

@@ -49,8 +49,10 @@ class EpochTotals:
     # Of ``seconds``, the host time spent blocked in ``next()`` on the batches: waiting
     # for the loader (its workers, or __getitem__ and collation in this process) and, on
     # CUDA, the prefetcher queueing the next copy. No device sync is added to measure
-    # it; the loop reads each micro-batch's loss (a sync), so little GPU work is still
-    # queued while it waits, and the share is the time the GPU starves for data.
+    # it. On an accelerator the loop syncs at most once per optimizer step, and reading
+    # the losses late not at all: the host may then run up to about a step ahead, so
+    # part of a wait can be hidden behind queued GPU work and the share can overstate
+    # how long the GPU itself starved (never understate it).
     data_wait_s: float = 0.0
 
     @property
@@ -171,8 +173,8 @@ def run_epoch(
     optimizer can skip a step on the device's word (``loss_reader.reads_late``): no host
     sync per step; a step's record and ``on_step`` then run at the next step's start,
     except at the steps for which ``settle(step)`` is True (a checkpoint is due: its
-    ``on_step`` must see the step's exact state), when the stop flag is set, and at the
-    epoch's last step, which settle at their own boundary (one sync).
+    ``on_step`` must see the step's exact state), which settle at their own boundary (one
+    sync), as do a stop's step and the epoch's last, before the loop returns.
 
     ``ahead`` is called once, when ``ahead_left`` batches of the epoch are left to train
     on: the runner starts the next epoch's DataLoader workers there (``loads_ahead``), so
@@ -200,7 +202,6 @@ def run_epoch(
         assert reader is not None and settle is not None
         reader.before_step = losses.settle
     settles = settle if settle is not None else _always
-    flagged = stop.is_set if stop is not None else _never
     window = parts.accumulate
     tail = TailWindows(parts.layout, window, batches_per_epoch, parts.loss_fn)
     tail_from = tail.start  # sys.maxsize: no short batch in this epoch
@@ -213,7 +214,7 @@ def run_epoch(
     next_ui = started + UI_INTERVAL_S
 
     def totals(stopped: bool) -> EpochTotals:
-        losses.settle()  # a held window is recorded before the epoch's totals
+        losses.settle()  # a held window (the last step, or a stop's) is recorded first
         _restore_window(acc, window, free=device.type != "cpu")
         return EpochTotals(state.batch_in_epoch - first_batch, state.samples - first_sample,
                            time.perf_counter() - started, stopped, waited)
@@ -246,8 +247,7 @@ def run_epoch(
                 ahead = None
             losses.add(value, bad, logged, outcome)
             if acc.pending == 0:  # a boundary (stepped, skipped, dropped or replayed)
-                losses.close(stepped, hold=late and state.batch_in_epoch < batches_per_epoch
-                             and not flagged() and not settles(state.step + 1))
+                losses.close(stepped, hold=late and not settles(state.step + 1))
                 if stop_here():
                     return totals(True)
             if progress is not None:
@@ -256,7 +256,6 @@ def run_epoch(
                     next_ui = now + UI_INTERVAL_S
                     progress.update(state, losses.last, (state.samples - first_sample)
                                     / max(now - started, 1e-9))
-        losses.settle()
         if acc.pending:  # a loader that yielded fewer batches than batches_per_epoch
             losses.close(_flush(acc, losses))
         # The epoch's losses become the global means, and the ranks agree on the stop flag

@@ -121,6 +121,8 @@ class MicroStep:
             if backoff is None or not is_oom(error):
                 raise
             if self.reader is not None:
+                if self.reader.before_step is not None:  # late reads: the last step first,
+                    self.reader.before_step()  # so the back-off logs and replays after it
                 self.reader.clear()  # the back-off replays the window and reads it itself
             loss = None  # the failed try's graph (and its activations): freed before the replay
             outcome = backoff.recover(error, self._window(x, y), self._forwarded)

@@ -118,7 +118,12 @@ class WindowLosses:
         # The window in progress has no losses on the host yet (one micro-batch a step).
         progress = self.sum, self.count, self.bad
         self.sum, self.count, self.bad = 0.0, 0, False
-        if self._fold(copy.values(), factors):
+        try:
+            folded = self._fold(copy.values(), factors)
+        except NonFiniteLossError:
+            self.acc.reset()  # the next step's gradients, computed already, go too
+            raise
+        if folded:
             self._record()
         self.sum, self.count, self.bad = progress
 
