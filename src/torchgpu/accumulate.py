@@ -10,9 +10,8 @@ batch's mean. Under DistributedDataParallel the gradient all-reduce is skipped
 (``no_sync``) on the k-1 non-boundary micro-steps; the boundary step all-reduces the
 accumulated sum once.
 
-DDP decides at a forward whether the *next backward* all-reduces (whichever graph it
-is: the first backward after a forward run outside ``no_sync`` reduces the whole
-accumulated ``.grad``). The accumulator watches each DDP forward, so it knows at each
+DDP decides at a forward whether the *next backward* all-reduces (the first backward
+after a forward outside ``no_sync`` reduces the whole accumulated ``.grad``). The accumulator watches each DDP forward, so it knows at each
 backward whether DDP reduced in it. When the window's last backward was not such a
 one -- all forwards run before their backwards, forwards outside ``micro_step``, a
 mixture -- the window's gradients are all-reduced by hand before the step (averaging
@@ -94,8 +93,8 @@ class GradAccumulator:
     count for sample weighting, or None), ``pending`` (micro-steps in the current
     window), ``skipped_steps`` (optimizer steps the GradScaler skipped for inf/NaN
     gradients), ``optimizer_steps`` (steps really applied), ``last_grad_norm`` (the
-    total norm before clipping at the last boundary, a tensor, or None).
-    """
+    total norm before clipping at the last boundary, a tensor, or None), ``scales_loss``
+    (a loss scaler, fp16's GradScaler, runs backward, unscale and step)."""
 
     def __init__(
         self,
@@ -124,6 +123,7 @@ class GradAccumulator:
             precision if precision is not None and getattr(precision, "scaler", True)
             is not None else None)
         self.clip_norm: float | None = None if clip_norm is None else float(clip_norm)
+        self.scales_loss = self._scaling is not None  # read-only
         self._plain_step = self._scaling is None and not zero_after_step
         self._ddp = find_ddp(model)
         # DDP arms its reducer at a forward run outside no_sync; the next backward then
@@ -155,11 +155,6 @@ class GradAccumulator:
 
         handle = ddp.register_forward_hook(seen)
         weakref.finalize(self, handle.remove)
-
-    @property
-    def scales_loss(self) -> bool:
-        """Whether a loss scaler (fp16's GradScaler) runs backward, unscale and step."""
-        return self._scaling is not None
 
     @property
     def steps(self) -> int:

@@ -12,12 +12,11 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from torchgpu.collectives import gather_objects
@@ -31,7 +30,7 @@ from torchgpu.errors import (
 )
 from torchgpu.launch.heartbeat import Heartbeat, collective_failure
 from torchgpu.launch.stop_record import StopFlag
-from torchgpu.train import schedule, stream_run
+from torchgpu.train import run_data, schedule, stream_run
 from torchgpu.train.assemble import Assembly, assemble, settle
 from torchgpu.train.checkpoints.autoresume import RunFinished, continue_hint
 from torchgpu.train.checkpoints.finished import finished_result
@@ -46,7 +45,6 @@ from torchgpu.train.loop.epoch import (
     EpochBatches,
     EpochTotals,
     agreed_steps,
-    loads_ahead,
     run_epoch,
     sync_now,
 )
@@ -70,7 +68,6 @@ from torchgpu.train.run_session import named_hangs, process_group
 from torchgpu.train.state import TrainState
 from torchgpu.train.strategies import placing as build
 from torchgpu.train.strategies.run_steps import StepContext
-from torchgpu.train.strategies.shard import Shard
 from torchgpu.train.task import Task, spreads_inputs
 
 
@@ -134,7 +131,7 @@ class _Run:
         self.stop, self.beat, self.out_dir, self.is_main = stop, beat, out_dir, out_dir is not None
         self.precision = Precision(config.precision, device)
         shard = strategy.shard(rank, world)
-        self.train_loader, self.test_loader = _loaders(data, config, shard, device)
+        self.train_loader, self.test_loader = run_data.loaders(data, config, shard, device)
         steps = self.steps = strategy.steps(StepContext(
             config=config, rank=rank, world=world, agree=agree, device=device, task=data,
             model=model, precision=self.precision, stop=stop, out_dir=out_dir,
@@ -207,29 +204,17 @@ class _Run:
         assert config.epochs is not None
         self.started = time.perf_counter()
         self.progress.start(config.epochs, self.batches_per_epoch, state.epoch)
+        starts = run_data.EpochStarts(self.train_loader, config.seed, config.epochs,
+                                      ckpt.start_epoch)
         try:
             deadline = StopDeadline(self.stop, config.stop_timeout, ckpt.saving,
                                     lambda: ckpt.last_saved)
-            ahead: list[EpochBatches] = []  # the next epoch's batches, already loading
-            epochs = config.epochs
-
-            def next_epoch(epoch: int) -> Callable[[], None] | None:
-                """Starts epoch ``epoch``'s loading (once), where the loader allows it."""
-                if epoch >= epochs or not loads_ahead(self.train_loader):
-                    return None
-
-                def start() -> None:
-                    if not ahead:
-                        ahead.append(ckpt.start_epoch(self.train_loader, config.seed, epoch))
-                return start
-
             with self.stop.installed(), deadline.watching():
                 for epoch in range(state.epoch, config.epochs):
                     if state.batch_in_epoch == 0 or state.epoch != epoch:
                         state.begin_epoch(epoch)
-                    batches = ahead.pop() if ahead else ckpt.start_epoch(
-                        self.train_loader, config.seed, epoch, state.batch_in_epoch)
-                    start_next = next_epoch(epoch + 1)
+                    batches = starts.begin(epoch, state.batch_in_epoch)
+                    start_next = starts.ahead_of(epoch + 1)
                     fetched: Iterator[Any] = batches
                     if self.device.type == "cuda":  # copies overlap compute on a side stream
                         from torchgpu.transfer import Prefetcher
@@ -243,7 +228,7 @@ class _Run:
                                            stop=steps.stop, on_step=self.on_step,
                                            progress=self.progress, records=self.buffer.steps,
                                            settle=self.settle, ahead=start_next,
-                                           ahead_left=_in_flight(self.train_loader))
+                                           ahead_left=starts.in_flight)
                     finally:
                         batches.close()  # the epoch's DataLoader workers end here, error or not
                     if self._stopped(epoch, totals, deadline):
@@ -252,8 +237,7 @@ class _Run:
                         start_next()
                     self._evaluate(epoch, totals)
         finally:
-            for started in ahead:
-                started.close()
+            starts.close()
             self.progress.close()
             self.watch.close(state)
         return self._finish()
@@ -349,45 +333,6 @@ class _Run:
                                   state.step_lrs)
         return TrainResult(config, summary, state, tuple(self.records), steps.result_model,
                            out_dir, self.notes)
-
-
-def _in_flight(loader: Any) -> int:
-    """The batches a DataLoader's workers hold in flight (requested, not yet trained on):
-    once no more than these are left, the epoch's indices are all handed out and the
-    next epoch's workers may start (``run_epoch``'s ``ahead``)."""
-    workers = int(getattr(loader, "num_workers", 0) or 0)
-    return workers * int(getattr(loader, "prefetch_factor", None) or 2)
-
-
-def _loaders(data: Task, config: TrainConfig, shard: Shard,
-             device: torch.device) -> tuple[Any, Any]:
-    """The training loader (this rank's share: a stream's, or the data set's) and the
-    evaluation loader (an empty list without a test split)."""
-    from torchgpu.data import make_loader
-
-    assert config.batch_size is not None
-    train_loader: Any = stream_run.train_loader(data, config, shard.rank, shard.world_size,
-                                                device)
-    if train_loader is None:
-        train_loader = make_loader(data.train, config.batch_size, shuffle=True,
-                                   seed=config.seed, dist=shard, device=device,
-                                   num_workers=config.num_workers, pad=False,
-                                   dict_pairs=data.dict_batches, collate_fn=data.collate_items)
-    test, batch = data.test, data.eval_batch(config.batch_size)
-    if test is None:
-        return train_loader, []
-
-    def held_out(workers: int | str) -> Any:
-        return make_loader(test, batch, shuffle=False,
-                           device=device, num_workers=workers, dict_pairs=data.dict_batches,
-                           collate_fn=data.collate_items)
-
-    # The held-out split loads as the training split does (a __getitem__ that decodes
-    # is as slow in either), with no more workers than it has batches.
-    test_loader = held_out(config.num_workers)
-    if test_loader.num_workers > len(test_loader):
-        test_loader = held_out(len(test_loader))
-    return train_loader, test_loader
 
 
 def _open_out_dir(out_dir: Path, config: TrainConfig, start: RunStart,

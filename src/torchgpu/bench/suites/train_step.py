@@ -135,7 +135,8 @@ class TrainEpoch:
             batches = iter(Prefetcher(batches, self.device))
         run_epoch(self.parts, batches, state, batches_per_epoch=len(self.batches),
                   stop=self.stop, on_step=self.on_step, progress=self.progress,
-                  records=self.buffer.steps, settle=_no_save)
+                  records=self.buffer.steps, settle=_no_save,
+                  ahead=None, ahead_left=0)  # batches made before: no workers to start
         state.begin_epoch(state.epoch + 1)
 
 
