@@ -11,14 +11,14 @@ batch's mean. Under DistributedDataParallel the gradient all-reduce is skipped
 accumulated sum once.
 
 DDP decides at a forward whether the *next backward* all-reduces (the first backward
-after a forward outside ``no_sync`` reduces the whole accumulated ``.grad``). The accumulator watches each DDP forward, so it knows at each
-backward whether DDP reduced in it. When the window's last backward was not such a
-one -- all forwards run before their backwards, forwards outside ``micro_step``, a
-mixture -- the window's gradients are all-reduced by hand before the step (averaging
-is linear, so parts DDP already averaged stay right) and DDP is asked to broadcast its
-buffers at the next forward, as after one of its own synchronised steps. Every order
-of forwards and backwards thus steps on the same gradients on every rank; the
-interleaved order keeps DDP's all-reduce overlapped with the backward.
+after a forward outside ``no_sync`` reduces the whole accumulated ``.grad``). The
+accumulator watches each DDP forward, so it knows at each backward whether DDP reduced
+in it. When the window's last backward was not such a one -- all forwards run before
+their backwards, forwards outside ``micro_step``, a mixture -- the window's gradients
+are all-reduced by hand before the step (averaging is linear, so parts DDP already
+averaged stay right) and DDP is asked to broadcast its buffers at the next forward, as
+after one of its own synchronised steps: every order steps on the same gradients on
+every rank; the interleaved one overlaps DDP's all-reduce with the backward.
 
 Usage, per micro-batch (the forward inside ``micro_step``: DDP decides at forward time
 whether the coming backward all-reduces, and overlaps it with that backward)::
