@@ -118,18 +118,16 @@ class LossReader:
     def _read(self) -> list[float]:
         if self._values is not None:
             return self._values
-        if self._copy is not None:  # late reads, read now after all
-            self._values = self.copied().values()  # type: ignore[union-attr]
+        copy = self.copied()
+        if copy is not None:  # late reads, read now after all
+            self._values = copy.values()
             return self._values
         probes = self._guard.probes() if self._guard is not None else []
         tensors = self.pending + probes
         if not tensors:
             self._values, self._probes = [], []
             return self._values
-        device = tensors[0].device
-        # One transfer for the whole window: a reshape is a view, the cat one kernel.
-        flat = torch.cat([t.reshape(-1).to(device=device, dtype=torch.float32)
-                          for t in tensors]).tolist()
+        flat = _flat(tensors).tolist()  # one transfer for the whole window
         count = sum(t.numel() for t in self.pending)
         self._values, self._probes = flat[:count], flat[count:]
         return self._values
@@ -151,12 +149,19 @@ class LossReader:
         if not self.pending:  # a step the back-off replays: it reads its losses itself
             optimizer.found_inf = None
             return
-        flat = torch.cat([t.reshape(-1).to(torch.float32) for t in self.pending])
+        flat = _flat(self.pending)
         bad = torch.isfinite(flat).all().logical_not().to(torch.float32)  # 0-dim, as the
         optimizer.found_inf = bad  # GradScaler's: the fused kernel skips on 1, no sync
         optimizer.grad_scale = None
         self._copy = LossCopy(flat)
         self.pending = []
+
+
+def _flat(tensors: list[Tensor]) -> Tensor:
+    """``tensors`` as one float32 vector on the first one's device (a reshape is a view,
+    the cat one kernel)."""
+    device = tensors[0].device
+    return torch.cat([t.reshape(-1).to(device=device, dtype=torch.float32) for t in tensors])
 
 
 class LossCopy:

@@ -100,7 +100,7 @@ class WindowLosses:
             if copy is not None:
                 self._held, self.factors = (copy, self.factors), []
                 return
-        if self.factors and not self._fold(self.reader_values(), self._take_factors()):
+        if self.factors and not self._fold(*self._read_window()):
             return  # a non-finite loss the step's check did not see (a skipped step)
         if stepped:
             self._record()
@@ -127,13 +127,12 @@ class WindowLosses:
             self._record()
         self.sum, self.count, self.bad = progress
 
-    def reader_values(self) -> list[float]:
+    def _read_window(self) -> tuple[list[float], list[float]]:
+        """The window's losses (read off the device) and their logged factors; the
+        window starts anew."""
         assert self.reader is not None  # factors are kept only with a reader
-        return self.reader.take()
-
-    def _take_factors(self) -> list[float]:
         factors, self.factors = self.factors, []
-        return factors
+        return self.reader.take(), factors
 
     def _record(self) -> None:
         state = self.state
