@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 from typing import Any
 
 from torchgpu.data import ExampleData
 from torchgpu.examples import housing
+from torchgpu.stop_signals import STOP_SIGNALS
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.task import Task
 
@@ -80,15 +83,39 @@ def data_handoff(config: TrainConfig, data: ExampleData | None) -> Iterator[None
     from torchgpu.data.handoff import save_example
 
     previous = os.environ.get(HANDOFF_ENV)
-    with tempfile.TemporaryDirectory(prefix="torchgpu-data-") as tmp:
+    # A stop signal raises where it lands: held while the directory is made (so that it
+    # exists only inside the try that removes it) and while it is removed.
+    mask = _hold_stops()
+    tmp: str | None = None
+    try:
+        tmp = tempfile.mkdtemp(prefix="torchgpu-data-")
+        _release(mask)  # a stop that came meanwhile lands here, inside the try
         path = os.path.join(tmp, "data.npz")
         save_example(data, path, key=_source_key(config))
         del data  # the caller drops its copy too while the workers run
         os.environ[HANDOFF_ENV] = path
+        yield
+    finally:
+        _hold_stops()
         try:
-            yield
-        finally:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
             if previous is None:
                 os.environ.pop(HANDOFF_ENV, None)
             else:
                 os.environ[HANDOFF_ENV] = previous
+        finally:
+            _release(mask)
+
+
+def _hold_stops() -> set[int] | None:
+    """Block the stop signals (delivered when released); the mask before, or None where
+    signals cannot be blocked."""
+    if not hasattr(signal, "pthread_sigmask"):
+        return None
+    return set(signal.pthread_sigmask(signal.SIG_BLOCK, set(STOP_SIGNALS)))
+
+
+def _release(mask: set[int] | None) -> None:
+    if mask is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
