@@ -10,24 +10,28 @@ a medium one (4 x 512), one epoch over the same pre-made batches with:
   progress sink, step records; the Prefetcher on CUDA);
 - ``Lightning Fabric`` and ``Accelerate``: their documented minimal loops, when installed.
 
-Every variant has its own identically seeded model and the optimizer ``torchgpu train``
-uses (Adam); all are interleaved per round. Batches are made once, before timing (on CUDA
-as pinned host tensors that every loop copies to the GPU), so data loading is not part of
-any variant. The ratio ``X/raw loop`` is the loop's relative cost (the design target:
-within 1.02).
+Every loop trains the same model copies in turn, each with its own optimizer (the Adam
+``torchgpu train`` uses): in round r every variant trains copy r mod 3, in a shuffled
+order, so a round's ratios compare loops over the same weights in memory. (With a copy
+of its own per variant, where each copy happened to land in memory moved the tiny MLP's
+ratios by up to ~10%: the raw loop against itself read 1.10.) Batches are made once,
+before timing (on CUDA as pinned host tensors that every loop copies to the GPU), so data
+loading is not part of any variant. The ratio ``X/raw loop`` (the median of the rounds'
+ratios) is the loop's relative cost (the design target: within 1.02).
 """
 
 from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
 from torchgpu.bench.result import Plot, SuiteResult
-from torchgpu.bench.suites.common import rounds_for, sync_for
+from torchgpu.bench.suites.common import sync_for
 from torchgpu.bench.timer import Measurement, Ratio, measure_interleaved, pairwise_ratios
 from torchgpu.bench.verdict import time_verdict
 
@@ -36,6 +40,25 @@ RAW, OURS, FABRIC, ACCELERATE = "raw loop", "torchgpu loop", "Lightning Fabric",
 RAW_CONTROL = "raw loop, second copy"
 LR = 1e-3
 TARGET_RATIO = 1.02  # the design target for the torchgpu loop's time over the raw loop's
+COPIES = 3  # model copies every loop trains in turn (one per round, the same for all)
+
+
+@dataclass(frozen=True)
+class SizePlan:
+    """One model size's run: batch size, batches per epoch (one sample) and rounds."""
+
+    batch: int
+    batches: int
+    rounds: int
+
+
+def size_plans(quick: bool) -> dict[str, SizePlan]:
+    """Per size: the tiny MLP's epoch is ~0.1 s, so it gets many rounds (its ratio is the
+    noisy one); the medium one's epochs are shorter instead, for as many rounds as fit.
+    Rounds are a multiple of :data:`COPIES`, so every copy is trained equally often."""
+    if quick:
+        return {"tiny": SizePlan(32, 10, COPIES), "medium": SizePlan(64, 10, COPIES)}
+    return {"tiny": SizePlan(32, 200, 10 * COPIES), "medium": SizePlan(256, 50, 6 * COPIES)}
 
 
 def make_mlp(size: str) -> tuple[nn.Module, int]:
@@ -87,35 +110,63 @@ def hand_loop(model: nn.Module, optimizer: torch.optim.Optimizer, batches: Batch
     return epoch
 
 
-def raw_loop(size: str, batches: Batches, device: torch.device) -> Callable[[], None]:
-    model = make_mlp(size)[0].to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
-    return hand_loop(model, optimizer, batches, device, Tensor.backward)
+Loop = Callable[[Sequence[nn.Module], Batches, torch.device], list[Callable[[], None]]]
 
 
-def torchgpu_loop(size: str, batches: Batches, device: torch.device) -> Callable[[], None]:
+def raw_loop(models: Sequence[nn.Module], batches: Batches,
+             device: torch.device) -> list[Callable[[], None]]:
+    """One epoch function per model copy (each copy with its own optimizer)."""
+    return [hand_loop(model, torch.optim.Adam(model.parameters(), lr=LR), batches, device,
+                      Tensor.backward) for model in models]
+
+
+def torchgpu_loop(models: Sequence[nn.Module], batches: Batches,
+                  device: torch.device) -> list[Callable[[], None]]:
     from torchgpu.bench.suites.train_step import TrainEpoch
 
-    model = make_mlp(size)[0].to(device)
-    return TrainEpoch(model, device, batches, batch_size=int(batches[0][0].shape[0]), lr=LR)
+    return [TrainEpoch(model, device, batches, batch_size=int(batches[0][0].shape[0]), lr=LR)
+            for model in models]
 
 
-def fabric_loop(size: str, batches: Batches, device: torch.device) -> Callable[[], None]:
+def fabric_loop(models: Sequence[nn.Module], batches: Batches,
+                device: torch.device) -> list[Callable[[], None]]:
     from lightning.fabric import Fabric
 
     fabric = Fabric(accelerator="cuda" if device.type == "cuda" else "cpu", devices=1)
-    module = make_mlp(size)[0]
-    model, optimizer = fabric.setup(module, torch.optim.Adam(module.parameters(), lr=LR))
-    return hand_loop(model, optimizer, batches, device, fabric.backward)
+    epochs = []
+    for module in models:  # Fabric wraps the copy; the module itself is left as it was
+        model, optimizer = fabric.setup(module, torch.optim.Adam(module.parameters(), lr=LR))
+        epochs.append(hand_loop(model, optimizer, batches, device, fabric.backward))
+    return epochs
 
 
-def accelerate_loop(size: str, batches: Batches, device: torch.device) -> Callable[[], None]:
+def accelerate_loop(models: Sequence[nn.Module], batches: Batches,
+                    device: torch.device) -> list[Callable[[], None]]:
     from accelerate import Accelerator
 
+    # fp32 on one device: prepare() hands the module back as it was (it patches forward
+    # only for mixed precision), so the other loops train the same copy unchanged.
     accelerator = Accelerator(cpu=device.type != "cuda")
-    module = make_mlp(size)[0]
-    model, optimizer = accelerator.prepare(module, torch.optim.Adam(module.parameters(), lr=LR))
-    return hand_loop(model, optimizer, batches, device, accelerator.backward)
+    epochs = []
+    for module in models:
+        model, optimizer = accelerator.prepare(module,
+                                               torch.optim.Adam(module.parameters(), lr=LR))
+        epochs.append(hand_loop(model, optimizer, batches, device, accelerator.backward))
+    return epochs
+
+
+class Turns:
+    """A variant's epoch functions, one per model copy, called in turn: call k trains copy
+    k mod len(epochs). Every variant is called once per round (and as often in warm-up),
+    so in each round all variants train the same copy."""
+
+    def __init__(self, epochs: Sequence[Callable[[], None]]) -> None:
+        self.epochs, self.calls = list(epochs), 0
+
+    def __call__(self) -> None:
+        epoch = self.epochs[self.calls % len(self.epochs)]
+        self.calls += 1
+        epoch()
 
 
 def installed(module: str) -> bool:
@@ -127,17 +178,14 @@ def installed(module: str) -> bool:
 
 def run(quick: bool, devices: Sequence[torch.device], out: Path, threads: int) -> SuiteResult:
     """One interleaved run per model size; ratios against the raw loop."""
-    plan = rounds_for(quick)
     device = devices[0]
-    count = 10 if quick else 200
-    sizes = {"tiny": 32, "medium": 64 if quick else 256}
-    # RAW_CONTROL is the raw loop again on a second copy of the model: its ratio to RAW is
-    # the noise floor of the comparison (timing noise plus where the allocator happened to
-    # place each model's memory, measured at a few % for the medium MLP on a 2-core CPU).
-    loops: dict[str, Callable[[str, Batches, torch.device], Callable[[], None]]] = {
-        RAW: raw_loop, RAW_CONTROL: raw_loop, OURS: torchgpu_loop}
-    notes = [f"'{RAW_CONTROL}' is the raw loop on a second copy of the model: its ratio to "
-             f"'{RAW}' is this comparison's noise floor."]
+    plans = size_plans(quick)
+    # RAW_CONTROL is the raw loop again (its own optimizer, the same copies): its ratio to
+    # RAW is the noise floor of the comparison (timing noise, and where each optimizer's
+    # state happened to land in memory).
+    loops: dict[str, Loop] = {RAW: raw_loop, RAW_CONTROL: raw_loop, OURS: torchgpu_loop}
+    notes = [f"'{RAW_CONTROL}' is the raw loop again, with an optimizer of its own: its "
+             f"ratio to '{RAW}' is this comparison's noise floor."]
     for name, module, loop in ((FABRIC, "lightning", fabric_loop),
                                (ACCELERATE, "accelerate", accelerate_loop)):
         if installed(module):
@@ -147,33 +195,42 @@ def run(quick: bool, devices: Sequence[torch.device], out: Path, threads: int) -
                          f"(pip install {module}).")
     measurements: list[Measurement] = []
     ratios: list[Ratio] = []
-    for size, batch in sizes.items():
+    for size, plan in plans.items():
         width = make_mlp(size)[1]
-        batches = make_batches(width, batch, count, device)
-        variants = {f"{name} ({size})": build(size, batches, device)
+        batches = make_batches(width, plan.batch, plan.batches, device)
+        copies = [make_mlp(size)[0].to(device) for _ in range(COPIES)]  # seeded: all equal
+        variants = {f"{name} ({size})": Turns(build(copies, batches, device))
                     for name, build in loops.items()}
-        timed = measure_interleaved(variants, plan.rounds, plan.warmup, sync_for([device]))
-        measurements += [m.with_extra(model=size, batch=batch, batches=count,
-                                      step_us=m.median / count * 1e6) for m in timed.values()]
+        # warm-up: every variant trains every copy once (its optimizer's state is made)
+        timed = measure_interleaved(variants, plan.rounds, COPIES, sync_for([device]))
+        measurements += [m.with_extra(model=size, batch=plan.batch, batches=plan.batches,
+                                      step_us=m.median / plan.batches * 1e6)
+                         for m in timed.values()]
         ratios += pairwise_ratios(timed, [(n, f"{RAW} ({size})") for n in timed
                                           if n != f"{RAW} ({size})"])
-    notes.append(f"one sample = one epoch of {count} batches on {device}; step_us = median "
-                 "epoch time / batches. Ratio 'X/raw loop' > 1 is X's overhead.")
+    epochs = ", ".join(f"{s}: {p.batches} batches of {p.batch}, {p.rounds} rounds"
+                       for s, p in plans.items())
+    notes.append(f"one sample = one epoch on {device} ({epochs}); step_us = median epoch "
+                 "time / batches. Ratio 'X/raw loop' > 1 is X's overhead.")
+    notes.append(f"every loop trains the same {COPIES} model copies in turn (round r: copy "
+                 f"r mod {COPIES}, for every loop), each loop with its own Adam.")
     notes.append(f"every loop: 1 process x {threads} thread(s); the torchgpu loop's parts "
                  "are built as `torchgpu train` builds them (OOM back-off armed, stop flag, "
                  "progress sink, step records); a rich progress bar on a terminal adds a "
                  "10 Hz refresh that is not measured here.")
     plots = [Plot(filename=f"overhead-{size}.png", kind="bar",
-                  title=f"{size} MLP: one epoch of {count} batches",
+                  title=f"{size} MLP: one epoch of {plan.batches} batches",
                   ylabel="seconds, median [min..max]",
                   names=tuple(m.name for m in measurements if m.extra["model"] == size))
-             for size in sizes]
+             for size, plan in plans.items()]
     return SuiteResult(
         suite="overhead", quick=quick, devices=(str(device),),
         measurements=tuple(measurements), ratios=tuple(ratios), plots=tuple(plots),
         notes=tuple(notes),
-        config={"batches_per_epoch": count, "batch_sizes": sizes, "rounds": plan.rounds,
-                "warmup": plan.warmup, "threads": threads, "optimizer": "Adam"},
+        config={"batches_per_epoch": {s: p.batches for s, p in plans.items()},
+                "batch_sizes": {s: p.batch for s, p in plans.items()},
+                "rounds": {s: p.rounds for s, p in plans.items()}, "warmup": COPIES,
+                "copies": COPIES, "threads": threads, "optimizer": "Adam"},
         verdicts=tuple(
             time_verdict(r.numerator, r.denominator, r,
                          seed=f"design target: within {TARGET_RATIO}x" if OURS in r.numerator
