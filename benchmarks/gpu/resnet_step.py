@@ -1,18 +1,23 @@
 """ResNet-50 training steps on one device: bf16 vs fp32, and torchgpu's loop vs a raw loop.
 
-Four variants, each its own identically seeded ResNet-50 with Adam and cross-entropy,
+Six variants, each its own identically seeded ResNet-50 with Adam and cross-entropy,
 interleaved per round over the same pinned host batches:
 
 - ``raw loop fp32`` / ``raw loop bf16``: the hand-written loop (copy, zero_grad, forward
   under autocast for bf16, loss, ``loss.item()``, backward, step);
 - ``torchgpu loop fp32`` / ``torchgpu loop bf16``: what ``torchgpu train`` runs per step
   (:class:`torchgpu.bench.suites.train_step.TrainEpoch`: Prefetcher, GradAccumulator,
-  Precision, OOM back-off armed, step records).
+  Precision, OOM back-off armed, step records);
+- two more in bf16 with the model in channels-last memory format
+(``model.to(memory_format=torch.channels_last)``, the layout cuDNN's tensor-core
+convolutions prefer): the raw loop converting each batch too, and torchgpu's loop given
+that model and nothing else (does the engine need to convert the batches?).
 
 Ratios per round: ``raw loop fp32 / raw loop bf16`` (time; > 1 = bf16 is that many times
-faster; goal >= 2x) and ``torchgpu loop X / raw loop X`` (the loop's overhead; goal <=
-1.02x). fp32 convolutions use TF32 where cuDNN allows it (torch's default), as a user's
-fp32 run does. Written like a bench suite: ``--out DIR`` gets results.json, report.md and
+faster; goal >= 2x), ``raw loop bf16 / raw loop bf16 channels_last`` (what the layout
+buys) and ``torchgpu loop X / raw loop X`` (the loop's overhead; goal <= 1.02x).
+fp32 convolutions use TF32 where cuDNN allows it (torch's default), as a user's fp32 run
+does. Written like a bench suite: ``--out DIR`` gets results.json, report.md and
 a plot (benchmarks/summarize.py renders it).
 
     PYTHONPATH=src python3 benchmarks/gpu/resnet_step.py --device cuda:0 --out DIR
@@ -41,6 +46,7 @@ from torchgpu.bench.verdict import time_verdict
 
 LR = 1e-3
 PRECISIONS = ("fp32", "bf16")
+CL = "bf16 channels_last"  # the variants' suffix for bf16 with a channels-last model
 BF16_GOAL = 2.0
 OVERHEAD_GOAL = 1.02
 Batches = list[tuple[Tensor, Tensor]]
@@ -65,9 +71,13 @@ def make_batches(count: int, batch: int, px: int, classes: int, device: torch.de
     return made
 
 
-def raw_loop(model: nn.Module, batches: Batches, device: torch.device, precision: str
-             ) -> Callable[[], None]:
-    """One epoch the way a tutorial writes it, with autocast for bf16."""
+def raw_loop(model: nn.Module, batches: Batches, device: torch.device, precision: str,
+             channels_last: bool = False) -> Callable[[], None]:
+    """One epoch the way a tutorial writes it, with autocast for bf16 (``channels_last``:
+    the model and each batch in channels-last memory format, as torch's guide does)."""
+    layout = torch.channels_last if channels_last else torch.preserve_format
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     loss_fn = nn.CrossEntropyLoss()
     dtype = torch.bfloat16 if precision == "bf16" else None
@@ -75,7 +85,7 @@ def raw_loop(model: nn.Module, batches: Batches, device: torch.device, precision
     def epoch() -> None:
         model.train()
         for xb, yb in batches:
-            x = xb.to(device, non_blocking=True)
+            x = xb.to(device, non_blocking=True).contiguous(memory_format=layout)
             y = yb.to(device, non_blocking=True)
             optimizer.zero_grad(set_to_none=True)
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
@@ -111,16 +121,23 @@ def run(device: torch.device, quick: bool, batch: int, px: int, count: int, roun
             make_model(quick, classes).to(device), batches, device, precision)
         variants[f"torchgpu loop {precision}"] = torchgpu_loop(
             make_model(quick, classes).to(device), batches, device, precision)
+    variants[f"raw loop {CL}"] = raw_loop(make_model(quick, classes).to(device), batches,
+                                          device, "bf16", channels_last=True)
+    variants[f"torchgpu loop {CL}"] = torchgpu_loop(
+        make_model(quick, classes).to(device, memory_format=torch.channels_last), batches,
+        device, "bf16")
     timed = measure_interleaved(variants, rounds, warmup, sync_for([device]))
     measurements = tuple(m.with_extra(step_ms=m.median / count * 1e3, batch=batch,
                                       image_px=px) for m in timed.values())
-    pairs = [("raw loop fp32", "raw loop bf16")] + [
-        (f"torchgpu loop {p}", f"raw loop {p}") for p in PRECISIONS]
+    pairs = [("raw loop fp32", "raw loop bf16"), ("raw loop bf16", f"raw loop {CL}")] + [
+        (f"torchgpu loop {p}", f"raw loop {p}") for p in (*PRECISIONS, CL)]
     ratios = pairwise_ratios(timed, pairs)
-    speed, *loops = ratios
+    speed, layout, *loops = ratios
     verdicts = [f"bf16 vs fp32 training step (raw loops): bf16 is {speed.median:.2f}x as fast "
                 f"[{speed.min:.2f}x .. {speed.max:.2f}x] (goal >= {BF16_GOAL:g}x: "
-                + ("met" if speed.median >= BF16_GOAL else "missed") + ")"]
+                + ("met" if speed.median >= BF16_GOAL else "missed") + ")",
+                f"channels-last vs the default layout, bf16 (raw loops): channels-last is "
+                f"{layout.median:.2f}x as fast [{layout.min:.2f}x .. {layout.max:.2f}x]"]
     for ratio in loops:
         verdicts.append(time_verdict(ratio.numerator, ratio.denominator, ratio,
                                      seed=f"design target: within {OVERHEAD_GOAL}x")
@@ -129,8 +146,12 @@ def run(device: torch.device, quick: bool, batch: int, px: int, count: int, roun
     model_name = "ResNet (1-1-1-1 blocks)" if quick else "ResNet-50"
     notes = (f"{model_name}, batch {batch} of {px}x{px} images, {classes} classes, Adam; one "
              f"sample = {count} steps on {device}; {rounds} rounds after {warmup} warm-up.",
-             "ratio 'raw loop fp32/raw loop bf16' = fp32 time / bf16 time: bf16's speed-up. "
+             "ratio 'raw loop fp32/raw loop bf16' = fp32 time / bf16 time: bf16's speed-up; "
+             f"'raw loop bf16/raw loop {CL}': the channels-last layout's. "
              "'torchgpu loop X/raw loop X' > 1 is the loop's overhead.",
+             f"'{CL}': the model converted with model.to(memory_format=torch.channels_last); "
+             "the raw loop converts each batch as well, torchgpu's loop is given the "
+             "converted model only (its first convolution converts the batch).",
              f"TF32: cudnn.allow_tf32={torch.backends.cudnn.allow_tf32}, "
              f"matmul.allow_tf32={torch.backends.cuda.matmul.allow_tf32}.")
     plot = Plot(filename="resnet50-step.png", kind="bar",

@@ -187,10 +187,10 @@ STEPS: tuple[Step, ...] = (
     # 12 rounds (256 MiB pageable ~25 ms, pinned ~5 ms), pinning 256 MiB ~0.1 s, the
     # Prefetcher's 16 x 64 MiB batches: ~5-10 s after start-up.
     Step("bench-transfer", "bench", 45, bench("transfer"), expect_s=20, priority=1),
-    # bf16 vs fp32 and the loop's overhead at ResNet-50 224px, batch 128: 4 variants x
-    # 8 rounds x 5 steps = 160 steps. fp32 (TF32 convolutions) trains ~1000-1500 img/s,
-    # ~0.1 s a step; bf16 ~2-3x that, ~0.045 s: ~12 s of steps, plus 4 models and 5 pinned
-    # batches (77 MB each), cuDNN's first-call heuristics and start-up.
+    # bf16 vs fp32, channels-last in bf16, and the loop's overhead at ResNet-50 224px,
+    # batch 128: 6 variants x 8 rounds x 5 steps = 240 steps. On the H200 the 4-variant
+    # version took 24.5 s (63 ms a step in fp32/TF32, 58 ms in bf16); 6 variants: ~35 s,
+    # plus 6 models and 5 pinned batches (77 MB each), cuDNN's first-call heuristics.
     Step("bench-resnet50-step", "bench", 75, script(
         "benchmarks/gpu/resnet_step.py", "--device", "{dev0}",
         "--out", "{results}/resnet50-step"), expect_s=35, priority=1),

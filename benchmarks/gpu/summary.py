@@ -88,6 +88,9 @@ def step_figures(results: Path) -> list[Doc]:
     speed = _ratio(doc, "raw loop fp32", "raw loop bf16")  # fp32 time / bf16 time
     train = _train_throughput_ratio(results)
     detail = f"[{speed['min']:.2f}x .. {speed['max']:.2f}x] over rounds" if speed else ""
+    layout = _ratio(doc, "raw loop bf16", "raw loop bf16 channels_last")
+    if layout:
+        detail += f"; bf16 with a channels-last model: {layout['median']:.2f}x faster again"
     if train is not None:
         detail += f"; torchgpu train runs: {train:.2f}x the samples/s"
     figures = [_figure("bf16_vs_fp32_resnet50", "bf16 vs fp32 ResNet-50 training step",

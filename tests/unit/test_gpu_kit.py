@@ -389,6 +389,7 @@ def fake_results(root: Path) -> Path:
         verdicts=["H2D pinned vs pageable: 2.6x the bandwidth: claim holds"]))
     put("resnet50-step/results.json", suite_doc("resnet50-step", [], [
         ratio("raw loop fp32", "raw loop bf16", 1.7),
+        ratio("raw loop bf16", "raw loop bf16 channels_last", 1.35),
         ratio("torchgpu loop fp32", "raw loop fp32", 1.01),
         ratio("torchgpu loop bf16", "raw loop bf16", 1.03)]))
     put("memory/estimate.json", {"goal": 0.15, "rows": [
@@ -421,6 +422,7 @@ def test_summary_of_fake_results(tmp_path: Path) -> None:
     assert figures["bf16_vs_fp32_resnet50"]["value"] == 1.7
     assert figures["bf16_vs_fp32_resnet50"]["met"] is False
     assert "2.20x the samples/s" in figures["bf16_vs_fp32_resnet50"]["detail"]
+    assert "channels-last model: 1.35x faster" in figures["bf16_vs_fp32_resnet50"]["detail"]
     assert figures["loop_overhead_resnet50"]["met"] is True
     assert figures["memory_estimate_error"]["value"] == -0.20  # the worst model
     assert figures["memory_estimate_error"]["met"] is False
