@@ -93,6 +93,7 @@ class MicroStep:
                     loss = loss_fn(self.model(x), y)
                     self._forwarded = True
                     value: float | None = None
+                    bad = False
                     if self.reader is not None:  # on the device until the step's pre-hook
                         self.reader.add(loss)
                         if self.guard is not None:
@@ -100,13 +101,13 @@ class MicroStep:
                         stepped = acc.backward(loss, n)
                     else:
                         value = self._value = loss.item()
-                        if math.isfinite(value):
+                        bad = not math.isfinite(value)
+                        if not bad:
                             stepped = acc.backward(loss, n)
                         elif self.guard is None:  # one process: no backward for it
                             stepped = False
                         else:  # DDP: every rank runs backward, this one poisoned
                             stepped = acc.backward(self.guard.poison(loss))
-                bad = value is not None and not math.isfinite(value)
                 if stepped or acc.pending or backoff is None or self.guard is None:
                     return value, bad, stepped, None
                 return self._settle(value, False, None, x, y)  # a step the scaler skipped
