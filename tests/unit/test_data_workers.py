@@ -28,6 +28,7 @@ from torchgpu.data.workers import MAX_AUTO_WORKERS, WorkerChoice, auto_choice, w
 from torchgpu.errors import ConfigError
 from torchgpu.train.config import TrainConfig
 from torchgpu.train.config_checks import validate
+from torchgpu.train.observe.data_wait import DataWait
 from torchgpu.train.task import as_factory, seeded, user_task
 
 FEATURES = 4
@@ -171,13 +172,52 @@ def test_data_wait_share_follows_the_data_and_warns(
     share = slow["data_wait_share"]
     assert share > instant["data_wait_share"]
     assert share > ahead["data_wait_share"]
-    assert slow["data_wait_share_per_epoch"] == [{"epoch": 1, "share": share}]
+    [epoch] = slow["data_wait_share_per_epoch"]
+    assert (epoch["epoch"], epoch["share"]) == (1, share)
+    assert 0.01 < epoch["first_batch_s"] < share * slow["train_seconds"]  # 8 rows of 2 ms
     on_disk = json.loads((tmp_path / "slow" / "summary.json").read_text())
     assert on_disk["data_wait_share"] == share
     assert f"data wait {share:.0%}" in out  # the epoch line
     assert "waiting for the next batch (--num-workers 0, chosen by auto)" in err
     assert "pass e.g. --num-workers 2" in err and err.count("warning: epoch") == 1
     assert "waiting for the next batch" not in instant_err
+
+
+class SlowStart(Rows):
+    """Rows whose first item in each process sleeps ``start_s`` (a worker opening its
+    files, say), then loads at once."""
+
+    def __init__(self, n: int, start_s: float) -> None:
+        super().__init__(n)
+        self.start_s, self.pid = start_s, 0
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.pid != os.getpid():
+            self.pid = os.getpid()
+            time.sleep(self.start_s)
+        return super().__getitem__(i)
+
+
+def test_the_loaders_fill_is_reported_and_draws_no_advice_for_more_workers(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two workers that each take 0.8 s to start, then keep up with a 20 ms step: the
+    epoch waits a large share of its time, nearly all of it for the first batch, which
+    more workers would not shorten: recorded per epoch, and no warning."""
+    summary = _fit(SlowStep(0.02), SlowStart(8 * 40, 0.8), tmp_path / "fill", num_workers=2)
+    [epoch] = summary["data_wait_share_per_epoch"]
+    assert epoch["share"] > 0.3 and 0.75 < epoch["first_batch_s"] < 2.0
+    assert "waiting for the next batch" not in capsys.readouterr().err
+
+
+def test_the_warning_leaves_out_the_first_batch_only_with_workers() -> None:
+    wait, seconds, first = 0.9, 1.0, 0.8  # 90 % waiting, 80 % of it for the first batch
+    assert DataWait(2, "auto").add(0, wait, seconds, first) is None  # 10 % after it
+    in_process = DataWait(0, "auto").add(0, wait, seconds, first)  # every batch as slow
+    assert in_process is not None and "spent 90% of its training time" in in_process
+    steady = DataWait(2, "auto").add(0, 1.5, 2.0, 0.5)
+    assert steady is not None and "50% of its training time waiting for the next batch " \
+        "after the first batch (--num-workers 2, chosen by auto)" in steady
+    assert DataWait(2, 2).summary()["data_wait_share_per_epoch"] == []
 
 
 def _children() -> list[Any]:

@@ -247,7 +247,8 @@ class _Run:
         run here (saved, with how to resume)."""
         config, state, steps = self.config, self.state, self.steps
         self.train_seconds += totals.seconds
-        slow_data = self.waits.add(epoch, totals.data_wait_s, totals.seconds)
+        slow_data = self.waits.add(epoch, totals.data_wait_s, totals.seconds,
+                                   totals.first_wait_s)
         if slow_data and self.is_main:
             print(slow_data, file=sys.stderr)
         if not totals.stopped:

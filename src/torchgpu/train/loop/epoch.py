@@ -54,6 +54,10 @@ class EpochTotals:
     # part of a wait can be hidden behind queued GPU work and the share can overstate
     # how long the GPU itself starved (never understate it).
     data_wait_s: float = 0.0
+    # Of ``data_wait_s``, the wait for the epoch's first batch: with DataLoader workers,
+    # the loader filling up (one worker loads a whole batch before the first arrives),
+    # which more workers cannot shorten.
+    first_wait_s: float = 0.0
 
     @property
     def data_wait_share(self) -> float | None:
@@ -210,6 +214,7 @@ def run_epoch(
     if not parts.model.training:  # model.train() walks every module (15 us on a small net)
         parts.model.train()
     source, waited = iter(batches), 0.0  # waited: seconds blocked in next(source)
+    first_wait = -1.0  # the first batch's part of it, once it came
     started = time.perf_counter()
     next_ui = started + UI_INTERVAL_S
 
@@ -217,7 +222,8 @@ def run_epoch(
         losses.settle()  # a held window (the last step, or a stop's) is recorded first
         _restore_window(acc, window, free=device.type != "cpu")
         return EpochTotals(state.batch_in_epoch - first_batch, state.samples - first_sample,
-                           time.perf_counter() - started, stopped, waited)
+                           time.perf_counter() - started, stopped, waited,
+                           max(first_wait, 0.0))
 
     try:
         while True:
@@ -227,6 +233,8 @@ def run_epoch(
             except StopIteration:
                 break
             waited += time.perf_counter() - fetch
+            if first_wait < 0:
+                first_wait = waited
             n = x.shape[0] if isinstance(x, Tensor) else batch_rows(x)
             if state.batch_in_epoch >= tail_from:  # windows holding a short micro-batch
                 loss_fn = tail.loss_fn  # an empty batch (a DDP rank's share) gives zero

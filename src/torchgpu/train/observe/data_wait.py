@@ -27,41 +27,54 @@ class DataWait:
 
     workers: int
     setting: int | str
-    epochs: list[tuple[int, float, float]] = field(default_factory=list)  # epoch, wait, s
+    # epoch, wait, training seconds, the first batch's wait
+    epochs: list[tuple[int, float, float, float]] = field(default_factory=list)
     warned: bool = False
 
-    def add(self, epoch: int, wait_s: float, seconds: float) -> str | None:
-        """Record epoch ``epoch``'s (0-based) wait and training time; the warning line the
-        first time an epoch's share passes :data:`WARN_SHARE` (once per run), else None."""
-        self.epochs.append((epoch, wait_s, seconds))
-        if self.warned or seconds <= 0 or wait_s < WARN_MIN_SECONDS:
+    def add(self, epoch: int, wait_s: float, seconds: float,
+            first_s: float = 0.0) -> str | None:
+        """Record epoch ``epoch``'s (0-based) wait, training time and the first batch's
+        part of the wait; the warning line the first time an epoch's share passes
+        :data:`WARN_SHARE` (once per run), else None.
+
+        With workers, the first batch's wait is left out of the warning's share: it is
+        the loader filling up (one worker loads a whole batch before the first arrives;
+        short epochs are mostly that), which the warning's advice, more workers, cannot
+        shorten. In-process loading (no workers) waits as long for every batch."""
+        self.epochs.append((epoch, wait_s, seconds, first_s))
+        steady = wait_s - first_s if self.workers > 0 else wait_s
+        if self.warned or seconds <= 0 or steady < WARN_MIN_SECONDS:
             return None
-        share = wait_s / seconds
+        share = steady / seconds
         if share <= WARN_SHARE:
             return None
         self.warned = True
         given = ", chosen by auto" if isinstance(self.setting, str) else ""
         more = max(2, 2 * self.workers)
+        after = " after the first batch" if self.workers > 0 else ""
         return (
             f"warning: epoch {epoch + 1} spent {share:.0%} of its training time waiting for "
-            f"the next batch (--num-workers {self.workers}{given}): the data loading does "
-            "not keep up with the step. A __getitem__ that decodes, augments or tokenises "
-            f"needs worker processes: pass e.g. --num-workers {more} (fit(num_workers="
-            f"{more})), or make the loading cheaper; summary.json records the share per "
-            "epoch (data_wait_share)."
+            f"the next batch{after} (--num-workers {self.workers}{given}): the data "
+            "loading does not keep up with the step. A __getitem__ that decodes, augments "
+            f"or tokenises needs worker processes: pass e.g. --num-workers {more} "
+            f"(fit(num_workers={more})), or make the loading cheaper; summary.json records "
+            "the share per epoch (data_wait_share)."
         )
 
     def share(self) -> float | None:
         """The share over every recorded epoch (None before any training time)."""
-        seconds = sum(s for _, _, s in self.epochs)
-        return sum(w for _, w, _ in self.epochs) / seconds if seconds > 0 else None
+        seconds = sum(s for _, _, s, _ in self.epochs)
+        return sum(w for _, w, _, _ in self.epochs) / seconds if seconds > 0 else None
 
     def summary(self) -> dict[str, Any]:
         """``summary.json``'s entries: ``data_wait_share`` (overall) and
-        ``data_wait_share_per_epoch`` (``[{"epoch": 1, "share": 0.03}, ...]``, 1-based)."""
+        ``data_wait_share_per_epoch`` (``[{"epoch": 1, "share": 0.03, "first_batch_s":
+        0.41}, ...]``, 1-based; ``first_batch_s``: the seconds of the wait spent on the
+        epoch's first batch)."""
         return {
             "data_wait_share": self.share(),
             "data_wait_share_per_epoch": [
-                {"epoch": epoch + 1, "share": wait / seconds if seconds > 0 else None}
-                for epoch, wait, seconds in self.epochs],
+                {"epoch": epoch + 1, "share": wait / seconds if seconds > 0 else None,
+                 "first_batch_s": first}
+                for epoch, wait, seconds, first in self.epochs],
         }
