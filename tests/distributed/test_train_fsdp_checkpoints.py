@@ -21,12 +21,13 @@ from tests.procs import HEAVY, run_cli
 
 pytestmark = [pytest.mark.slow, HEAVY, pytest.mark.timeout(900)]
 
-# 200 samples -> 160 train rows -> 10 micro-batches of 8 per rank per epoch; 20 epochs:
-# the SIGTERM after the first save (step 5) was seen to stop the run at step 10, a
-# fraction of a second later, far from its end (~8 s of steps on a quiet machine)
-STEPS = 200
+# 200 samples -> 160 train rows -> 10 micro-batches of 8 per rank per epoch; 10 epochs:
+# the SIGTERM after the first save (step 5) was seen to stop the run at step 10 (also on
+# a loaded machine), a fraction of a second later: the next agreement (about 0.5 s
+# apart, ~12 steps), far from its end at step 100 (~4 s of steps on a quiet machine)
+STEPS = 100
 EPOCHS = ["--epochs", str(STEPS // 10)]
-# a hang guard for one 200-step run (~20 s on a quiet 2-core machine), restarts included
+# a hang guard for one 100-step run (~15 s on a quiet 2-core machine), restarts included
 RUN_S = 600.0
 FLAGS = ["train", "--example", "housing", "--data-size", "200", "--batch-size", "8",
          "--progress", "off", "--device", "cpu", "--nproc", "2", "--strategy", "fsdp",
