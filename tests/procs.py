@@ -83,6 +83,27 @@ def run_main(argv: Sequence[str], capsys: Any) -> tuple[int, str]:
     return code, err
 
 
+def run_script_here(script: Path | str, args: Sequence[str]) -> str:
+    """``python SCRIPT ARGS`` run in this interpreter (``runpy``, as ``__main__``): a
+    one-process reference run without a process's start-up (Python, torch and torchgpu
+    imports, ~3 CPU-seconds) to pay again. Returns what it printed to stdout;
+    ``sys.argv`` and ``sys.path`` are put back after. Not for a run that forks (DataLoader
+    workers): a fork of a shared xdist worker copies the locks other tests' threads hold."""
+    import contextlib
+    import io
+    import runpy
+
+    out = io.StringIO()
+    argv, path = sys.argv[:], sys.path[:]
+    sys.argv = [str(script), *args]
+    try:
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(str(script), run_name="__main__")
+    finally:
+        sys.argv, sys.path[:] = argv, path
+    return out.getvalue()
+
+
 def run_torchrun(
     script: Path | str,
     nproc: int,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import functools
 import importlib
 import importlib.util
 import io
@@ -204,7 +205,14 @@ def check_pytest(repo: Path, argv: Sequence[str], timeout_s: float = 120) -> lis
 
 def known_env_names(repo: Path) -> set[str]:
     """The environment variables the code reads by a named constant (``X_ENV = "NAME"``
-    in src/torchgpu, benchmarks/gpu and tests/conftest.py), and :data:`STANDARD_ENV`."""
+    in src/torchgpu, benchmarks/gpu and tests/conftest.py), and :data:`STANDARD_ENV`.
+    The files are parsed once per process and checkout (every step's check asks again;
+    parsing them all takes ~1 s)."""
+    return set(_env_names_in(Path(repo).resolve()))
+
+
+@functools.cache
+def _env_names_in(repo: Path) -> frozenset[str]:
     names = set(STANDARD_ENV)
     files = [*sorted((repo / "src" / "torchgpu").rglob("*.py")),
              *sorted((repo / "benchmarks" / "gpu").glob("*.py")), repo / "tests" / "conftest.py"]
@@ -219,7 +227,7 @@ def known_env_names(repo: Path) -> set[str]:
                     and any(isinstance(t, ast.Name) and t.id.endswith("_ENV")
                             for t in node.targets)):
                 names.add(node.value.value)
-    return names
+    return frozenset(names)
 
 
 def check_env(repo: Path, env: Mapping[str, str]) -> None:

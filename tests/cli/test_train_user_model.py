@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.procs import REPO, run_cli
+from tests.procs import REPO, run_cli, run_main
 
 MODELS = "tests.user_models"
 
@@ -78,21 +78,26 @@ def test_cnn_with_batchnorm_and_a_named_loss_from_a_file_spec(tmp_path: Path) ->
     (["--model", f"{MODELS}:CNNDictWrapper", "--data", f"{MODELS}:cnn_dict_data", "--loss",
       "cross_entropy"], "dict batches, which have no separate target"),
 ])
-def test_bad_specs_exit_2_and_write_nothing(tmp_path: Path, args: list[str],
-                                            words: str) -> None:
+def test_bad_specs_exit_2_and_write_nothing(tmp_path: Path, args: list[str], words: str,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    # in this process (run_main: the CLI's main, no traceback allowed); a child process's
+    # own exit 2 without a traceback: tests/cli/test_train_cli.py
     out = tmp_path / "run"
-    done = _train(out, *args, timeout=120)
-    assert done.returncode == 2, (done.stdout[-1000:], done.stderr[-2000:])
-    assert words in done.stderr and "Traceback" not in done.stderr
+    code, err = run_main(["train", *args, "--out", str(out), "--progress", "plain"], capsys)
+    assert code == 2, err[-2000:]
+    assert words in err
     assert not out.exists()
 
 
 @pytest.mark.slow
-def test_nproc_2_relaunch_builds_from_the_specs_and_equals_one_process(tmp_path: Path) -> None:
+def test_nproc_2_relaunch_builds_from_the_specs_and_equals_one_process(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     common = ["--model", f"{MODELS}:lm_factory_no_dropout", "--data", f"{MODELS}:lm_data",
               "--epochs", "1"]
-    one = _train(tmp_path / "one", *common, "--batch-size", "8")
-    assert one.returncode == 0, one.stderr[-3000:]
+    # the one-process reference in this process (no start-up of its own)
+    code, err = run_main(["train", *common, "--batch-size", "8", "--out", str(tmp_path / "one"),
+                          "--progress", "plain"], capsys)
+    assert code == 0, err[-3000:]
     two = _train(tmp_path / "two", *common, "--batch-size", "4", "--nproc", "2",
                  "--strategy", "ddp", timeout=240)
     assert two.returncode == 0, two.stderr[-3000:]

@@ -6,8 +6,6 @@ with no rows (a zero-row dict batch through the model)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,26 +14,22 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from tests.procs import REPO, run_cli, test_env
+from tests.procs import REPO, run_cli, run_script_here
 
 SCRIPT = REPO / "tests" / "distributed" / "fit_lm_script.py"
 
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], Path]:
-    """The script run alone (batch 8) on ``samples`` rows, once per module and row count:
-    the reference of the two-process runs below (its output directory)."""
+    """The script run alone (batch 8) on ``samples`` rows, once per module and row count,
+    in this process: the reference of the two-process runs below (its output directory)."""
     runs: dict[int, Path] = {}
 
     def run(samples: int) -> Path:
         if samples not in runs:
             out = tmp_path_factory.mktemp(f"one-{samples}") / "one"
-            one = subprocess.run([sys.executable, str(SCRIPT), str(out), "8",
-                                  f"samples={samples}"],
-                                 capture_output=True, text=True, timeout=120, env=test_env(),
-                                 check=False)
-            assert one.returncode == 0, one.stderr[-3000:]
-            assert "strategy single world 1 models built 1" in one.stdout
+            printed = run_script_here(SCRIPT, [str(out), "8", f"samples={samples}"])
+            assert "strategy single world 1 models built 1" in printed, printed
             runs[samples] = out
         return runs[samples]
 

@@ -7,8 +7,6 @@ no step twice in metrics.jsonl, and then has nothing to do."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,18 +14,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.procs import REPO, run_cli, test_env
+from tests.procs import REPO, run_cli, run_script_here
 
 SCRIPT = REPO / "tests" / "distributed" / "fit_lm_script.py"
 
 
 @pytest.mark.slow
 def test_effective_batch_size_is_global_under_launch(tmp_path: Path) -> None:
-    one = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "one"), "4",
-                          "effective_batch_size=16", "samples=64"],
-                         capture_output=True, text=True, timeout=120, env=test_env(),
-                         check=False)
-    assert one.returncode == 0, one.stderr[-3000:]
+    # the one-process reference in this process: no start-up of its own
+    one = run_script_here(SCRIPT, [str(tmp_path / "one"), "4", "effective_batch_size=16",
+                                   "samples=64"])
+    assert "strategy single world 1" in one, one
     two = run_cli(["launch", "--nproc", "2", str(SCRIPT), str(tmp_path / "two"), "4",
                    "effective_batch_size=16", "samples=64"], timeout=180)
     assert two.returncode == 0, two.stderr[-3000:]

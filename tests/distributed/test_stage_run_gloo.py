@@ -102,10 +102,10 @@ def test_a_crashed_run_resumes_bitwise(tmp_path: Path, uninterrupted: Path) -> N
 def test_a_sigterm_stops_both_stages_saved_and_resume_is_bitwise(tmp_path: Path) -> None:
     """SIGTERM to the launcher reaches both ranks; they agree on one step boundary (the
     step's all-reduce), save there and exit 0; `--resume` then ends as the uninterrupted
-    run (housing: 10 steps per epoch, 30 epochs; the stop lands a few steps after the
-    first save, at step 20)."""
+    run (housing: 10 steps per epoch, 10 epochs; the stop lands a step or so after the
+    first save, at step 20: step 21 was seen, also on a loaded machine, far from step 100)."""
     flags = ["train", "--example", "housing", "--data-size", "100", "--batch-size", "8",
-             "--epochs", "30", *STAGES]
+             "--epochs", "10", *STAGES]
     whole = tmp_path / "whole"
     done = run_cli([*flags, "--out", str(whole)], timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -121,7 +121,7 @@ def test_a_sigterm_stops_both_stages_saved_and_resume_is_bitwise(tmp_path: Path)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stopped_early"] and "SIGTERM" in summary["stop_reason"]
     step = summary["stopped_at_step"]
-    assert 20 <= step < 300
+    assert 20 <= step < 100
     latest = (out / "checkpoints" / "latest").read_text().strip()
     assert latest == f"step-{step:08d}"
     verify_checkpoint(out / "checkpoints" / latest)

@@ -444,16 +444,25 @@ def test_chmod_000_is_a_permission_error(
 
 
 def test_model_bytes_metadata_order_does_not_depend_on_the_process() -> None:
-    """safetensors writes metadata from a hash map; the same weights give the same bytes."""
+    """safetensors writes metadata from a hash map; the same weights give the same bytes.
+    Its hash map's seed changes with each map (Rust's RandomState), not only with each
+    process: 16 writes here (unsorted, 2 orders of the 2 keys, both seen) and one in
+    another process."""
+    import hashlib
     import subprocess
     import sys
+
+    from torchgpu.checkpoint.layout import model_bytes
 
     code = ("import sys, torch, hashlib; from torchgpu.checkpoint.layout import model_bytes;"
             "w = torch.arange(12.).reshape(3, 4);"
             "b, _ = model_bytes({'a.weight': w, 'b.weight': w, 'c': torch.ones(2)});"
             "sys.stdout.write(hashlib.sha256(b).hexdigest())")
-    digests = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              check=True, timeout=120).stdout for _ in range(4)}
+    w = torch.arange(12.).reshape(3, 4)
+    digests = {hashlib.sha256(model_bytes({"a.weight": w, "b.weight": w, "c": torch.ones(2)})[0])
+               .hexdigest() for _ in range(16)}
+    digests.add(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               check=True, timeout=120).stdout)
     assert len(digests) == 1
 
 

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from tests.procs import run_cli
+from tests.procs import run_main
 from tests.user_models import BNConvNet, ImageDataset, TinyCausalLM, TokenDataset
 from torchgpu import fit
 from torchgpu.errors import DataError, UsageError
@@ -47,12 +47,14 @@ def test_tokenizer_lists_are_refused_with_the_fix(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()
 
 
-def test_tokenizer_lists_exit_2_on_the_cli(tmp_path: Path) -> None:
-    proc = run_cli(["train", "--model", "tests.user_models:lm_factory",
-                    "--data", "tests.unit.test_fit_bad_inputs:list_tokens",
-                    "--epochs", "1", "--batch-size", "4", "--out", str(tmp_path / "run")])
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr and "Python list of 12 ints" in proc.stderr
+def test_tokenizer_lists_exit_2_on_the_cli(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run_main(["train", "--model", "tests.user_models:lm_factory",
+                          "--data", "tests.unit.test_fit_bad_inputs:list_tokens",
+                          "--epochs", "1", "--batch-size", "4", "--out", str(tmp_path / "run")],
+                         capsys)  # in this process; no traceback allowed
+    assert code == 2, err[-2000:]
+    assert "Python list of 12 ints" in err
     assert not (tmp_path / "run").exists()
 
 
@@ -78,17 +80,18 @@ def test_a_list_of_blocks_is_told_to_be_a_module_list() -> None:
             progress="off")
 
 
-def test_split_strategies_name_the_module_list(tmp_path: Path) -> None:
-    proc = run_cli(["train", "--model", "tests.user_models:cnn_factory",
-                    "--data", "tests.user_models:cnn_data", "--loss", "cross_entropy",
-                    "--strategy", "model", "--devices", "cpu,cpu", "--epochs", "1",
-                    "--out", str(tmp_path / "run")])
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "is not an nn.ModuleList of blocks" in proc.stderr
-    proc = run_cli(["train", "--model", "tests.unit.test_fit_bad_inputs:blocks_list",
-                    "--data", "tests.user_models:cnn_data", "--loss", "cross_entropy",
-                    "--epochs", "1", "--out", str(tmp_path / "run")])
-    assert proc.returncode == 2 and "nn.ModuleList or nn.Sequential" in proc.stderr
+def test_split_strategies_name_the_module_list(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run_main(["train", "--model", "tests.user_models:cnn_factory",
+                          "--data", "tests.user_models:cnn_data", "--loss", "cross_entropy",
+                          "--strategy", "model", "--devices", "cpu,cpu", "--epochs", "1",
+                          "--out", str(tmp_path / "run")], capsys)  # in this process
+    assert code == 2, err[-2000:]
+    assert "is not an nn.ModuleList of blocks" in err
+    code, err = run_main(["train", "--model", "tests.unit.test_fit_bad_inputs:blocks_list",
+                          "--data", "tests.user_models:cnn_data", "--loss", "cross_entropy",
+                          "--epochs", "1", "--out", str(tmp_path / "run")], capsys)
+    assert code == 2 and "nn.ModuleList or nn.Sequential" in err
 
 
 class _NoLength(Dataset[Any]):

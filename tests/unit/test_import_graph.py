@@ -23,6 +23,7 @@ imports nothing of the engine.
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -72,7 +73,13 @@ def _lazy_tables(modules: dict[str, tuple[Path, bool]]) -> dict[str, dict[str, s
 
 
 def import_graph() -> dict[str, set[str]]:
-    """``{module: modules of torchgpu it imports}``."""
+    """``{module: modules of torchgpu it imports}`` (a copy of its own for each caller:
+    the sources are read once per test process)."""
+    return {name: set(targets) for name, targets in _import_graph().items()}
+
+
+@functools.cache
+def _import_graph() -> dict[str, set[str]]:
     modules = _modules()
     lazy = _lazy_tables(modules)
 
