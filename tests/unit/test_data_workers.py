@@ -4,6 +4,7 @@ that end with the run, and exact resume with workers drawing random augmentation
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing
 import os
@@ -374,3 +375,45 @@ def test_a_loader_with_workers_seeds_them_from_its_own_generator() -> None:
         assert torch.equal(torch.get_rng_state(), before)
         del batches
     assert make_loader(Rows(16), 4, shuffle=False, num_workers=0).generator is None
+
+
+class _DiesAway:
+    """Garbage whose finalizer kills any process but its maker's (as a C++ thread's
+    owner does when destroyed in a forked child)."""
+
+    def __init__(self) -> None:
+        self.pid, self.cycle = os.getpid(), self
+
+    def __del__(self) -> None:
+        if os.getpid() != self.pid:
+            os._exit(3)
+
+
+class Collecting(Rows):
+    """Rows whose every item runs the collector (in a worker: over what it inherited)."""
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        gc.collect()
+        return super().__getitem__(i)
+
+
+def test_workers_never_finalize_the_garbage_this_process_left() -> None:
+    """Garbage made before an epoch starts (a cycle the collector has not reached yet) is
+    not collected inside its DataLoader workers: a finalizer that must not run in a fork
+    (here one that exits the process) would take a worker down."""
+    from torchgpu.train.loop.epoch import start_epoch
+
+    loader = make_loader(Collecting(32), 8, num_workers=2)
+    enabled = gc.isenabled()
+    gc.disable()  # the cycle stays uncollected until the workers fork
+    try:
+        _DiesAway()
+        batches = start_epoch(loader, 0, 0)
+        try:
+            assert sum(int(x.shape[0]) for x, _ in batches) == 32
+        finally:
+            batches.close()
+    finally:
+        if enabled:
+            gc.enable()
+        gc.collect()  # here, in its own process, the finalizer does nothing

@@ -7,7 +7,10 @@ number as given) with this machine's cores and training processes.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,3 +145,22 @@ def loader_summary(loader: Any, setting: int | str) -> dict[str, Any]:
             "pin_memory": bool(loader.pin_memory),
             "prefetch_factor": loader.prefetch_factor if workers else None,
             "persistent_workers": bool(loader.persistent_workers)}
+
+
+@contextlib.contextmanager
+def forking() -> Iterator[None]:
+    """Around ``iter(loader)``, which forks a DataLoader's workers: the garbage
+    collector's objects are frozen (:func:`gc.freeze`) while they fork, so a worker's
+    collector never finalizes what was already garbage here. An object that holds a C++
+    thread (a process group's or a store's, left by an earlier run in a long-lived
+    process), destroyed in a forked child, aborts it: "DataLoader worker exited
+    unexpectedly". Unfrozen in this process right after; left alone when something else
+    froze objects already (its freeze is not ours to undo)."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()

@@ -21,7 +21,7 @@ from torch import nn
 
 from torchgpu.collectives import gather_objects
 from torchgpu.data.batches import install_call_convention
-from torchgpu.data.workers import loader_summary
+from torchgpu.data.workers import forking, loader_summary
 from torchgpu.errors import (
     DistributedError,
     EvaluationError,
@@ -273,7 +273,8 @@ class _Run:
         loader = self.test_loader
         if not getattr(loader, "num_workers", 0):
             return self.steps.evaluate(loader)
-        batches = EpochBatches(iter(loader))
+        with forking():
+            batches = EpochBatches(iter(loader))
         try:
             return self.steps.evaluate(batches)
         finally:

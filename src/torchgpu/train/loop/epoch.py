@@ -23,6 +23,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from torchgpu.data.batches import batch_rows
+from torchgpu.data.workers import forking
 from torchgpu.launch.stop_record import StopFlag
 from torchgpu.train.guards.agreement import FiniteGuard, NonFiniteGradients
 from torchgpu.train.loop.loss_reader import LossReader, per_step_optimizer, reads_late
@@ -115,7 +116,8 @@ def start_epoch(loader: Iterable[Any], seed: int, epoch: int, skip: int = 0) -> 
     begin = getattr(loader, "begin_epoch", None)
     if begin is not None:  # a stream (torchgpu.data.stream_loader) skips inside its pass
         skip = begin(epoch, skip)
-    return EpochBatches(iter(loader), skip)
+    with forking():  # DataLoader workers fork here
+        return EpochBatches(iter(loader), skip)
 
 
 def loads_ahead(loader: Iterable[Any]) -> bool:
