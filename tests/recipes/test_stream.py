@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -35,13 +36,27 @@ def _step_losses(out: Path) -> list[float]:
     return [line["loss"] for line in lines if line.get("kind") == "step"]
 
 
+ABORTED = "terminate called without an active exception"
+
+
+def _plain_run(corpus: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    """The untouched plain script under torchrun, run once more if one of its ranks
+    aborted with torch's C++ "terminate called without an active exception" (SIGABRT).
+    The script has no torchgpu code; that abort hit its reference run twice in about
+    eight full-suite runs on this 2-core machine, never the torchgpu runs compared with
+    it. Any other failure fails the test at once."""
+    plain = run_torchrun(RECIPES / "stream_original.py", 2, [str(corpus), str(out)])
+    if plain.returncode != 0 and ABORTED in plain.stderr:
+        plain = run_torchrun(RECIPES / "stream_original.py", 2, [str(corpus), str(out)])
+    return plain
+
+
 @HEAVY
 @pytest.mark.timeout(900)  # three two-process runs on a loaded machine
 def test_interrupted_autoresumed_stream_equals_the_plain_ddp_loop(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus.txt"
     corpus.write_bytes((RECIPES / "data" / "tides.txt").read_bytes() * 20)  # 76 KB
-    plain = run_torchrun(RECIPES / "stream_original.py", 2,
-                         [str(corpus), str(tmp_path / "plain.pt")])
+    plain = _plain_run(corpus, tmp_path / "plain.pt")
     assert plain.returncode == 0, plain.stderr[-3000:]
     expected = torch.load(tmp_path / "plain.pt")
     assert len(expected["losses"]) == STEPS
