@@ -1,5 +1,5 @@
-"""The ``overhead`` suite's rotation: in each round every loop trains the same model copy,
-and every copy is trained equally often."""
+"""The ``overhead`` suite's rotation: in each round every loop trains the same model copy
+with the same optimizer, and every copy is trained equally often."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 from torchgpu.bench.suites.overhead import (
     COPIES,
     Turns,
+    copy_optimizers,
     make_batches,
     make_mlp,
     raw_loop,
@@ -40,16 +41,24 @@ def test_every_variant_trains_the_same_copy_in_each_round() -> None:
                                                   for c in range(COPIES)}
 
 
-def test_the_loops_train_the_copies_they_are_given() -> None:
+def test_the_loops_train_the_copies_they_are_given_with_the_copies_optimizers() -> None:
     device = torch.device("cpu")
     batches = make_batches(13, 8, 3, device)
     copies = [make_mlp("tiny")[0] for _ in range(COPIES)]
     first = [p.detach().clone() for p in copies[0].parameters()]
     assert all(torch.equal(a, b) for a, b in zip(first, copies[1].parameters(), strict=True))
-    raw = Turns(raw_loop(copies, batches, device))
-    ours = Turns(torchgpu_loop(copies, batches, device))
-    raw()  # copy 0, with the raw loop's Adam
-    ours()  # copy 0 again, with the torchgpu loop's own
+    opts = copy_optimizers(copies)
+    raw = Turns(raw_loop(copies, opts, batches, device))
+    ours = Turns(torchgpu_loop(copies, opts, batches, device))
+    raw()  # copy 0, with copy 0's Adam
+    after_raw = opts[0].state_dict()["state"]
+    assert {s["step"].item() for s in after_raw.values()} == {3.0}  # its state, 3 steps
+    exp_avg = [s["exp_avg"] for s in opts[0].state.values()]
+    ours()  # copy 0 again: the same Adam steps on, its state where it was in memory
+    assert {s["step"].item() for s in opts[0].state.values()} == {6.0}
+    assert all(a is s["exp_avg"] for a, s in zip(exp_avg, opts[0].state.values(),
+                                                 strict=True))
+    assert not opts[1].state and not opts[2].state  # the other copies' were not stepped
     assert not any(torch.equal(a, b) for a, b in zip(first, copies[0].parameters(),
                                                      strict=True))
     assert all(torch.equal(a, b) for a, b in zip(first, copies[2].parameters(), strict=True))

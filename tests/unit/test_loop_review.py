@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import gc
 import math
+import time
 import weakref
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 from torch.autograd import Function
@@ -17,6 +19,7 @@ from torch.autograd import Function
 from torchgpu.accumulate import GradAccumulator
 from torchgpu.precision import Precision
 from torchgpu.train.loop.backoff import LoopBackoff
+from torchgpu.train.loop import epoch
 from torchgpu.train.loop.epoch import run_epoch
 from torchgpu.train.loop.parts import LoopParts
 from torchgpu.train.state import TrainState
@@ -105,3 +108,38 @@ def test_a_skipped_window_leaves_the_epoch_loss_in_one_process() -> None:
     run_epoch(parts, [(x, y)] * 4, state, batches_per_epoch=4)
     assert state.skipped_steps == 1 and state.step == 1
     assert state.epoch_loss_count == 2  # the kept window's two losses only
+
+
+def test_the_data_wait_counts_the_loaders_time_not_the_progress_lines(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop reads the clock once per step: the wait for a batch starts when the step
+    before it ended; a progress refresh in between is not counted as waiting."""
+    model = nn.Linear(3, 1)
+    prec = Precision("fp32", "cpu")
+    acc = GradAccumulator(model, torch.optim.SGD(model.parameters(), lr=0.0), 1,
+                          precision=prec, zero_after_step=False)
+    parts = LoopParts(model=model, loss_fn=nn.functional.mse_loss, accumulator=acc,
+                      precision=prec, device=torch.device("cpu"))
+    batch = (torch.randn(4, 3), torch.randn(4, 1))
+
+    def slow_batches(seconds: float) -> Any:
+        for _ in range(6):
+            time.sleep(seconds)
+            yield batch
+
+    class SlowBar:
+        updates = 0
+
+        def update(self, state: TrainState, loss: float, rate: float) -> None:
+            self.updates += 1
+            time.sleep(0.15)
+
+    monkeypatch.setattr(epoch, "UI_INTERVAL_S", 0.0)  # a refresh due after every step
+    bar = SlowBar()
+    quick = run_epoch(parts, slow_batches(0.0), TrainState(), batches_per_epoch=6,
+                      progress=bar)
+    assert bar.updates == 6 and quick.seconds >= 0.9
+    assert quick.data_wait_s < 0.05  # 0.9 s of refreshes, none of it waiting
+    slow = run_epoch(parts, slow_batches(0.05), TrainState(), batches_per_epoch=6)
+    assert 0.3 <= slow.data_wait_s <= slow.seconds
+    assert 0.05 <= slow.first_wait_s < 0.3

@@ -41,11 +41,14 @@ def loop_parts(model: nn.Module, device: torch.device, *, batch_size: int, lr: f
                precision: str = "fp32", accumulate: int = 1,
                clip_norm: float | None = None, on_nonfinite: str = "stop",
                mode: str = "single", state: TrainState | None = None,
-               samples: int | None = None) -> LoopParts:
+               samples: int | None = None,
+               optimizer: torch.optim.Optimizer | None = None) -> LoopParts:
     """``LoopParts`` for ``model`` on ``device``, exactly as the runner builds them for one
     process of strategy ``mode`` (``loss_fn``: the task's loss, default the housing
     example's MSE; ``state``: the TrainState the back-off reports from; ``samples``: the
-    epoch's sample count, for the loader's shard layout)."""
+    epoch's sample count, for the loader's shard layout; ``optimizer``: one built already
+    over ``model``'s parameters, e.g. the one the overhead suite's loops share, instead of
+    a new one made the runner's way)."""
     from torchgpu.accumulate import GradAccumulator
     from torchgpu.data.shards import ShardLayout
     from torchgpu.examples.common import OPTIMIZER
@@ -59,8 +62,9 @@ def loop_parts(model: nn.Module, device: torch.device, *, batch_size: int, lr: f
 
     progress_state = state if state is not None else TrainState()
     mixed = Precision(precision, device)
-    optimizer = optimizers.make(OPTIMIZER, [p for p in model.parameters() if p.requires_grad],
-                                lr)
+    if optimizer is None:
+        optimizer = optimizers.make(OPTIMIZER,
+                                    [p for p in model.parameters() if p.requires_grad], lr)
     acc = GradAccumulator(model, optimizer, accumulate, precision=mixed, clip_norm=clip_norm,
                           zero_after_step=False)
     loss_fn = loss_fn if loss_fn is not None else nn.MSELoss()
@@ -93,7 +97,8 @@ class TrainEpoch:
     """
 
     def __init__(self, model: nn.Module, device: torch.device, batches: Batches, *,
-                 batch_size: int, lr: float) -> None:
+                 batch_size: int, lr: float,
+                 optimizer: torch.optim.Optimizer | None = None) -> None:
         from torchgpu.launch.stop_record import StopFlag
         from torchgpu.train.observe.progress import NullProgress
         from torchgpu.train.outputs.files import MetricsBuffer
@@ -101,7 +106,8 @@ class TrainEpoch:
 
         self.state = TrainState()
         self.parts = loop_parts(model, device, batch_size=batch_size, lr=lr, state=self.state,
-                                samples=sum(int(x.shape[0]) for x, _ in batches))
+                                samples=sum(int(x.shape[0]) for x, _ in batches),
+                                optimizer=optimizer)
         self.batches = batches
         self.device = device
         self.stop = StopFlag()

@@ -217,7 +217,7 @@ def run_epoch(
         parts.model.train()
     source, waited = iter(batches), 0.0  # waited: seconds blocked in next(source)
     first_wait = -1.0  # the first batch's part of it, once it came
-    started = time.perf_counter()
+    started = fetch = time.perf_counter()  # fetch: when the loop asked for this batch
     next_ui = started + UI_INTERVAL_S
 
     def totals(stopped: bool) -> EpochTotals:
@@ -229,7 +229,6 @@ def run_epoch(
 
     try:
         while True:
-            fetch = time.perf_counter()
             try:
                 x, y = next(source)
             except StopIteration:
@@ -260,12 +259,14 @@ def run_epoch(
                 losses.close(stepped, hold=late and not settles(state.step + 1))
                 if stop_here():
                     return totals(True)
-            if progress is not None:
-                now = time.perf_counter()
-                if now >= next_ui:
-                    next_ui = now + UI_INTERVAL_S
-                    progress.update(state, losses.last, (state.samples - first_sample)
-                                    / max(now - started, 1e-9))
+            # One clock read: the next batch's fetch starts now, and the progress line
+            # refreshes when it is due (its own time is then not counted as a wait).
+            fetch = time.perf_counter()
+            if progress is not None and fetch >= next_ui:
+                next_ui = fetch + UI_INTERVAL_S
+                progress.update(state, losses.last, (state.samples - first_sample)
+                                / max(fetch - started, 1e-9))
+                fetch = time.perf_counter()
         if acc.pending:  # a loader that yielded fewer batches than batches_per_epoch
             losses.close(_flush(acc, losses))
         # The epoch's losses become the global means, and the ranks agree on the stop flag
