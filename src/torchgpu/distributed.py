@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import os
 import socket
+import time
 from collections.abc import Callable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -232,7 +233,10 @@ def init_distributed(
     - A group that already exists is reused (and not destroyed by ``close``).
     - ``timeout``: how long a collective may wait for the other ranks. ``startup_timeout``
       (default ``timeout``): how long forming the group may wait for them (a peer still
-      building its model); the group then waits ``timeout`` in its collectives.
+      building its model): the wait for the peers after connecting to the store gets
+      what is left of it, so the two waits add up to it (torch's own connection
+      retries can still take a rank that finds no store up to ~2.5x it); the group
+      then waits ``timeout`` in its collectives.
     - ``keep``: the group is the process's, not the session's: ``close`` leaves it
       (after a clean exit) for the next ``keep`` session, which reuses it with its own
       ``timeout``; it is destroyed when the process exits. Forming a group a second
@@ -286,9 +290,10 @@ def init_distributed(
         from torch.distributed.distributed_c10d import PrefixStore
         from torch.distributed.rendezvous import rendezvous
 
+        began = time.monotonic()
         store, rank, world = next(rendezvous("env://", env.rank, env.world_size,
                                              timeout=joining))
-        await_peers(store, world, joining)
+        await_peers(store, world, joining, began=began)  # one start-up wait in all
         store.set_timeout(timeout)
         store = PrefixStore("default_pg", store)  # as init_process_group's own
         if chosen == "nccl":

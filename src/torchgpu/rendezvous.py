@@ -31,14 +31,18 @@ class GroupStopped(Exception):
 _formed = [0]  # groups this process has formed: each meets its peers under its own key
 
 
-def await_peers(store: dist.distributed_c10d.Store, world: int, timeout: timedelta) -> None:
+def await_peers(store: dist.distributed_c10d.Store, world: int, timeout: timedelta, *,
+                began: float | None = None) -> None:
     """Wait until ``world`` ranks have arrived on ``store`` for this formation (every rank
     forms its groups in the same order, so the n-th formation's key is the same on each),
-    or raise a timeout naming how many came within ``timeout``."""
+    or raise a timeout naming how many came within ``timeout``, counted from ``began``
+    (a ``time.monotonic()`` reading, e.g. before connecting to the store: the whole
+    start-up wait is then ``timeout``) or from now."""
     _formed[0] += 1
     key = f"torchgpu/joined/{_formed[0]}"
     arrived = store.add(key, 1)
-    deadline = time.monotonic() + timeout.total_seconds()
+    start = time.monotonic() if began is None else began
+    deadline = start + timeout.total_seconds()
     while arrived < world:
         if time.monotonic() >= deadline:
             raise DistributedError(

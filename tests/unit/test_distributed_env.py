@@ -149,3 +149,33 @@ def test_helpers_are_identity_without_a_group() -> None:
     assert agree_min(3) == 3 and agree_max(-2) == -2
     payload = {"a": [1, 2]}
     assert broadcast_object(payload) is payload
+
+
+def test_the_start_up_wait_counts_the_store_connection_too(
+        clean_env: pytest.MonkeyPatch) -> None:
+    """--startup-timeout bounds forming the group in all: a connection to the store that
+    took 1 s leaves 0.5 s of a 1.5 s limit to wait for the peers, not 1.5 s more."""
+    import sys
+    import time
+    from datetime import timedelta
+
+    from torchgpu.errors import DistributedError
+
+    # the module (torch.distributed's attribute of that name is the function)
+    torch_rendezvous = sys.modules["torch.distributed.rendezvous"]
+
+    def slow_rendezvous(url: str, rank: int, world: int, **kwargs: object) -> object:
+        time.sleep(1.0)  # a store that took long to answer
+        yield dist.HashStore(), rank, world
+
+    clean_env.setattr(torch_rendezvous, "rendezvous", slow_rendezvous)
+    clean_env.setenv("RANK", "0")
+    clean_env.setenv("WORLD_SIZE", "2")  # the other rank never comes
+    clean_env.setenv("MASTER_ADDR", "127.0.0.1")
+    clean_env.setenv("MASTER_PORT", str(free_port()))
+    began = time.monotonic()
+    with pytest.raises(DistributedError, match="timed out waiting 1500 ms") as failed:
+        init_distributed(device="cpu", startup_timeout=timedelta(seconds=1.5))
+    assert time.monotonic() - began < 2.2  # 1.5 s and a little, not 2.5 s
+    assert "1 of 2 arrived" in str(failed.value.__cause__)
+    assert not dist.is_initialized()
