@@ -18,8 +18,8 @@ from torch.autograd import Function
 
 from torchgpu.accumulate import GradAccumulator
 from torchgpu.precision import Precision
-from torchgpu.train.loop.backoff import LoopBackoff
 from torchgpu.train.loop import epoch
+from torchgpu.train.loop.backoff import LoopBackoff
 from torchgpu.train.loop.epoch import run_epoch
 from torchgpu.train.loop.parts import LoopParts
 from torchgpu.train.state import TrainState
